@@ -1,0 +1,134 @@
+"""Encode frames to JSON bytes and decode them back, strictly.
+
+One cattrs converter (orjson flavour) with the frame unions configured as tagged unions on
+`type`. Decoding is strict: a JSON number is not a string, a bool is not an int, a string is
+not a list, unknown keys are refused. Anything malformed raises `FrameError`, whose message
+names the offending path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar, get_args, get_origin
+
+import cattrs
+import orjson
+from cattrs.preconf.orjson import make_converter
+from cattrs.strategies import configure_tagged_union
+
+from protocol.errors import FrameError
+from protocol.frames import TAGS, Frame, GatewayFrame, RunnerFrame
+
+T = TypeVar("T")
+
+
+def _strict_int(value: Any, _: type) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _strict_float(value: Any, _: type) -> float:
+    if type(value) not in (int, float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return float(value)
+
+
+def _strict_str(value: Any, _: type) -> str:
+    if type(value) is not str:
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    if type(value) is not bool:
+        raise TypeError(f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def _is_homogeneous_tuple(cl: Any) -> bool:
+    args = get_args(cl)
+    return get_origin(cl) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True)
+    conv.register_structure_hook(int, _strict_int)
+    conv.register_structure_hook(float, _strict_float)
+    conv.register_structure_hook(str, _strict_str)
+    conv.register_structure_hook(bool, _strict_bool)
+
+    def tuple_hook_factory(cl: Any) -> Any:
+        item_type = get_args(cl)[0]
+        item_hook = conv.get_structure_hook(item_type)
+
+        def structure_tuple(value: Any, _: type) -> tuple[Any, ...]:
+            if type(value) is not list:
+                raise TypeError(f"expected an array, got {type(value).__name__}")
+            return tuple(item_hook(item, item_type) for item in value)
+
+        return structure_tuple
+
+    conv.register_structure_hook_factory(_is_homogeneous_tuple, tuple_hook_factory)
+
+    def tag_of(cl: type) -> str:
+        return TAGS[cl]
+
+    # The same class may sit in both unions (Heartbeat); each union gets its own hooks.
+    for union in (RunnerFrame, GatewayFrame, Frame):
+        configure_tagged_union(union, conv, tag_generator=tag_of, tag_name="type")
+    return conv
+
+
+converter = _make_converter()
+"""The one converter for the runner protocol."""
+
+
+def encode(frame: Frame) -> bytes:
+    """Serialise a frame to UTF-8 JSON bytes (send them as a text frame)."""
+    return orjson.dumps(converter.unstructure(frame, Frame))
+
+
+def _decode(data: bytes | str, union: Any) -> Any:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise FrameError(f"not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise FrameError(f"a frame must be a JSON object, got {type(obj).__name__}")
+    tag = obj.get("type")
+    if not isinstance(tag, str):
+        raise FrameError("a frame needs a string 'type' field")
+    if tag not in _TAGS_BY_UNION[id(union)]:
+        raise FrameError(f"unknown frame type {tag!r}")
+    try:
+        return converter.structure(obj, union)
+    except Exception as exc:
+        messages = "; ".join(cattrs.transform_error(exc, path=tag))
+        raise FrameError(f"invalid {tag} frame: {messages}") from exc
+
+
+_TAGS_BY_UNION: dict[int, frozenset[str]] = {
+    id(union): frozenset(TAGS[cl] for cl in get_args(union))
+    for union in (RunnerFrame, GatewayFrame, Frame)
+}
+
+
+def decode_runner_frame(data: bytes | str) -> RunnerFrame:
+    """Decode a frame a runner sent; raises `FrameError` on anything else."""
+    frame: RunnerFrame = _decode(data, RunnerFrame)
+    return frame
+
+
+def decode_gateway_frame(data: bytes | str) -> GatewayFrame:
+    """Decode a frame the gateway sent; raises `FrameError` on anything else."""
+    frame: GatewayFrame = _decode(data, GatewayFrame)
+    return frame
+
+
+def decode(data: bytes | str) -> Frame:
+    """Decode any frame; raises `FrameError`."""
+    frame: Frame = _decode(data, Frame)
+    return frame

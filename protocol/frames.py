@@ -1,0 +1,204 @@
+"""Frames exchanged between a runner and the gateway over one WebSocket.
+
+Every frame is a frozen attrs class; on the wire it is a JSON object whose `type` field names
+the class (see `protocol.codec`). A connection goes:
+
+    runner  → gateway   Hello          (protocol version, name, models, capacity, hardware)
+    gateway → runner    Welcome        (the runner id the gateway assigned)
+    gateway → runner    Generate       (one request, with every generation parameter)
+    runner  → gateway   Chunk ...      (text, token counts, usage so far; the last one has
+                                        finish_reason and stats)
+    runner  → gateway   Error          (ends one request, or the connection if request_id is null)
+    gateway → runner    Cancel         (the runner answers with a final Chunk, finish "cancelled")
+    either way          Heartbeat      (liveness, both directions)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+PROTOCOL_VERSION = 1
+"""Bumped on any change a peer of the previous version could not handle."""
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+ErrorCode = Literal[
+    "invalid_request",
+    "context_length_exceeded",
+    "model_not_found",
+    "over_capacity",
+    "internal_error",
+]
+
+
+@attrs.frozen
+class ModelInfo:
+    """A model a runner serves."""
+
+    id: str
+    context_length: int
+
+
+@attrs.frozen
+class Hardware:
+    """What the runner runs on, for operators reading `/v1/runners`."""
+
+    chip: str
+    cpu_count: int
+    memory_bytes: int
+    backend: str
+    """MLX device the engine uses: "gpu" (Metal/CUDA) or "cpu"."""
+    platform: str
+
+
+@attrs.frozen
+class Hello:
+    """First frame a runner sends: who it is and what it serves."""
+
+    protocol_version: int
+    runner_name: str
+    models: tuple[ModelInfo, ...]
+    max_concurrent: int
+    hardware: Hardware
+
+
+@attrs.frozen
+class Welcome:
+    """The gateway's answer to Hello."""
+
+    runner_id: str
+    protocol_version: int
+    heartbeat_interval: float
+    """Seconds between heartbeats the gateway expects from the runner."""
+
+
+@attrs.frozen
+class Message:
+    """One chat message, content already flattened to text by the gateway."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+
+@attrs.frozen
+class LogitBias:
+    token: int
+    bias: float
+
+
+@attrs.frozen
+class SamplingParams:
+    """How to pick each token. Defaults are OpenAI's."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 means no top-k filter."""
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[LogitBias, ...] = ()
+
+
+@attrs.frozen
+class Generate:
+    """Run one chat completion."""
+
+    request_id: str
+    model: str
+    messages: tuple[Message, ...]
+    max_tokens: int | None = None
+    """Bound on completion tokens (visible plus reasoning); None: up to the context length."""
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = SamplingParams()
+
+
+@attrs.frozen
+class Cancel:
+    """Stop a request; the runner answers with a final chunk whose finish_reason is cancelled."""
+
+    request_id: str
+
+
+@attrs.frozen
+class Usage:
+    """Token accounting for one request so far; `total_tokens` is derived."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.frozen
+class GenerationStats:
+    """Speed figures, sent on a request's last chunk."""
+
+    prompt_tps: float
+    generation_tps: float
+    peak_memory_bytes: int
+    time_to_first_token: float
+    """Seconds from the runner receiving Generate to the first token being ready."""
+
+
+@attrs.frozen
+class Chunk:
+    """Output of one or more tokens of a request.
+
+    `seq` counts chunks of the request from 0 with no gaps. `tokens` is how many completion
+    tokens this chunk covers (text may be empty for a token held back, e.g. a partial stop
+    string). The last chunk of a request has a finish_reason and stats.
+    """
+
+    request_id: str
+    seq: int
+    text: str
+    reasoning: str
+    tokens: int
+    usage: Usage
+    finish_reason: FinishReason | None = None
+    stats: GenerationStats | None = None
+
+
+@attrs.frozen
+class Error:
+    """A failure. With a request_id it ends that request only."""
+
+    request_id: str | None
+    code: ErrorCode
+    message: str
+
+
+@attrs.frozen
+class Heartbeat:
+    """Liveness, sent both ways; `sent_at` is the sender's wall clock (seconds)."""
+
+    sent_at: float
+
+
+RunnerFrame = Hello | Chunk | Error | Heartbeat
+"""Frames a runner sends."""
+
+GatewayFrame = Welcome | Generate | Cancel | Heartbeat
+"""Frames the gateway sends."""
+
+Frame = Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat
+
+TAGS: dict[type, str] = {
+    Hello: "hello",
+    Welcome: "welcome",
+    Generate: "generate",
+    Cancel: "cancel",
+    Chunk: "chunk",
+    Error: "error",
+    Heartbeat: "heartbeat",
+}
+"""The `type` value of each frame on the wire."""
