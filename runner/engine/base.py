@@ -1,0 +1,81 @@
+"""The engine interface: what the runner's transport loop needs from a model backend.
+
+An engine owns its models and its own thread(s). The transport calls `submit` and `cancel`
+from the event loop; the engine reports progress by calling the sink from its own thread
+(the transport hops back to the loop). Per request, the engine emits zero or more `Output`s
+without a finish_reason, then exactly one terminal event: an `Output` with a finish_reason
+("stop", "length" or "cancelled") or a `Failure`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+import attrs
+
+from protocol.frames import (
+    ErrorCode,
+    FinishReason,
+    Generate,
+    GenerationStats,
+    ModelInfo,
+    Usage,
+)
+
+
+@attrs.frozen
+class Output:
+    """Text produced for a request since its previous Output."""
+
+    request_id: str
+    text: str
+    reasoning: str
+    tokens: int
+    """Completion tokens this output covers."""
+    usage: Usage
+    """Usage of the whole request so far."""
+    finish_reason: FinishReason | None = None
+    stats: GenerationStats | None = None
+    """Set on the terminal output."""
+
+
+@attrs.frozen
+class Failure:
+    """The request failed; no more events follow for it."""
+
+    request_id: str
+    code: ErrorCode
+    message: str
+
+
+EngineEvent = Output | Failure
+Sink = Callable[[EngineEvent], None]
+
+
+class Engine(abc.ABC):
+    """A model backend serving one or more models."""
+
+    @property
+    @abc.abstractmethod
+    def models(self) -> tuple[ModelInfo, ...]:
+        """The models served, valid after `start`."""
+
+    @abc.abstractmethod
+    def start(self, sink: Sink) -> None:
+        """Load models and start serving; blocks until ready. `sink` gets every event."""
+
+    @abc.abstractmethod
+    def submit(self, request: Generate) -> None:
+        """Queue a request. Thread-safe and non-blocking; errors come back as a Failure."""
+
+    @abc.abstractmethod
+    def cancel(self, request_id: str) -> None:
+        """Stop a request at its next token; it ends with an Output finish "cancelled".
+
+        Unknown or finished ids are ignored.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the engine's threads; requests still running are dropped without events."""
