@@ -1,0 +1,62 @@
+"""Read-only endpoints: `/v1/models`, `/v1/runners`, `/health`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from litestar import get
+from litestar.datastructures import State
+
+from gateway.pool import Pool, RunnerConn
+
+
+@get("/v1/models")
+async def list_models(state: State) -> dict[str, Any]:
+    """The models live runners serve, as an OpenAI model list."""
+    pool: Pool = state.pool
+    first_seen: dict[str, int] = {}
+    for conn in pool.runners.values():
+        for model in conn.models:
+            first_seen[model] = min(first_seen.get(model, 2**62), int(conn.connected_at))
+    return {
+        "object": "list",
+        "data": [
+            {"id": model, "object": "model", "created": created, "owned_by": "orchard"}
+            for model, created in sorted(first_seen.items())
+        ],
+    }
+
+
+def runner_info(conn: RunnerConn) -> dict[str, Any]:
+    """What `/v1/runners` (and the console) show of one runner."""
+    hello = conn.hello
+    return {
+        "id": conn.id,
+        "name": hello.runner_name,
+        "models": [attrs.asdict(m) for m in hello.models],
+        "max_concurrent": hello.max_concurrent,
+        "active": len(conn.streams),
+        "hardware": attrs.asdict(hello.hardware),
+        "connected_since": conn.connected_at,
+        "tokens_generated": conn.tokens_generated,
+        "requests_served": conn.requests_served,
+    }
+
+
+@get("/v1/runners")
+async def list_runners(state: State) -> dict[str, Any]:
+    """Every connected runner, its capacity, load and hardware."""
+    pool: Pool = state.pool
+    return {
+        "object": "list",
+        "data": [runner_info(conn) for conn in pool.runners.values()],
+        "queue_depth": pool.queue_depth(),
+    }
+
+
+@get("/health")
+async def health(state: State) -> dict[str, Any]:
+    """Liveness of the gateway itself (200 even with no runners)."""
+    pool: Pool = state.pool
+    return {"status": "ok", "runners": len(pool.runners), "models": sorted(pool.models())}

@@ -1,0 +1,186 @@
+"""`POST /v1/chat/completions`: OpenAI Chat Completions over SSE and plain JSON.
+
+The request is validated (protocol.openai.request), handed to the pool, and the runner's
+chunks are relayed as `chat.completion.chunk` events. Errors that happen before the first
+byte (bad input, unknown model, queue full, a runner refusing the request) are HTTP errors
+in OpenAI's shape; errors after it are an SSE error event followed by `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.response import Stream
+
+from gateway.config import GatewayConfig
+from gateway.http_errors import openai_error_for
+from gateway.pool import Lost, Pool, RequestStream, StreamItem
+from protocol.frames import Chunk, Usage
+from protocol.openai.request import ChatRequest, parse_chat_request
+from protocol.openai.response import ChunkWriter, completion
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """Create a chat completion (OpenAI wire format; `stream: true` for SSE)."""
+    pool: Pool = state.pool
+    chat = parse_chat_request(await request.body())
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    try:
+        stream = await pool.submit(chat.to_generate(completion_id))
+    except Exception as exc:
+        raise openai_error_for(exc) from exc
+    if chat.stream:
+        return await _streaming(pool, stream, chat, completion_id)
+    return await _non_streaming(request, pool, stream, chat, completion_id)
+
+
+async def _next(stream: RequestStream, timeout: float) -> StreamItem | None:
+    """The next item, or None after `timeout` seconds of silence."""
+    item = stream.get_nowait()
+    if item is not None:
+        return item
+    try:
+        async with asyncio.timeout(timeout):
+            return await stream.get()
+    except TimeoutError:
+        return None
+
+
+async def _streaming(
+    pool: Pool, stream: RequestStream, chat: ChatRequest, completion_id: str
+) -> Response[Any]:
+    config = pool.config
+    try:
+        first = await _next(stream, config.first_token_wait)
+    except asyncio.CancelledError:
+        pool.cancel(stream)
+        raise
+    if isinstance(first, Lost) or (first is not None and not isinstance(first, Chunk)):
+        # Nothing sent yet: a failure before the first token is a proper HTTP error.
+        raise openai_error_for(first)
+    writer = ChunkWriter(
+        id=completion_id,
+        created=int(time.time()),
+        model=chat.model,
+        include_usage=chat.include_usage,
+        continuous_usage_stats=chat.continuous_usage_stats,
+    )
+    return Stream(
+        _events(pool, stream, writer, first, config),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+async def _events(
+    pool: Pool,
+    stream: RequestStream,
+    writer: ChunkWriter,
+    first: StreamItem | None,
+    config: GatewayConfig,
+) -> AsyncIterator[bytes]:
+    """SSE bytes for one request; every ready chunk is coalesced into one write."""
+    item = first
+    role_usage = None
+    if isinstance(first, Chunk):
+        u = first.usage
+        role_usage = Usage(u.prompt_tokens, 0, u.cached_tokens, 0)
+    out = [writer.role(role_usage)]
+    try:
+        while True:
+            while item is not None:
+                if _render(writer, item, out):
+                    yield b"".join(out)
+                    return
+                item = stream.get_nowait()
+            if out:
+                yield b"".join(out)
+                out = []
+            item = await _next(stream, config.keepalive_interval)
+            if item is None:
+                yield b": keep-alive\n\n"
+    finally:
+        if not stream.done:
+            pool.cancel(stream)  # the client went away mid-stream
+
+
+def _render(writer: ChunkWriter, item: StreamItem, out: list[bytes]) -> bool:
+    """Append the SSE events for one item; True when the stream is over."""
+    if isinstance(item, Chunk):
+        if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
+            out.append(writer.delta(item.text, item.reasoning, item.usage))
+        if item.finish_reason is None:
+            return False
+        out.append(writer.finish(item.finish_reason, item.usage))
+        if writer.include_usage:
+            out.append(writer.usage_chunk(item.usage))
+    else:
+        out.append(writer.error(openai_error_for(item)))
+    out.append(writer.done())
+    return True
+
+
+async def _non_streaming(
+    request: Request[Any, Any, Any],
+    pool: Pool,
+    stream: RequestStream,
+    chat: ChatRequest,
+    completion_id: str,
+) -> Response[Any]:
+    collector = asyncio.ensure_future(_collect(stream))
+    disconnect = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collector, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+        if not collector.done():
+            collector.cancel()
+            pool.cancel(stream)
+    if not collector.done() or collector.cancelled():
+        # The client is gone; this response is never read.
+        return Response(content=b"", status_code=499)
+    text, reasoning, last = collector.result()
+    if not isinstance(last, Chunk):
+        raise openai_error_for(last)
+    usage: Usage = last.usage
+    body = completion(
+        id=completion_id,
+        created=int(time.time()),
+        model=chat.model,
+        content=text,
+        reasoning=reasoning,
+        finish_reason=last.finish_reason or "stop",
+        usage=usage,
+    )
+    return Response(content=orjson.dumps(body), media_type="application/json")
+
+
+async def _collect(stream: RequestStream) -> tuple[str, str, StreamItem]:
+    text: list[str] = []
+    reasoning: list[str] = []
+    while True:
+        item = await stream.get()
+        if not isinstance(item, Chunk):
+            return "".join(text), "".join(reasoning), item
+        text.append(item.text)
+        reasoning.append(item.reasoning)
+        if item.finish_reason is not None:
+            return "".join(text), "".join(reasoning), item
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Return when the client disconnects (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

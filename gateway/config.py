@@ -1,0 +1,34 @@
+"""Gateway settings, with their defaults in one place (documented in docs/operations.md)."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Largest accepted HTTP request body."""
+    max_runner_frame_bytes: int = 4 * 1024 * 1024
+    """Largest accepted WebSocket message (runner frames carry whole prompts)."""
+
+    queue_size: int = 256
+    """Requests that may wait per model when every runner serving it is busy."""
+    queue_timeout: float = 30.0
+    """Seconds a request may wait in the queue before a 429."""
+
+    handshake_timeout: float = 10.0
+    """Seconds a runner has to send hello after connecting."""
+    heartbeat_interval: float = 1.0
+    """Seconds between heartbeats, both ways."""
+    liveness_timeout: float = 3.0
+    """A runner silent this long is dropped from the pool."""
+
+    first_token_wait: float = 10.0
+    """Seconds a streamed response waits for the runner's first frame before committing
+    to 200 and sending keep-alive comments; errors before then get a proper HTTP status."""
+    keepalive_interval: float = 10.0
+    """Seconds of silence on an SSE stream before a `: keep-alive` comment is sent."""

@@ -1,0 +1,41 @@
+"""The gateway's errors, all under one base; the HTTP and WebSocket layers map them to
+OpenAI-shaped errors (see `gateway.http_errors`).
+
+    GatewayError
+    ├── ModelNotFound        no live runner serves the model
+    ├── QueueFull            every runner is busy and the model's queue is full
+    ├── QueueTimeout         waited in the queue past the timeout
+    └── RunnerLost           the runner carrying a request went away
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of the gateway's own errors."""
+
+
+class ModelNotFound(GatewayError):
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist or you do not have access to it.")
+        self.model = model
+
+
+class QueueFull(GatewayError):
+    def __init__(self, model: str, retry_after: float) -> None:
+        super().__init__(f"Every runner serving `{model}` is busy and its queue is full.")
+        self.model = model
+        self.retry_after = retry_after
+
+
+class QueueTimeout(GatewayError):
+    def __init__(self, model: str, retry_after: float) -> None:
+        super().__init__(f"Timed out waiting for a free runner serving `{model}`.")
+        self.model = model
+        self.retry_after = retry_after
+
+
+class RunnerLost(GatewayError):
+    def __init__(self, runner_name: str) -> None:
+        super().__init__(f"The runner {runner_name!r} serving this request disconnected.")
+        self.runner_name = runner_name

@@ -1,0 +1,1 @@
+"""The `orchard` command line (gateway, runner, serve, demo-model)."""

@@ -1,0 +1,308 @@
+"""The `orchard` command: gateway, runner, serve (both), demo-model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+DEMO_MODEL = "orchard-demo"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="orchard")
+def main() -> None:
+    """Orchard: the Macs on a LAN as one OpenAI-compatible LLM endpoint."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option("--queue-size", default=256, show_default=True, help="Waiting requests per model.")
+@click.option(
+    "--queue-timeout", default=30.0, show_default=True, help="Seconds a request may wait."
+)
+@click.option(
+    "--liveness-timeout",
+    default=3.0,
+    show_default=True,
+    help="Seconds of runner silence before it is dropped.",
+)
+@click.option(
+    "--first-token-wait",
+    default=10.0,
+    show_default=True,
+    help="Seconds a stream waits for its first token before committing to HTTP 200.",
+)
+@click.option(
+    "--keepalive-interval",
+    default=10.0,
+    show_default=True,
+    help="Seconds of SSE silence before a ': keep-alive' comment.",
+)
+@log_level_option
+def gateway(
+    host: str,
+    port: int,
+    queue_size: int,
+    queue_timeout: float,
+    liveness_timeout: float,
+    first_token_wait: float,
+    keepalive_interval: float,
+    log_level: str,
+) -> None:
+    """Run the gateway: OpenAI API for clients, WebSocket endpoint for runners."""
+    from gateway.config import GatewayConfig
+
+    _setup_logging(log_level)
+    config = GatewayConfig(
+        host=host,
+        port=port,
+        queue_size=queue_size,
+        queue_timeout=queue_timeout,
+        liveness_timeout=liveness_timeout,
+        first_token_wait=first_token_wait,
+        keepalive_interval=keepalive_interval,
+    )
+    asyncio.run(_run_gateway(config, log_level))
+
+
+async def _run_gateway(config: object, log_level: str) -> None:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import GatewayConfig
+
+    assert isinstance(config, GatewayConfig)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            host=config.host,
+            port=config.port,
+            log_level=log_level,
+            ws_max_size=config.max_runner_frame_bytes,
+            ws_per_message_deflate=False,
+            access_log=log_level == "debug",
+            lifespan="off",
+        )
+    )
+    await server.serve()
+
+
+@main.command()
+@click.option(
+    "--gateway",
+    "gateway_url",
+    required=True,
+    envvar="ORCHARD_GATEWAY",
+    help="Gateway base URL, e.g. http://192.168.1.10:8000 (env ORCHARD_GATEWAY).",
+)
+@click.option(
+    "--model",
+    default=DEMO_MODEL,
+    show_default=True,
+    help="Model to serve: orchard-demo, a Hugging Face id (mlx-community/...) or a local MLX dir.",
+)
+@click.option("--name", default=socket.gethostname(), show_default=True, help="Runner name.")
+@click.option("--max-concurrent", default=8, show_default=True, help="Requests run at once.")
+@click.option(
+    "--engine",
+    type=click.Choice(["mlx", "scripted"]),
+    default="mlx",
+    show_default=True,
+    help="mlx: real generation; scripted: a deterministic fake for relay benchmarks and tests.",
+)
+@click.option(
+    "--tokens-per-second",
+    default=0.0,
+    show_default=True,
+    help="Scripted engine only: pace per stream (0 = as fast as possible).",
+)
+@log_level_option
+def runner(
+    gateway_url: str,
+    model: str,
+    name: str,
+    max_concurrent: int,
+    engine: str,
+    tokens_per_second: float,
+    log_level: str,
+) -> None:
+    """Run a runner: serve a model to a gateway over one persistent WebSocket."""
+    _setup_logging(log_level)
+    asyncio.run(_run_runner(gateway_url, model, name, max_concurrent, engine, tokens_per_second))
+
+
+async def _run_runner(
+    gateway_url: str,
+    model: str,
+    name: str,
+    max_concurrent: int,
+    engine_kind: str,
+    tokens_per_second: float,
+) -> None:
+    from runner.client import Runner
+    from runner.engine.base import Engine
+    from runner.hardware import detect
+
+    eng: Engine
+    if engine_kind == "scripted":
+        from runner.engine.scripted import ScriptedEngine
+
+        eng = ScriptedEngine(
+            models=(model,), tokens_per_second=tokens_per_second, max_concurrent=max_concurrent
+        )
+        backend = "none"
+    else:
+        import mlx.core as mx
+
+        from runner.engine.mlx_engine import MlxEngine
+
+        eng = MlxEngine(model, max_concurrent=max_concurrent)
+        backend = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    run = Runner(
+        gateway_url, eng, name=name, max_concurrent=max_concurrent, hardware=detect(backend)
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, run.stop)
+    await run.run()
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option("--model", default=DEMO_MODEL, show_default=True, help="Model for the local runner.")
+@click.option("--max-concurrent", default=8, show_default=True, help="Local runner's slots.")
+@log_level_option
+def serve(host: str, port: int, model: str, max_concurrent: int, log_level: str) -> None:
+    """Run the gateway plus one local runner (a separate process, same WebSocket path)."""
+    from gateway.config import GatewayConfig
+
+    _setup_logging(log_level)
+    asyncio.run(_serve(GatewayConfig(host=host, port=port), model, max_concurrent, log_level))
+
+
+async def _serve(config: object, model: str, max_concurrent: int, log_level: str) -> None:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import GatewayConfig
+
+    assert isinstance(config, GatewayConfig)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            host=config.host,
+            port=config.port,
+            log_level=log_level,
+            ws_max_size=config.max_runner_frame_bytes,
+            ws_per_message_deflate=False,
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    # We own the signals: stop the runner first, then the server.
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    local = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    base = f"http://{local}:{config.port}"
+    runner_proc: subprocess.Popen[bytes] | None = None
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    server_task = asyncio.create_task(server.serve())
+    while not server.started and not server_task.done():
+        await asyncio.sleep(0.05)
+    if server_task.done():
+        server_task.result()
+        return
+    runner_proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchard",
+            "runner",
+            "--gateway",
+            base,
+            "--model",
+            model,
+            "--name",
+            f"{socket.gethostname()}-local",
+            "--max-concurrent",
+            str(max_concurrent),
+            "--log-level",
+            log_level,
+        ]
+    )
+    print(_banner(base, model), flush=True)
+    runner_exit = asyncio.create_task(asyncio.to_thread(runner_proc.wait))
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({server_task, runner_exit, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if runner_proc.poll() is None:
+        runner_proc.terminate()
+        try:
+            await asyncio.wait_for(asyncio.shield(runner_exit), 10)
+        except TimeoutError:
+            runner_proc.kill()
+            await runner_exit
+    server.should_exit = True
+    await server_task
+    stopper.cancel()
+
+
+def _banner(base: str, model: str) -> str:
+    return f"""
+Orchard is up at {base}/v1  (model: {model}; runners: {base}/v1/runners)
+
+    from openai import OpenAI
+    client = OpenAI(base_url="{base}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="{model}",
+        messages=[{{"role": "user", "content": "Hello!"}}],
+        stream=True,
+    )
+    for chunk in stream:
+        print(chunk.choices[0].delta.content or "", end="", flush=True)
+
+Press Ctrl-C to stop.
+"""
+
+
+@main.command("demo-model")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def demo_model(directory: Path) -> None:
+    """Write the built-in tiny random-weight model to DIRECTORY (loadable by mlx_lm)."""
+    from runner.demo_model import build_demo_model
+
+    build_demo_model(directory)
+    click.echo(f"wrote {DEMO_MODEL} to {directory}")
+    click.echo(f"try: mlx_lm.generate --model {directory} --prompt hello")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+

@@ -1,0 +1,677 @@
+"""Parse an OpenAI Chat Completions request body into a validated `ChatRequest`.
+
+Validation is as strict as OpenAI's (openapi.yaml's CreateChatCompletionRequest): wrong types,
+out-of-range values, unknown fields and missing required fields are 400s whose `param` names
+the field the way OpenAI does ("temperature", "messages[0].role", "stop[1]"), and whose `code`
+is OpenAI's ("invalid_type", "decimal_above_max_value", "missing_required_parameter", ...).
+A JSON null means "not given" for every optional field.
+
+Parameters we do not implement are refused with a 400 naming them (code
+"unsupported_parameter" or "unsupported_value"), never silently dropped; their default values
+are accepted (n=1, logprobs=false, tool_choice="none", response_format {"type": "text"}, ...).
+Fields with no effect on the output are accepted: user, metadata, store=false, service_tier
+auto/default, parallel_tool_calls, safety_identifier and the prompt-cache hints.
+
+Extensions beyond OpenAI (vLLM's names): `top_k` (-1 or 0: off), `min_p`, and
+`stream_options.continuous_usage_stats` (requires include_usage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, NoReturn
+
+import attrs
+import orjson
+
+from protocol.frames import Generate, LogitBias, Message, SamplingParams
+from protocol.openai.errors import invalid_request
+
+MAX_MODEL_CHARS = 256
+MAX_MESSAGES = 2048
+MAX_CONTENT_PARTS = 256
+"""Content parts in one message."""
+MAX_PROMPT_CHARS = 4 * 1024 * 1024
+"""Characters of all message contents and names together; the real bound is the context."""
+MAX_STOP = 4
+MAX_STOP_CHARS = 256
+MAX_LOGIT_BIAS = 1024
+MAX_TOKEN_ID = 2**31 - 1
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+Role = Literal["system", "developer", "user", "assistant"]
+_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "developer",
+    "user": "user",
+    "assistant": "assistant",
+}
+_ALL_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+_MESSAGE_KEYS: dict[str, frozenset[str]] = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    # What the OpenAI SDK sends back when a client appends a response's message to its history
+    # (reasoning_content is ours, from the response; earlier turns' reasoning is not re-fed).
+    "assistant": frozenset(
+        {"role", "content", "name", "refusal", "audio", "tool_calls", "function_call"}
+        | {"reasoning_content"}
+    ),
+}
+_PART_TYPES: dict[str, tuple[str, ...]] = {
+    "system": ("text",),
+    "developer": ("text",),
+    "user": ("text", "image_url", "input_audio", "file"),
+    "assistant": ("text", "refusal"),
+}
+_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"})
+# fmt: off
+_KNOWN = frozenset((
+    # Honoured (top_k and min_p are vLLM's extensions).
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed",
+    "stop", "logit_bias",
+    # Refused unless default (_check_unimplemented).
+    "n", "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+    "response_format", "audio", "modalities", "prediction", "web_search_options",
+    "reasoning_effort", "verbosity", "moderation", "store", "service_tier",
+    # Accepted, no effect on the output (_check_accepted).
+    "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+    "prompt_cache_options", "parallel_tool_calls",
+))
+# fmt: on
+_NOT_IMPLEMENTED = {
+    # Any non-null value is refused; the reason goes into the message.
+    "top_logprobs": "log probabilities are not implemented",
+    "functions": "function calling is not implemented",
+    "audio": "audio output is not implemented",
+    "prediction": "predicted outputs are not implemented",
+    "web_search_options": "web search is not implemented",
+    "reasoning_effort": "reasoning effort cannot be controlled",
+    "verbosity": "verbosity cannot be controlled",
+    "moderation": "moderation is not implemented",
+}
+
+
+@attrs.frozen
+class ChatRequest:
+    """A validated chat completion request."""
+
+    model: str
+    messages: tuple[Message, ...]
+    stream: bool = False
+    include_usage: bool = False
+    """Streaming only: send a final chunk with the whole request's usage."""
+    continuous_usage_stats: bool = False
+    """Streaming only (implies include_usage): every chunk carries the usage so far."""
+    max_tokens: int | None = None
+    """The effective completion bound: max_completion_tokens or its older name max_tokens."""
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+
+    def to_generate(self, request_id: str) -> Generate:
+        """The internal request a runner executes."""
+        return Generate(
+            request_id=request_id,
+            model=self.model,
+            messages=self.messages,
+            max_tokens=self.max_tokens,
+            stop=self.stop,
+            sampling=self.sampling,
+        )
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """Validate a `POST /v1/chat/completions` body; raise `OpenAIError` (400) on any problem."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(
+            f"We could not parse the JSON body of your request ({exc}). "
+            "The API expects a JSON object."
+        ) from exc
+    if type(data) is not dict:
+        raise invalid_request(
+            f"Invalid type for the request body: expected an object, but got {_kind(data)} "
+            "instead.",
+            None,
+            "invalid_type",
+        )
+    unknown = [key for key in data if key not in _KNOWN]
+    if unknown:
+        names = ", ".join(_clip(key) for key in unknown[:10])
+        plural = "s" if len(unknown) > 1 else ""
+        raise invalid_request(f"Unrecognized request argument{plural} supplied: {names}")
+
+    model = _required(data, "model", "")
+    if type(model) is not str:
+        _fail_type("model", "a string", model)
+    if len(model) > MAX_MODEL_CHARS:
+        _fail_too_long("model", MAX_MODEL_CHARS, len(model))
+    messages = _messages(_required(data, "messages", ""))
+
+    stream = _bool(data, "stream") or False
+    include_usage, continuous = _stream_options(data.get("stream_options"), stream)
+
+    max_tokens = _int(data, "max_tokens", 1, INT64_MAX)
+    max_completion_tokens = _int(data, "max_completion_tokens", 1, INT64_MAX)
+    if max_tokens is not None and max_completion_tokens is not None:
+        raise invalid_request(
+            "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
+            "max_tokens",
+            "invalid_parameter_combination",
+        )
+
+    sampling = _sampling(data)
+    stop = _stop(data.get("stop"))
+    _check_unimplemented(data)
+    _check_accepted(data)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage_stats=continuous,
+        max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
+        stop=stop,
+        sampling=sampling,
+    )
+
+
+# --- messages -------------------------------------------------------------------------------
+
+
+def _messages(value: Any) -> tuple[Message, ...]:
+    if type(value) is not list:
+        _fail_type("messages", "an array", value)
+    if not value:
+        raise invalid_request(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            "messages",
+            "empty_array",
+        )
+    if len(value) > MAX_MESSAGES:
+        _fail_array_too_long("messages", MAX_MESSAGES, len(value))
+    messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
+    chars = sum(len(m.content) + len(m.name or "") for m in messages)
+    if chars > MAX_PROMPT_CHARS:
+        raise invalid_request(
+            f"Invalid 'messages': the messages are too long ({chars} characters; at most "
+            f"{MAX_PROMPT_CHARS} are accepted).",
+            "messages",
+            "string_above_max_length",
+        )
+    return messages
+
+
+def _message(value: Any, path: str) -> Message:
+    if type(value) is not dict:
+        _fail_type(path, "an object", value)
+    role_name = _required(value, "role", path)
+    if type(role_name) is not str:
+        _fail_type(f"{path}.role", "a string", role_name)
+    if role_name in ("tool", "function"):
+        raise invalid_request(
+            f"Unsupported value: '{path}.role' does not support '{role_name}' with this server: "
+            "tool calling is not implemented.",
+            f"{path}.role",
+            "unsupported_value",
+        )
+    role = _ROLES.get(role_name)
+    if role is None:
+        _fail_value(f"{path}.role", role_name, _ALL_ROLES)
+    allowed = _MESSAGE_KEYS[role]
+    for key in value:
+        if key not in allowed:
+            _fail_unknown(f"{path}.{key}")
+    name = _str(value, "name", path)
+    if role == "assistant":
+        _assistant_extras(value, path)
+        if value.get("content") is None:
+            raise invalid_request(
+                f"Missing required parameter: '{path}.content'.",
+                f"{path}.content",
+                "missing_required_parameter",
+            )
+    content = _content(_required(value, "content", path), f"{path}.content", role)
+    return Message(role=role, content=content, name=name)
+
+
+def _assistant_extras(value: dict[str, Any], path: str) -> None:
+    tool_calls = value.get("tool_calls")
+    if tool_calls is not None:
+        if type(tool_calls) is not list:
+            _fail_type(f"{path}.tool_calls", "an array", tool_calls)
+        if tool_calls:
+            _fail_unsupported(f"{path}.tool_calls", "tool calling is not implemented")
+    for key, reason in (
+        ("function_call", "function calling is not implemented"),
+        ("audio", "audio is not implemented"),
+    ):
+        if value.get(key) is not None:
+            _fail_unsupported(f"{path}.{key}", reason)
+    if _str(value, "refusal", path) is not None:
+        _fail_unsupported(f"{path}.refusal", "refusals cannot be given back to the model")
+    _str(value, "reasoning_content", path)
+
+
+def _content(value: Any, path: str, role: Role) -> str:
+    if type(value) is str:
+        return value
+    if type(value) is not list:
+        _fail_type(path, "one of a string or array of objects", value)
+    if not value:
+        raise invalid_request(
+            f"Invalid '{path}': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            path,
+            "empty_array",
+        )
+    if len(value) > MAX_CONTENT_PARTS:
+        _fail_array_too_long(path, MAX_CONTENT_PARTS, len(value))
+    # Text parts are joined with a newline, as vLLM does.
+    return "\n".join(_text_part(part, f"{path}[{j}]", role) for j, part in enumerate(value))
+
+
+def _text_part(part: Any, path: str, role: Role) -> str:
+    if type(part) is not dict:
+        _fail_type(path, "an object", part)
+    kind = _required(part, "type", path)
+    if type(kind) is not str:
+        _fail_type(f"{path}.type", "a string", kind)
+    if kind != "text":
+        if kind in _PART_TYPES[role]:
+            raise invalid_request(
+                f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
+                "server: only text content parts are supported.",
+                f"{path}.type",
+                "unsupported_value",
+            )
+        _fail_value(f"{path}.type", kind, _PART_TYPES[role])
+    for key in part:
+        if key not in ("type", "text", "prompt_cache_breakpoint"):
+            _fail_unknown(f"{path}.{key}")
+    text = _required(part, "text", path)
+    if type(text) is not str:
+        _fail_type(f"{path}.text", "a string", text)
+    breakpoint_ = part.get("prompt_cache_breakpoint")
+    if breakpoint_ is not None and breakpoint_ != {"mode": "explicit"}:
+        _fail_value(f"{path}.prompt_cache_breakpoint", breakpoint_, ('{"mode": "explicit"}',))
+    return text
+
+
+# --- generation parameters ------------------------------------------------------------------
+
+
+def _stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
+    if value is None:
+        return False, False
+    if not stream:
+        raise invalid_request(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            "stream_options",
+        )
+    if type(value) is not dict:
+        _fail_type("stream_options", "an object", value)
+    for key in value:
+        if key not in _STREAM_OPTIONS:
+            _fail_unknown(f"stream_options.{key}")
+    include_usage = _bool(value, "include_usage", "stream_options") or False
+    # We never obfuscate; OpenAI's default is to, and false only saves bandwidth.
+    _bool(value, "include_obfuscation", "stream_options")
+    continuous = _bool(value, "continuous_usage_stats", "stream_options") or False
+    if continuous and not include_usage:
+        raise invalid_request(
+            "'stream_options.continuous_usage_stats' requires "
+            "'stream_options.include_usage' to be true.",
+            "stream_options.continuous_usage_stats",
+            "invalid_parameter_combination",
+        )
+    return include_usage, continuous
+
+
+_DEFAULTS = SamplingParams()
+
+
+def _sampling(data: dict[str, Any]) -> SamplingParams:
+    defaults = _DEFAULTS
+    temperature = _number(data, "temperature", 0, 2)
+    top_p = _number(data, "top_p", 0, 1)
+    top_k = _int(data, "top_k", -1, INT64_MAX)
+    min_p = _number(data, "min_p", 0, 1)
+    presence = _number(data, "presence_penalty", -2, 2)
+    frequency = _number(data, "frequency_penalty", -2, 2)
+    seed = _int(data, "seed", INT64_MIN, INT64_MAX)
+    return SamplingParams(
+        temperature=defaults.temperature if temperature is None else temperature,
+        top_p=defaults.top_p if top_p is None else top_p,
+        top_k=0 if top_k is None or top_k < 0 else top_k,
+        min_p=defaults.min_p if min_p is None else min_p,
+        seed=seed,
+        presence_penalty=defaults.presence_penalty if presence is None else presence,
+        frequency_penalty=defaults.frequency_penalty if frequency is None else frequency,
+        logit_bias=_logit_bias(data.get("logit_bias")),
+    )
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if type(value) is str:
+        return (_stop_string(value, "stop"),)
+    if type(value) is not list:
+        _fail_type("stop", "one of a string or array of strings", value)
+    if not value:
+        raise invalid_request(
+            "Invalid 'stop': empty array. Expected an array with minimum length 1, but got an "
+            "empty array instead.",
+            "stop",
+            "empty_array",
+        )
+    if len(value) > MAX_STOP:
+        _fail_array_too_long("stop", MAX_STOP, len(value))
+    stops = []
+    for i, item in enumerate(value):
+        if type(item) is not str:
+            _fail_type(f"stop[{i}]", "a string", item)
+        stops.append(_stop_string(item, f"stop[{i}]"))
+    return tuple(stops)
+
+
+def _stop_string(value: str, param: str) -> str:
+    if not value:
+        raise invalid_request(
+            f"Invalid '{param}': empty string. A stop sequence must not be empty.",
+            param,
+            "empty_string",
+        )
+    if len(value) > MAX_STOP_CHARS:
+        _fail_too_long(param, MAX_STOP_CHARS, len(value))
+    return value
+
+
+def _logit_bias(value: Any) -> tuple[LogitBias, ...]:
+    if value is None:
+        return ()
+    if type(value) is not dict:
+        _fail_type("logit_bias", "an object", value)
+    if len(value) > MAX_LOGIT_BIAS:
+        _fail_too_many("logit_bias", MAX_LOGIT_BIAS, len(value))
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        if not (len(key) <= 10 and key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
+            raise invalid_request(
+                f"Invalid key in 'logit_bias': {_show(key)} is not a token id (a non-negative "
+                "integer, as a string).",
+                "logit_bias",
+                "invalid_value",
+            )
+        param = f"logit_bias.{key}"
+        if type(bias) not in (int, float):
+            _fail_type(param, "a number", bias)
+        _check_range(param, "decimal", bias, -100, 100)
+        biases[int(key)] = float(bias)
+    return tuple(LogitBias(token=token, bias=bias) for token, bias in biases.items())
+
+
+def _check_unimplemented(data: dict[str, Any]) -> None:
+    """Refuse every parameter we do not implement unless it has its default value."""
+    n = _int(data, "n", 1, 128)
+    if n is not None and n != 1:
+        _fail_unsupported_value("n", n, "1")
+    if _bool(data, "logprobs"):
+        _fail_unsupported_value("logprobs", True, "false")
+    _int(data, "top_logprobs", 0, 20)
+    for key, reason in _NOT_IMPLEMENTED.items():
+        if data.get(key) is not None:
+            _fail_unsupported(key, reason)
+    tools = data.get("tools")
+    if tools is not None:
+        if type(tools) is not list:
+            _fail_type("tools", "an array", tools)
+        if tools:
+            _fail_unsupported("tools", "tool calling is not implemented")
+    tool_choice = data.get("tool_choice")
+    if tool_choice is not None and tool_choice != "none":
+        if type(tool_choice) is str and tool_choice not in ("auto", "required"):
+            _fail_value("tool_choice", tool_choice, ("none", "auto", "required"))
+        if type(tool_choice) not in (str, dict):
+            _fail_type("tool_choice", "one of a string or object", tool_choice)
+        _fail_unsupported("tool_choice", "tool calling is not implemented")
+    if data.get("function_call") not in (None, "none"):
+        _fail_unsupported("function_call", "function calling is not implemented")
+    response_format = data.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        if type(response_format) is not dict:
+            _fail_type("response_format", "an object", response_format)
+        raise invalid_request(
+            'Unsupported value: \'response_format\' must be {"type": "text"} with this '
+            "server: structured output is not implemented.",
+            "response_format",
+            "unsupported_value",
+        )
+    modalities = data.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        if type(modalities) is not list:
+            _fail_type("modalities", "an array", modalities)
+        _fail_unsupported_value("modalities", modalities, '["text"]')
+    if _bool(data, "store"):
+        _fail_unsupported_value("store", True, "false")
+    tier = _str(data, "service_tier")
+    if tier is not None and tier not in ("auto", "default"):
+        if tier not in ("flex", "scale", "priority", "fast"):
+            _fail_value(
+                "service_tier", tier, ("auto", "default", "flex", "scale", "priority", "fast")
+            )
+        _fail_unsupported_value("service_tier", tier, "auto")
+
+
+def _check_accepted(data: dict[str, Any]) -> None:
+    """Type-check the fields that are accepted but change nothing here."""
+    _bool(data, "parallel_tool_calls")
+    _str(data, "user")
+    _str(data, "prompt_cache_key")
+    safety_identifier = _str(data, "safety_identifier")
+    if safety_identifier is not None and len(safety_identifier) > 64:
+        _fail_too_long("safety_identifier", 64, len(safety_identifier))
+    retention = _str(data, "prompt_cache_retention")
+    if retention is not None and retention not in ("in_memory", "24h"):
+        _fail_value("prompt_cache_retention", retention, ("in_memory", "24h"))
+    options = data.get("prompt_cache_options")
+    if options is not None:
+        if type(options) is not dict:
+            _fail_type("prompt_cache_options", "an object", options)
+        for key in options:
+            if key not in ("ttl", "mode"):
+                _fail_unknown(f"prompt_cache_options.{key}")
+        ttl = _str(options, "ttl", "prompt_cache_options")
+        if ttl is not None and ttl != "30m":
+            _fail_value("prompt_cache_options.ttl", ttl, ("30m",))
+        mode = _str(options, "mode", "prompt_cache_options")
+        if mode == "explicit":
+            # Our prefix cache is always implicit; it cannot be limited to breakpoints.
+            _fail_unsupported_value("prompt_cache_options.mode", mode, "implicit")
+        if mode not in (None, "implicit"):
+            _fail_value("prompt_cache_options.mode", mode, ("implicit", "explicit"))
+    metadata = data.get("metadata")
+    if metadata is not None:
+        if type(metadata) is not dict:
+            _fail_type("metadata", "an object", metadata)
+        if len(metadata) > 16:
+            _fail_too_many("metadata", 16, len(metadata))
+        for key, item in metadata.items():
+            if len(key) > 64:
+                _fail_too_long(f"metadata.{_clip(key)}", 64, len(key))
+            if type(item) is not str:
+                _fail_type(f"metadata.{key}", "a string", item)
+            if len(item) > 512:
+                _fail_too_long(f"metadata.{key}", 512, len(item))
+
+
+# --- field readers: a JSON null reads as None (not given) -----------------------------------
+
+
+def _param(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _required(obj: dict[str, Any], key: str, path: str) -> Any:
+    if key not in obj:
+        param = _param(path, key)
+        raise invalid_request(
+            f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+        )
+    return obj[key]
+
+
+def _bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:
+    value = obj.get(key)
+    if value is not None and type(value) is not bool:
+        _fail_type(_param(path, key), "a boolean", value)
+    return value
+
+
+def _str(obj: dict[str, Any], key: str, path: str = "") -> str | None:
+    value = obj.get(key)
+    if value is not None and type(value) is not str:
+        _fail_type(_param(path, key), "a string", value)
+    return value
+
+
+def _int(obj: dict[str, Any], key: str, minimum: int, maximum: int, path: str = "") -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:
+        _fail_type(_param(path, key), "an integer", value)
+    _check_range(_param(path, key), "integer", value, minimum, maximum)
+    return value
+
+
+def _number(
+    obj: dict[str, Any], key: str, minimum: float, maximum: float, path: str = ""
+) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) not in (int, float):  # bool is not a number
+        _fail_type(_param(path, key), "a decimal", value)
+    _check_range(_param(path, key), "decimal", value, minimum, maximum)
+    return float(value)
+
+
+def _check_range(param: str, kind: str, value: float, minimum: float, maximum: float) -> None:
+    if value < minimum:
+        raise invalid_request(
+            f"Invalid '{param}': {kind} below minimum value. Expected a value >= {minimum}, "
+            f"but got {_show(value)} instead.",
+            param,
+            f"{kind}_below_min_value",
+        )
+    if value > maximum:
+        raise invalid_request(
+            f"Invalid '{param}': {kind} above maximum value. Expected a value <= {maximum}, "
+            f"but got {_show(value)} instead.",
+            param,
+            f"{kind}_above_max_value",
+        )
+
+
+# --- error makers ---------------------------------------------------------------------------
+
+
+def _fail_type(param: str, expected: str, value: Any) -> NoReturn:
+    raise invalid_request(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
+        param,
+        "invalid_type",
+    )
+
+
+def _fail_value(param: str, value: Any, supported: Sequence[str]) -> NoReturn:
+    quoted = [f"'{item}'" for item in supported]
+    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + ", and " + quoted[-1]
+    raise invalid_request(
+        f"Invalid value for '{param}': {_show(value)}. Supported values are: {listed}.",
+        param,
+        "invalid_value",
+    )
+
+
+def _fail_unknown(param: str) -> NoReturn:
+    param = _clip(param)
+    raise invalid_request(f"Unknown parameter: '{param}'.", param, "unknown_parameter")
+
+
+def _fail_unsupported(param: str, reason: str) -> NoReturn:
+    raise invalid_request(
+        f"Unsupported parameter: '{param}' is not supported with this server: {reason}.",
+        param,
+        "unsupported_parameter",
+    )
+
+
+def _fail_unsupported_value(param: str, value: Any, default: str) -> NoReturn:
+    raise invalid_request(
+        f"Unsupported value: '{param}' does not support {_show(value)} with this server. "
+        f"Only the default ({default}) value is supported.",
+        param,
+        "unsupported_value",
+    )
+
+
+def _fail_array_too_long(param: str, maximum: int, length: int) -> NoReturn:
+    raise invalid_request(
+        f"Invalid '{param}': array too long. Expected an array with maximum length {maximum}, "
+        f"but got an array with length {length} instead.",
+        param,
+        "array_above_max_length",
+    )
+
+
+def _fail_too_many(param: str, maximum: int, count: int) -> NoReturn:
+    raise invalid_request(
+        f"Invalid '{param}': too many properties. Expected an object with at most {maximum} "
+        f"properties, but got an object with {count} properties instead.",
+        param,
+        "object_above_max_properties",
+    )
+
+
+def _fail_too_long(param: str, maximum: int, length: int) -> NoReturn:
+    raise invalid_request(
+        f"Invalid '{param}': string too long. Expected a string with maximum length {maximum}, "
+        f"but got a string with length {length} instead.",
+        param,
+        "string_above_max_length",
+    )
+
+
+def _kind(value: Any) -> str:
+    """How OpenAI names a JSON value's type in its messages."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return "a boolean"
+    if type(value) is int:
+        return "an integer"
+    if type(value) is float:
+        return "a decimal"
+    if type(value) is str:
+        return "a string"
+    if type(value) is list:
+        return "an array"
+    return "an object"
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, clipped so a huge input is not echoed back whole."""
+    if type(value) is str:
+        return f"'{_clip(value)}'"
+    return _clip(orjson.dumps(value).decode())
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,380 @@
+"""The gateway relaying a protocol-level fake runner: exact SSE bytes, errors before and
+after the first token, capacity, queueing, cancellation and runner-link violations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from protocol.closecodes import CloseCode
+from protocol.frames import Cancel, Chunk, Error, Generate, Usage
+from tests.support import UNIT, FakeRunner, Gateway, sse_events
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Gateway]:
+    gw = Gateway("--keepalive-interval", "0.5", "--first-token-wait", "0.3")
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
+    fake = await FakeRunner.connect(gateway)
+    yield fake
+    await fake.close()
+
+
+@pytest.fixture
+async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as client:
+        yield client
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+async def test_stream_is_relayed_byte_exact(runner: FakeRunner, http: httpx.AsyncClient) -> None:
+    async def serve() -> Generate:
+        gen = await runner.next_request()
+        assert isinstance(gen, Generate)
+        await runner.send(FakeRunner.chunk(gen.request_id, 0, "Hel"))
+        await runner.send(FakeRunner.chunk(gen.request_id, 1, "lo"))
+        await runner.send(FakeRunner.chunk(gen.request_id, 2, "", done=True))
+        return gen
+
+    task = asyncio.create_task(serve())
+    resp = await http.post(
+        "/v1/chat/completions",
+        json=body(stream=True, stream_options={"include_usage": True}, max_tokens=7, seed=3),
+    )
+    gen = await task
+    assert resp.status_code == 200
+    assert resp.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert resp.headers["cache-control"] == "no-cache"
+    # The runner got exactly the parameters the client sent.
+    assert gen.model == "fake-model"
+    assert gen.max_tokens == 7
+    assert gen.sampling.seed == 3
+    assert [(m.role, m.content) for m in gen.messages] == [("user", "hi")]
+
+    events = sse_events(resp.content)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) == 5  # role, "Hel", "lo", finish, usage
+    first = chunks[0]
+    assert first["id"] == gen.request_id
+    assert first["id"].startswith("chatcmpl-")
+    for chunk in chunks:
+        assert chunk["id"] == first["id"]
+        assert chunk["object"] == "chat.completion.chunk"
+        assert chunk["created"] == first["created"]
+        assert chunk["model"] == "fake-model"
+    for chunk in chunks[:-1]:
+        assert chunk["usage"] is None
+        assert len(chunk["choices"]) == 1
+        assert chunk["choices"][0]["index"] == 0
+        assert chunk["choices"][0]["logprobs"] is None
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[1]["choices"][0]["delta"] == {"content": "Hel"}
+    assert chunks[2]["choices"][0]["delta"] == {"content": "lo"}
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, None, "stop"]
+    assert chunks[3]["choices"][0]["delta"] == {}
+    assert chunks[4]["choices"] == []
+    assert chunks[4]["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 3,
+        "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+async def test_without_include_usage_no_usage_key(
+    runner: FakeRunner, http: httpx.AsyncClient
+) -> None:
+    async def serve() -> None:
+        gen = await runner.next_request()
+        await runner.send(FakeRunner.chunk(gen.request_id, 0, "x", done=True))
+
+    task = asyncio.create_task(serve())
+    resp = await http.post("/v1/chat/completions", json=body(stream=True))
+    await task
+    chunks = sse_events(resp.content)[:-1]
+    assert len(chunks) == 3  # role, "x", finish
+    assert all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_runner_error_before_first_token_is_http_error(
+    runner: FakeRunner, http: httpx.AsyncClient
+) -> None:
+    async def serve() -> None:
+        gen = await runner.next_request()
+        await runner.send(Error(gen.request_id, "context_length_exceeded", "prompt too long"))
+
+    task = asyncio.create_task(serve())
+    resp = await http.post("/v1/chat/completions", json=body(stream=True))
+    await task
+    assert resp.status_code == 400
+    assert resp.json() == {
+        "error": {
+            "message": "prompt too long",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "context_length_exceeded",
+        }
+    }
+
+
+async def test_runner_error_mid_stream_is_error_event_then_done(
+    runner: FakeRunner, gateway: Gateway
+) -> None:
+    async def serve() -> None:
+        gen = await runner.next_request()
+        await runner.send(FakeRunner.chunk(gen.request_id, 0, "partial"))
+        await asyncio.sleep(0.05)
+        await runner.send(Error(gen.request_id, "internal_error", "engine exploded"))
+
+    task = asyncio.create_task(serve())
+    async with httpx.AsyncClient(base_url=gateway.base, timeout=10) as http:
+        resp = await http.post("/v1/chat/completions", json=body(stream=True))
+    await task
+    assert resp.status_code == 200
+    events = sse_events(resp.content)
+    assert events[-1] == "[DONE]"
+    assert events[-2] == {
+        "error": {
+            "message": "engine exploded",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+        }
+    }
+    assert events[1]["choices"][0]["delta"] == {"content": "partial"}
+
+    # The official SDK turns that event into an APIError.
+    task = asyncio.create_task(serve())
+    client = openai.AsyncOpenAI(base_url=f"{gateway.base}/v1", api_key="x", max_retries=0)
+    stream = await client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    with pytest.raises(openai.APIError, match="engine exploded"):
+        async for _ in stream:
+            pass
+    await task
+    await client.close()
+
+
+async def test_runner_lost_mid_stream(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    fake = await FakeRunner.connect(gateway, models=("doomed-model",))
+
+    async def serve() -> None:
+        gen = await fake.next_request()
+        await fake.send(FakeRunner.chunk(gen.request_id, 0, "a"))
+        await asyncio.sleep(0.05)
+        await fake.close()
+
+    task = asyncio.create_task(serve())
+    resp = await http.post(
+        "/v1/chat/completions", json={**body(stream=True), "model": "doomed-model"}
+    )
+    await task
+    events = sse_events(resp.content)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == "runner_lost"
+
+
+async def test_non_streaming(runner: FakeRunner, http: httpx.AsyncClient) -> None:
+    async def serve() -> None:
+        gen = await runner.next_request()
+        await runner.send(FakeRunner.chunk(gen.request_id, 0, "Hi "))
+        await runner.send(
+            Chunk(gen.request_id, 1, "there", "", 1, Usage(5, 2, 4, 0), "length")
+        )
+
+    task = asyncio.create_task(serve())
+    resp = await http.post("/v1/chat/completions", json=body())
+    await task
+    assert resp.status_code == 200
+    data = resp.json()
+    assert data["object"] == "chat.completion"
+    assert data["model"] == "fake-model"
+    assert data["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi there", "refusal": None},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
+    assert data["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+async def test_keepalive_comment_only_after_silence(
+    runner: FakeRunner, http: httpx.AsyncClient
+) -> None:
+    async def serve() -> None:
+        gen = await runner.next_request()
+        await asyncio.sleep(1.3)  # past first-token-wait 0.3 s + two keep-alive intervals
+        await runner.send(FakeRunner.chunk(gen.request_id, 0, "late", done=True))
+
+    task = asyncio.create_task(serve())
+    resp = await http.post("/v1/chat/completions", json=body(stream=True))
+    await task
+    text = resp.content
+    assert text.count(b": keep-alive\n\n") >= 1
+    # Keep-alives come after the role chunk, never before any data.
+    assert text.startswith(b"data: ")
+    events = sse_events(text)
+    assert events[1]["choices"][0]["delta"] == {"content": "late"}
+
+
+async def test_client_disconnect_sends_cancel(runner: FakeRunner, gateway: Gateway) -> None:
+    got_cancel = asyncio.Event()
+
+    async def serve() -> None:
+        gen = await runner.next_request()
+        await runner.send(FakeRunner.chunk(gen.request_id, 0, "a"))
+        frame = await runner.next_request()
+        assert frame == Cancel(gen.request_id)
+        got_cancel.set()
+        # Confirm, freeing the slot.
+        await runner.send(
+            Chunk(gen.request_id, 1, "", "", 0, Usage(3, 1), "cancelled")
+        )
+
+    task = asyncio.create_task(serve())
+    async with (
+        httpx.AsyncClient(base_url=gateway.base, timeout=10) as http,
+        http.stream("POST", "/v1/chat/completions", json=body(stream=True)) as resp,
+    ):
+        async for line in resp.aiter_lines():
+            if "content" in line and '"a"' in line:
+                break
+    await asyncio.wait_for(got_cancel.wait(), 5 * UNIT)
+    await task
+    await asyncio.sleep(0.1)
+    assert all(r["active"] == 0 for r in gateway.runners())
+
+
+async def test_capacity_and_fifo_queue(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    fake = await FakeRunner.connect(gateway, models=("one-slot",), max_concurrent=1)
+    req = {**body(stream=True), "model": "one-slot"}
+    first = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+    gen1 = await fake.next_request()
+    second = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+    # The second request must not reach the runner while the first holds the slot.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fake.next_request(), 0.3)
+    assert isinstance(gen1, Generate)
+    await fake.send(FakeRunner.chunk(gen1.request_id, 0, "one", done=True))
+    gen2 = await fake.next_request()
+    assert isinstance(gen2, Generate)
+    await fake.send(FakeRunner.chunk(gen2.request_id, 0, "two", done=True))
+    r1, r2 = await first, await second
+    assert sse_events(r1.content)[1]["choices"][0]["delta"]["content"] == "one"
+    assert sse_events(r2.content)[1]["choices"][0]["delta"]["content"] == "two"
+    await fake.close()
+
+
+async def test_queue_full_is_429_with_retry_after() -> None:
+    gw = Gateway("--queue-size", "1", "--queue-timeout", "0.5")
+    try:
+        fake = await FakeRunner.connect(gw, models=("busy",), max_concurrent=1)
+        async with httpx.AsyncClient(base_url=gw.base, timeout=10) as http:
+            req = {**body(stream=True), "model": "busy"}
+            holder = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+            await fake.next_request()
+            waiter = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+            await asyncio.sleep(0.1)
+            full = await http.post("/v1/chat/completions", json=req)
+            assert full.status_code == 429
+            assert full.headers["retry-after"] == "1"
+            assert full.json()["error"]["type"] == "rate_limit_error"
+            assert full.json()["error"]["code"] == "queue_full"
+            timed_out = await waiter  # waited 0.5 s in the queue
+            assert timed_out.status_code == 429
+            holder.cancel()
+        await fake.close()
+    finally:
+        gw.stop()
+
+
+async def test_chunk_for_foreign_request_closes_only_that_runner(
+    runner: FakeRunner, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    stream_req = asyncio.create_task(
+        http.post("/v1/chat/completions", json=body(stream=True))
+    )
+    gen = await runner.next_request()
+    assert isinstance(gen, Generate)
+    rogue = await FakeRunner.connect(gateway, models=("other",), name="rogue")
+    await rogue.send(FakeRunner.chunk(gen.request_id, 0, "injected"))
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(rogue.ws.recv(), 5 * UNIT)
+        await asyncio.wait_for(rogue.ws.recv(), 5 * UNIT)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == CloseCode.ILLEGAL_STATE
+    # The honest stream is untouched.
+    await runner.send(FakeRunner.chunk(gen.request_id, 0, "honest", done=True))
+    resp = await stream_req
+    assert b"injected" not in resp.content
+    assert sse_events(resp.content)[1]["choices"][0]["delta"]["content"] == "honest"
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        (b"not json", CloseCode.MALFORMED_FRAME),
+        (b'{"type": "chunk"}', CloseCode.MALFORMED_FRAME),
+        (b'{"type": "heartbeat", "sent_at": 1}', CloseCode.ILLEGAL_STATE),
+        (
+            orjson.dumps(
+                {
+                    "type": "hello",
+                    "protocol_version": 999,
+                    "runner_name": "x",
+                    "models": [{"id": "m", "context_length": 1}],
+                    "max_concurrent": 1,
+                    "hardware": {
+                        "chip": "c",
+                        "cpu_count": 1,
+                        "memory_bytes": 1,
+                        "backend": "cpu",
+                        "platform": "p",
+                    },
+                }
+            ),
+            CloseCode.UNSUPPORTED_VERSION,
+        ),
+    ],
+)
+async def test_bad_first_frame_closes_with_code(
+    gateway: Gateway, payload: bytes, code: CloseCode
+) -> None:
+    from websockets.asyncio.client import connect
+
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws") as ws:
+        await ws.send(payload, text=True)
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 5 * UNIT)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == code
+        assert closed.value.rcvd.reason
+    assert all(r["name"] != "x" for r in gateway.runners())
+    assert httpx.get(f"{gateway.base}/health").status_code == 200

@@ -1,0 +1,820 @@
+"""OpenAI Chat Completions request parsing: exact mappings, every refusal, hostile input."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import hypothesis.strategies as st
+import orjson
+import pytest
+from hypothesis import given
+
+from protocol.codec import decode_gateway_frame, encode
+from protocol.frames import Generate, LogitBias, Message, SamplingParams
+from protocol.openai.errors import OpenAIError
+from protocol.openai.request import (
+    MAX_CONTENT_PARTS,
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    MAX_STOP_CHARS,
+    ChatRequest,
+    parse_chat_request,
+)
+from tests.protocol.strategies import json_values, text
+
+USER = {"role": "user", "content": "hi"}
+BASE: dict[str, Any] = {"model": "m", "messages": [USER]}
+
+
+def parse(obj: Any) -> ChatRequest:
+    return parse_chat_request(orjson.dumps(obj))
+
+
+def request(**fields: Any) -> dict[str, Any]:
+    """BASE with `fields` set (a value of ... removes the field)."""
+    body = {**BASE, **fields}
+    return {key: value for key, value in body.items() if value is not ...}
+
+
+def refusal(obj: Any) -> OpenAIError:
+    data = obj if isinstance(obj, bytes) else orjson.dumps(obj)
+    with pytest.raises(OpenAIError) as info:
+        parse_chat_request(data)
+    err = info.value
+    assert err.status == 400
+    assert err.type == "invalid_request_error"
+    assert err.body() == {
+        "error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}
+    }
+    return err
+
+
+# --- valid requests -------------------------------------------------------------------------
+
+
+def test_minimal_request() -> None:
+    chat = parse(BASE)
+    assert chat == ChatRequest(
+        model="m",
+        messages=(Message(role="user", content="hi"),),
+        stream=False,
+        include_usage=False,
+        continuous_usage_stats=False,
+        max_tokens=None,
+        stop=(),
+        sampling=SamplingParams(),
+    )
+    assert chat.to_generate("req-1") == Generate(
+        request_id="req-1", model="m", messages=(Message(role="user", content="hi"),)
+    )
+
+
+def test_full_request_maps_to_the_exact_generate() -> None:
+    body = {
+        "model": "llama-3",
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "system", "content": [{"type": "text", "text": "Sys"}], "name": "s"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                "name": "alice",
+            },
+            {
+                "role": "assistant",
+                "content": "ok",
+                "refusal": None,
+                "reasoning_content": "thinking...",
+                "tool_calls": [],
+                "function_call": None,
+                "audio": None,
+            },
+            {"role": "user", "content": ""},
+        ],
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_completion_tokens": 64,
+        "temperature": 0.5,
+        "top_p": 1,
+        "top_k": 40,
+        "min_p": 0.05,
+        "presence_penalty": -2,
+        "frequency_penalty": 1.5,
+        "seed": -(2**63),
+        "stop": ["\n\n", "END"],
+        "logit_bias": {"50256": -100, "7": 2.5, "0": 100},
+        "n": 1,
+        "logprobs": False,
+        "tools": [],
+        "tool_choice": "none",
+        "parallel_tool_calls": True,
+        "function_call": "none",
+        "response_format": {"type": "text"},
+        "modalities": ["text"],
+        "store": False,
+        "metadata": {"k": "v"},
+        "service_tier": "default",
+        "user": "u-1",
+        "safety_identifier": "x" * 64,
+        "prompt_cache_key": "key",
+        "prompt_cache_retention": "24h",
+        "prompt_cache_options": {"ttl": "30m", "mode": "implicit"},
+    }
+    chat = parse(body)
+    assert chat.stream
+    assert chat.include_usage
+    assert chat.continuous_usage_stats
+    assert chat.to_generate("r") == Generate(
+        request_id="r",
+        model="llama-3",
+        messages=(
+            Message(role="developer", content="Be brief."),
+            Message(role="system", content="Sys", name="s"),
+            Message(role="user", content="a\nb", name="alice"),
+            Message(role="assistant", content="ok"),
+            Message(role="user", content=""),
+        ),
+        max_tokens=64,
+        stop=("\n\n", "END"),
+        sampling=SamplingParams(
+            temperature=0.5,
+            top_p=1.0,
+            top_k=40,
+            min_p=0.05,
+            seed=-(2**63),
+            presence_penalty=-2.0,
+            frequency_penalty=1.5,
+            logit_bias=(
+                LogitBias(token=50256, bias=-100.0),
+                LogitBias(token=7, bias=2.5),
+                LogitBias(token=0, bias=100.0),
+            ),
+        ),
+    )
+    # Integers given for decimal fields arrive as floats, which the codec requires.
+    assert type(chat.sampling.top_p) is float
+    assert type(chat.sampling.presence_penalty) is float
+    assert type(chat.sampling.logit_bias[0].bias) is float
+
+
+NULLABLE = (
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "logit_bias",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "response_format",
+    "audio",
+    "modalities",
+    "prediction",
+    "web_search_options",
+    "reasoning_effort",
+    "verbosity",
+    "moderation",
+    "store",
+    "metadata",
+    "service_tier",
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+)
+
+
+@pytest.mark.parametrize("field", NULLABLE)
+def test_null_means_not_given(field: str) -> None:
+    assert parse(request(**{field: None})) == parse(BASE)
+
+
+@pytest.mark.parametrize(
+    ("fields", "max_tokens"),
+    [
+        ({"max_tokens": 5}, 5),
+        ({"max_completion_tokens": 7}, 7),
+        ({"max_tokens": 5, "max_completion_tokens": None}, 5),
+        ({"max_tokens": None, "max_completion_tokens": 7}, 7),
+        ({"max_tokens": 2**63 - 1}, 2**63 - 1),
+    ],
+)
+def test_max_tokens(fields: dict[str, Any], max_tokens: int) -> None:
+    assert parse(request(**fields)).max_tokens == max_tokens
+
+
+@pytest.mark.parametrize(("top_k", "expected"), [(-1, 0), (0, 0), (1, 1), (50, 50)])
+def test_top_k_minus_one_or_zero_is_off(top_k: int, expected: int) -> None:
+    assert parse(request(top_k=top_k)).sampling.top_k == expected
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [("x", ("x",)), (["a"], ("a",)), (["a", "b", "a", "d"], ("a", "b", "a", "d"))],
+)
+def test_stop(stop: Any, expected: tuple[str, ...]) -> None:
+    assert parse(request(stop=stop)).stop == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"temperature": 0}, SamplingParams(temperature=0.0)),
+        ({"temperature": 2}, SamplingParams(temperature=2.0)),
+        ({"top_p": 0}, SamplingParams(top_p=0.0)),
+        ({"min_p": 1}, SamplingParams(min_p=1.0)),
+        ({"presence_penalty": 2}, SamplingParams(presence_penalty=2.0)),
+        ({"frequency_penalty": -2.0}, SamplingParams(frequency_penalty=-2.0)),
+        ({"seed": 2**63 - 1}, SamplingParams(seed=2**63 - 1)),
+        ({"seed": 0}, SamplingParams(seed=0)),
+        ({"logit_bias": {}}, SamplingParams()),
+        (
+            {"logit_bias": {"2147483647": -100.0}},
+            SamplingParams(logit_bias=(LogitBias(2**31 - 1, -100.0),)),
+        ),
+    ],
+)
+def test_sampling_bounds_are_inclusive(value: dict[str, Any], expected: SamplingParams) -> None:
+    assert parse(request(**value)).sampling == expected
+
+
+@pytest.mark.parametrize(
+    "stream_options",
+    [
+        {},
+        {"include_usage": False},
+        {"include_usage": None},
+        {"include_obfuscation": True},
+        {"include_obfuscation": False},
+        {"include_usage": True, "continuous_usage_stats": False},
+    ],
+)
+def test_stream_options_without_usage_flags(stream_options: dict[str, Any]) -> None:
+    chat = parse(request(stream=True, stream_options=stream_options))
+    assert chat.stream
+    assert chat.include_usage == (stream_options.get("include_usage") is True)
+    assert not chat.continuous_usage_stats
+
+
+def test_assistant_message_as_the_openai_sdk_sends_it_back() -> None:
+    # What `messages.append(completion.choices[0].message)` puts on the wire.
+    message = {"role": "assistant", "content": "4", "refusal": None, "reasoning_content": "2+2"}
+    chat = parse(request(messages=[USER, message, USER]))
+    assert chat.messages[1] == Message(role="assistant", content="4")
+
+
+def test_text_part_with_cache_breakpoint() -> None:
+    part = {"type": "text", "text": "doc", "prompt_cache_breakpoint": {"mode": "explicit"}}
+    assert parse(request(messages=[{"role": "user", "content": [part]}])).messages == (
+        Message(role="user", content="doc"),
+    )
+
+
+def test_limits_are_inclusive() -> None:
+    many = [USER] * MAX_MESSAGES
+    assert len(parse(request(messages=many)).messages) == MAX_MESSAGES
+    parts = [{"type": "text", "text": "a"}] * MAX_CONTENT_PARTS
+    assert parse(request(messages=[{"role": "user", "content": parts}])).messages[0].content == (
+        "\n".join(["a"] * MAX_CONTENT_PARTS)
+    )
+    big = {"role": "user", "content": "x" * MAX_PROMPT_CHARS}
+    assert parse(request(messages=[big])).messages == (
+        Message(role="user", content="x" * MAX_PROMPT_CHARS),
+    )
+    assert parse(request(stop="s" * MAX_STOP_CHARS)).stop == ("s" * MAX_STOP_CHARS,)
+    bias = {str(i): 1 for i in range(MAX_LOGIT_BIAS)}
+    assert len(parse(request(logit_bias=bias)).sampling.logit_bias) == MAX_LOGIT_BIAS
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+
+def test_malformed_json() -> None:
+    err = refusal(b'{"model": "m",')
+    assert err.param is None
+    assert err.code is None
+    assert err.message.startswith("We could not parse the JSON body of your request")
+
+
+@pytest.mark.parametrize("body", [b"", b"\xff", b"NaN", b"[" * 2000, b'{"a": 1e400}'])
+def test_undecodable_bodies(body: bytes) -> None:
+    assert refusal(body).message.startswith("We could not parse the JSON body")
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [([], "an array"), ("s", "a string"), (1, "an integer"), (None, "null"), (True, "a boolean")],
+)
+def test_body_must_be_an_object(body: Any, kind: str) -> None:
+    err = refusal(body)
+    assert err.message == (
+        f"Invalid type for the request body: expected an object, but got {kind} instead."
+    )
+    assert (err.param, err.code) == (None, "invalid_type")
+
+
+def test_unknown_field() -> None:
+    err = refusal(request(repetition_penalty=1.1))
+    assert err.message == "Unrecognized request argument supplied: repetition_penalty"
+    assert (err.param, err.code) == (None, None)
+
+
+def test_unknown_fields() -> None:
+    err = refusal(request(foo=1, bar=2))
+    assert err.message == "Unrecognized request arguments supplied: foo, bar"
+
+
+@pytest.mark.parametrize("field", ["model", "messages"])
+def test_missing_required(field: str) -> None:
+    err = refusal(request(**{field: ...}))
+    assert err.message == f"Missing required parameter: '{field}'."
+    assert (err.param, err.code) == (field, "missing_required_parameter")
+
+
+def test_type_error_message() -> None:
+    err = refusal(request(temperature="hot"))
+    assert err.message == (
+        "Invalid type for 'temperature': expected a decimal, but got a string instead."
+    )
+    assert (err.param, err.code) == ("temperature", "invalid_type")
+
+
+def test_range_error_messages() -> None:
+    err = refusal(request(temperature=2.5))
+    assert err.message == (
+        "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, "
+        "but got 2.5 instead."
+    )
+    assert (err.param, err.code) == ("temperature", "decimal_above_max_value")
+    err = refusal(request(max_tokens=0))
+    assert err.message == (
+        "Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, "
+        "but got 0 instead."
+    )
+    assert (err.param, err.code) == ("max_tokens", "integer_below_min_value")
+
+
+def test_invalid_role_message() -> None:
+    err = refusal(request(messages=[{"role": "bot", "content": "x"}]))
+    assert err.message == (
+        "Invalid value for 'messages[0].role': 'bot'. Supported values are: 'system', "
+        "'assistant', 'user', 'function', 'tool', and 'developer'."
+    )
+    assert (err.param, err.code) == ("messages[0].role", "invalid_value")
+
+
+def test_both_max_tokens() -> None:
+    err = refusal(request(max_tokens=5, max_completion_tokens=5))
+    assert err.message == (
+        "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported."
+    )
+    assert (err.param, err.code) == ("max_tokens", "invalid_parameter_combination")
+
+
+def test_stream_options_without_stream() -> None:
+    for stream in (..., False, None):
+        err = refusal(request(stream=stream, stream_options={"include_usage": True}))
+        assert err.message == (
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+        )
+        assert (err.param, err.code) == ("stream_options", None)
+
+
+M = "messages[0]"
+ASSISTANT = {"role": "assistant", "content": "x"}
+
+
+def msg(**fields: Any) -> dict[str, Any]:
+    """A request whose only message is USER with `fields` set (... removes one)."""
+    message = {key: value for key, value in {**USER, **fields}.items() if value is not ...}
+    return request(messages=[message])
+
+
+def amsg(**fields: Any) -> dict[str, Any]:
+    message = {key: value for key, value in {**ASSISTANT, **fields}.items() if value is not ...}
+    return request(messages=[USER, message])
+
+
+A = "messages[1]"
+
+REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
+    # model
+    (request(model=None), "model", "invalid_type"),
+    (request(model=1), "model", "invalid_type"),
+    (request(model="m" * 257), "model", "string_above_max_length"),
+    # messages
+    (request(messages=None), "messages", "invalid_type"),
+    (request(messages={"role": "user"}), "messages", "invalid_type"),
+    (request(messages=[]), "messages", "empty_array"),
+    (request(messages=[USER] * (MAX_MESSAGES + 1)), "messages", "array_above_max_length"),
+    (
+        request(messages=[{"role": "user", "content": "x" * (MAX_PROMPT_CHARS + 1)}]),
+        "messages",
+        "string_above_max_length",
+    ),
+    (request(messages=["hi"]), M, "invalid_type"),
+    (request(messages=[USER, None]), "messages[1]", "invalid_type"),
+    (msg(role=...), f"{M}.role", "missing_required_parameter"),
+    (msg(role=None), f"{M}.role", "invalid_type"),
+    (msg(role="bot"), f"{M}.role", "invalid_value"),
+    (msg(role="tool", tool_call_id="1"), f"{M}.role", "unsupported_value"),
+    (msg(role="function", name="f"), f"{M}.role", "unsupported_value"),
+    (msg(content=...), f"{M}.content", "missing_required_parameter"),
+    (msg(content=None), f"{M}.content", "invalid_type"),
+    (msg(content=5), f"{M}.content", "invalid_type"),
+    (msg(content={"type": "text", "text": "x"}), f"{M}.content", "invalid_type"),
+    (msg(content=[]), f"{M}.content", "empty_array"),
+    (
+        msg(content=[{"type": "text", "text": "a"}] * (MAX_CONTENT_PARTS + 1)),
+        f"{M}.content",
+        "array_above_max_length",
+    ),
+    (msg(content=["hi"]), f"{M}.content[0]", "invalid_type"),
+    (msg(content=[{"text": "hi"}]), f"{M}.content[0].type", "missing_required_parameter"),
+    (msg(content=[{"type": 1, "text": "hi"}]), f"{M}.content[0].type", "invalid_type"),
+    (msg(content=[{"type": "txt", "text": "hi"}]), f"{M}.content[0].type", "invalid_value"),
+    (
+        msg(content=[{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]),
+        f"{M}.content[1].type",
+        "unsupported_value",
+    ),
+    (msg(content=[{"type": "input_audio"}]), f"{M}.content[0].type", "unsupported_value"),
+    (msg(content=[{"type": "file"}]), f"{M}.content[0].type", "unsupported_value"),
+    (
+        msg(role="system", content=[{"type": "image_url"}]),
+        f"{M}.content[0].type",
+        "invalid_value",
+    ),
+    (msg(content=[{"type": "text"}]), f"{M}.content[0].text", "missing_required_parameter"),
+    (msg(content=[{"type": "text", "text": None}]), f"{M}.content[0].text", "invalid_type"),
+    (
+        msg(content=[{"type": "text", "text": "a", "x": 1}]),
+        f"{M}.content[0].x",
+        "unknown_parameter",
+    ),
+    (
+        msg(content=[{"type": "text", "text": "a", "prompt_cache_breakpoint": {}}]),
+        f"{M}.content[0].prompt_cache_breakpoint",
+        "invalid_value",
+    ),
+    (msg(name=1), f"{M}.name", "invalid_type"),
+    (msg(foo=1), f"{M}.foo", "unknown_parameter"),
+    (msg(reasoning_content="x"), f"{M}.reasoning_content", "unknown_parameter"),
+    (msg(tool_calls=[]), f"{M}.tool_calls", "unknown_parameter"),
+    # assistant messages
+    (amsg(content=...), f"{A}.content", "missing_required_parameter"),
+    (amsg(content=None), f"{A}.content", "missing_required_parameter"),
+    (
+        amsg(content=[{"type": "refusal", "refusal": "no"}]),
+        f"{A}.content[0].type",
+        "unsupported_value",
+    ),
+    (
+        amsg(tool_calls=[{"id": "1", "type": "function"}]),
+        f"{A}.tool_calls",
+        "unsupported_parameter",
+    ),
+    (
+        amsg(content=None, tool_calls=[{"id": "1"}]),
+        f"{A}.tool_calls",
+        "unsupported_parameter",
+    ),
+    (amsg(tool_calls={}), f"{A}.tool_calls", "invalid_type"),
+    (
+        amsg(function_call={"name": "f", "arguments": "{}"}),
+        f"{A}.function_call",
+        "unsupported_parameter",
+    ),
+    (amsg(audio={"id": "a"}), f"{A}.audio", "unsupported_parameter"),
+    (amsg(refusal="I can't"), f"{A}.refusal", "unsupported_parameter"),
+    (amsg(refusal=1), f"{A}.refusal", "invalid_type"),
+    (amsg(reasoning_content=1), f"{A}.reasoning_content", "invalid_type"),
+    (amsg(annotations=[]), f"{A}.annotations", "unknown_parameter"),
+    # stream
+    (request(stream="true"), "stream", "invalid_type"),
+    (request(stream=1), "stream", "invalid_type"),
+    (request(stream=True, stream_options=[]), "stream_options", "invalid_type"),
+    (request(stream=True, stream_options={"x": 1}), "stream_options.x", "unknown_parameter"),
+    (
+        request(stream=True, stream_options={"include_usage": 1}),
+        "stream_options.include_usage",
+        "invalid_type",
+    ),
+    (
+        request(stream=True, stream_options={"include_obfuscation": "no"}),
+        "stream_options.include_obfuscation",
+        "invalid_type",
+    ),
+    (
+        request(stream=True, stream_options={"continuous_usage_stats": True}),
+        "stream_options.continuous_usage_stats",
+        "invalid_parameter_combination",
+    ),
+    (
+        request(
+            stream=True, stream_options={"include_usage": False, "continuous_usage_stats": True}
+        ),
+        "stream_options.continuous_usage_stats",
+        "invalid_parameter_combination",
+    ),
+    (
+        request(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": 1}),
+        "stream_options.continuous_usage_stats",
+        "invalid_type",
+    ),
+    # lengths
+    (request(max_tokens=0), "max_tokens", "integer_below_min_value"),
+    (request(max_tokens=-1), "max_tokens", "integer_below_min_value"),
+    (request(max_tokens=1.0), "max_tokens", "invalid_type"),
+    (request(max_tokens="10"), "max_tokens", "invalid_type"),
+    (request(max_tokens=True), "max_tokens", "invalid_type"),
+    (request(max_tokens=2**63), "max_tokens", "integer_above_max_value"),
+    (request(max_completion_tokens=0), "max_completion_tokens", "integer_below_min_value"),
+    (request(max_completion_tokens=1.5), "max_completion_tokens", "invalid_type"),
+    # sampling
+    (request(temperature=True), "temperature", "invalid_type"),
+    (request(temperature=[1]), "temperature", "invalid_type"),
+    (request(temperature=-0.01), "temperature", "decimal_below_min_value"),
+    (request(temperature=2.000001), "temperature", "decimal_above_max_value"),
+    (request(temperature=3), "temperature", "decimal_above_max_value"),
+    (request(top_p=-1), "top_p", "decimal_below_min_value"),
+    (request(top_p=1.01), "top_p", "decimal_above_max_value"),
+    (request(top_p="1"), "top_p", "invalid_type"),
+    (request(top_k=-2), "top_k", "integer_below_min_value"),
+    (request(top_k=1.0), "top_k", "invalid_type"),
+    (request(top_k=False), "top_k", "invalid_type"),
+    (request(min_p=-0.1), "min_p", "decimal_below_min_value"),
+    (request(min_p=1.1), "min_p", "decimal_above_max_value"),
+    (request(presence_penalty=-2.5), "presence_penalty", "decimal_below_min_value"),
+    (request(presence_penalty=2.5), "presence_penalty", "decimal_above_max_value"),
+    (request(frequency_penalty=-3), "frequency_penalty", "decimal_below_min_value"),
+    (request(frequency_penalty=3), "frequency_penalty", "decimal_above_max_value"),
+    (request(frequency_penalty=False), "frequency_penalty", "invalid_type"),
+    (request(seed=1.5), "seed", "invalid_type"),
+    (request(seed="1"), "seed", "invalid_type"),
+    (request(seed=2**63), "seed", "integer_above_max_value"),
+    (request(seed=2**64 - 1), "seed", "integer_above_max_value"),
+    # stop
+    (request(stop=1), "stop", "invalid_type"),
+    (request(stop={"a": 1}), "stop", "invalid_type"),
+    (request(stop=[]), "stop", "empty_array"),
+    (request(stop=["a", "b", "c", "d", "e"]), "stop", "array_above_max_length"),
+    (request(stop=["a", 1]), "stop[1]", "invalid_type"),
+    (request(stop=["a", None]), "stop[1]", "invalid_type"),
+    (request(stop=""), "stop", "empty_string"),
+    (request(stop=["a", ""]), "stop[1]", "empty_string"),
+    (request(stop="s" * (MAX_STOP_CHARS + 1)), "stop", "string_above_max_length"),
+    (request(stop=["s" * (MAX_STOP_CHARS + 1)]), "stop[0]", "string_above_max_length"),
+    # logit_bias
+    (request(logit_bias=[]), "logit_bias", "invalid_type"),
+    (request(logit_bias={"abc": 1}), "logit_bias", "invalid_value"),
+    (request(logit_bias={"-1": 1}), "logit_bias", "invalid_value"),
+    (request(logit_bias={"1.0": 1}), "logit_bias", "invalid_value"),
+    (request(logit_bias={" 1": 1}), "logit_bias", "invalid_value"),
+    (request(logit_bias={"": 1}), "logit_bias", "invalid_value"),
+    (request(logit_bias={"\u0661": 1}), "logit_bias", "invalid_value"),  # Arabic-Indic 1
+    (request(logit_bias={"2147483648": 1}), "logit_bias", "invalid_value"),
+    (request(logit_bias={"1" * 5000: 1}), "logit_bias", "invalid_value"),
+    (request(logit_bias={"5": "1"}), "logit_bias.5", "invalid_type"),
+    (request(logit_bias={"5": None}), "logit_bias.5", "invalid_type"),
+    (request(logit_bias={"5": True}), "logit_bias.5", "invalid_type"),
+    (request(logit_bias={"5": 101}), "logit_bias.5", "decimal_above_max_value"),
+    (request(logit_bias={"5": -100.5}), "logit_bias.5", "decimal_below_min_value"),
+    (
+        request(logit_bias={str(i): 1 for i in range(MAX_LOGIT_BIAS + 1)}),
+        "logit_bias",
+        "object_above_max_properties",
+    ),
+    # not implemented
+    (request(n=2), "n", "unsupported_value"),
+    (request(n=0), "n", "integer_below_min_value"),
+    (request(n=129), "n", "integer_above_max_value"),
+    (request(n="1"), "n", "invalid_type"),
+    (request(logprobs=True), "logprobs", "unsupported_value"),
+    (request(logprobs=1), "logprobs", "invalid_type"),
+    (request(top_logprobs=0), "top_logprobs", "unsupported_parameter"),
+    (request(top_logprobs=5), "top_logprobs", "unsupported_parameter"),
+    (request(top_logprobs=21), "top_logprobs", "integer_above_max_value"),
+    (request(top_logprobs="5"), "top_logprobs", "invalid_type"),
+    (
+        request(tools=[{"type": "function", "function": {"name": "f"}}]),
+        "tools",
+        "unsupported_parameter",
+    ),
+    (request(tools={}), "tools", "invalid_type"),
+    (request(tool_choice="auto"), "tool_choice", "unsupported_parameter"),
+    (request(tool_choice="required"), "tool_choice", "unsupported_parameter"),
+    (
+        request(tool_choice={"type": "function", "function": {"name": "f"}}),
+        "tool_choice",
+        "unsupported_parameter",
+    ),
+    (request(tool_choice="any"), "tool_choice", "invalid_value"),
+    (request(tool_choice=1), "tool_choice", "invalid_type"),
+    (request(functions=[{"name": "f"}]), "functions", "unsupported_parameter"),
+    (request(function_call="auto"), "function_call", "unsupported_parameter"),
+    (request(function_call={"name": "f"}), "function_call", "unsupported_parameter"),
+    (request(response_format={"type": "json_object"}), "response_format", "unsupported_value"),
+    (
+        request(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        "response_format",
+        "unsupported_value",
+    ),
+    (request(response_format="text"), "response_format", "invalid_type"),
+    (request(audio={"voice": "alloy", "format": "wav"}), "audio", "unsupported_parameter"),
+    (request(modalities=["text", "audio"]), "modalities", "unsupported_value"),
+    (request(modalities=[]), "modalities", "unsupported_value"),
+    (request(modalities="text"), "modalities", "invalid_type"),
+    (
+        request(prediction={"type": "content", "content": "x"}),
+        "prediction",
+        "unsupported_parameter",
+    ),
+    (request(web_search_options={}), "web_search_options", "unsupported_parameter"),
+    (request(reasoning_effort="low"), "reasoning_effort", "unsupported_parameter"),
+    (request(verbosity="low"), "verbosity", "unsupported_parameter"),
+    (
+        request(moderation={"model": "omni-moderation-latest"}),
+        "moderation",
+        "unsupported_parameter",
+    ),
+    (request(store=True), "store", "unsupported_value"),
+    (request(store="false"), "store", "invalid_type"),
+    (request(service_tier="flex"), "service_tier", "unsupported_value"),
+    (request(service_tier="priority"), "service_tier", "unsupported_value"),
+    (request(service_tier="gold"), "service_tier", "invalid_value"),
+    (request(service_tier=1), "service_tier", "invalid_type"),
+    # accepted, but type-checked
+    (request(parallel_tool_calls="yes"), "parallel_tool_calls", "invalid_type"),
+    (request(user=1), "user", "invalid_type"),
+    (request(prompt_cache_key=1), "prompt_cache_key", "invalid_type"),
+    (request(safety_identifier=1), "safety_identifier", "invalid_type"),
+    (request(safety_identifier="x" * 65), "safety_identifier", "string_above_max_length"),
+    (request(prompt_cache_retention="1h"), "prompt_cache_retention", "invalid_value"),
+    (request(prompt_cache_options="x"), "prompt_cache_options", "invalid_type"),
+    (request(prompt_cache_options={"x": 1}), "prompt_cache_options.x", "unknown_parameter"),
+    (request(prompt_cache_options={"ttl": "1h"}), "prompt_cache_options.ttl", "invalid_value"),
+    (request(prompt_cache_options={"ttl": 30}), "prompt_cache_options.ttl", "invalid_type"),
+    (
+        request(prompt_cache_options={"mode": "explicit"}),
+        "prompt_cache_options.mode",
+        "unsupported_value",
+    ),
+    (request(prompt_cache_options={"mode": "off"}), "prompt_cache_options.mode", "invalid_value"),
+    (request(metadata=[]), "metadata", "invalid_type"),
+    (request(metadata={"k": 1}), "metadata.k", "invalid_type"),
+    (request(metadata={"k": "v" * 513}), "metadata.k", "string_above_max_length"),
+    (request(metadata={"k" * 65: "v"}), "metadata." + "k" * 65, "string_above_max_length"),
+    (
+        request(metadata={str(i): "v" for i in range(17)}),
+        "metadata",
+        "object_above_max_properties",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    REFUSALS,
+    ids=[f"{i}-{param}-{code}" for i, (_, param, code) in enumerate(REFUSALS)],
+)
+def test_refusals(body: dict[str, Any], param: str | None, code: str) -> None:
+    err = refusal(body)
+    assert (err.param, err.code) == (param, code)
+    if param is not None and not param.startswith("metadata."):
+        # The message names the field, so a user can tell what to fix without the param.
+        assert param in err.message
+
+
+def test_unsupported_messages_say_why() -> None:
+    err = refusal(request(tools=[{"type": "function", "function": {"name": "f"}}]))
+    assert err.message == (
+        "Unsupported parameter: 'tools' is not supported with this server: "
+        "tool calling is not implemented."
+    )
+    err = refusal(request(n=3))
+    assert err.message == (
+        "Unsupported value: 'n' does not support 3 with this server. "
+        "Only the default (1) value is supported."
+    )
+
+
+def test_huge_values_are_not_echoed_whole() -> None:
+    err = refusal(request(service_tier="x" * 100_000))
+    assert len(err.message) < 300
+    err = refusal(request(**{"y" * 100_000: 1}))
+    assert len(err.message) < 300
+
+
+# --- hostile input --------------------------------------------------------------------------
+
+
+def _check(data: bytes) -> None:
+    """Either an OpenAIError 400 or a request whose Generate survives the runner codec."""
+    try:
+        chat = parse_chat_request(data)
+    except OpenAIError as exc:
+        err = exc
+    else:
+        generate = chat.to_generate("r")
+        assert decode_gateway_frame(encode(generate)) == generate
+        return
+    assert err.status == 400
+    assert err.type == "invalid_request_error"
+    orjson.dumps(err.body())
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes(data: bytes) -> None:
+    _check(data)
+
+
+@given(json_values)
+def test_random_json(value: Any) -> None:
+    _check(orjson.dumps(value))
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix]
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(obj, list):
+        for index, value in enumerate(obj):
+            found += _paths(value, (*prefix, index))
+    return found
+
+
+FULL: dict[str, Any] = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "s"}], "name": "n"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a", "refusal": None, "tool_calls": []},
+    ],
+    "stream": True,
+    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    "max_tokens": 5,
+    "temperature": 1,
+    "top_p": 0.5,
+    "top_k": 3,
+    "min_p": 0.1,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "seed": 1,
+    "stop": ["a"],
+    "logit_bias": {"1": 1},
+    "n": 1,
+    "logprobs": False,
+    "tool_choice": "none",
+    "response_format": {"type": "text"},
+    "modalities": ["text"],
+    "service_tier": "auto",
+    "metadata": {"a": "b"},
+    "prompt_cache_options": {"mode": "implicit"},
+}
+
+
+@st.composite
+def mutated_requests(draw: st.DrawFn) -> Any:
+    """FULL with one value replaced, one key dropped or one key added, at any depth."""
+    obj = copy.deepcopy(FULL)
+    path = draw(st.sampled_from(_paths(obj)[1:]))
+    parent = obj
+    for step in path[:-1]:
+        parent = parent[step]
+    action = draw(st.sampled_from(("replace", "drop", "add")))
+    if action == "replace" or (action == "drop" and isinstance(parent, list)):
+        parent[path[-1]] = draw(json_values)
+    elif action == "drop":
+        del parent[path[-1]]
+    elif isinstance(parent, dict):
+        parent[draw(text | st.sampled_from(sorted(FULL)))] = draw(json_values)
+    else:
+        parent.append(draw(json_values))
+    return obj
+
+
+def test_full_is_valid() -> None:
+    parse(FULL)
+
+
+@given(mutated_requests())
+def test_mutated_requests(value: Any) -> None:
+    _check(orjson.dumps(value))

@@ -1,0 +1,227 @@
+"""Shared test doubles and helpers: real processes on real sockets, and a protocol-level
+fake runner for the cases a real engine cannot produce (errors mid-stream, rogue frames).
+
+Timeouts are multiples of `UNIT` seconds; raise ORCHARD_TEST_TIME_FACTOR on a slow machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from protocol.codec import decode_gateway_frame, encode
+from protocol.frames import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Chunk,
+    Generate,
+    Hardware,
+    Hello,
+    ModelInfo,
+    Usage,
+    Welcome,
+)
+
+UNIT = float(os.environ.get("ORCHARD_TEST_TIME_FACTOR", "1"))
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout * UNIT
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout * UNIT:.1f} s waiting for {what}")
+
+
+async def async_wait_until(
+    check: Callable[[], Awaitable[bool]], timeout: float, what: str
+) -> None:
+    deadline = time.monotonic() + timeout * UNIT
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout * UNIT:.1f} s waiting for {what}")
+
+
+class Process:
+    """An `orchard` subcommand in its own process, stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.args = args
+        # A file, not a pipe: a chatty process must never block on a full pipe.
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchard", *args],
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop(self) -> str:
+        """Stop the process; returns what it printed (for failure messages)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10 * UNIT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        with self.log:
+            self.log.seek(0)
+            return self.log.read().decode(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Gateway:
+    """A gateway process on a free port."""
+
+    def __init__(self, *extra: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.process = Process(
+            ["gateway", "--port", str(self.port), "--log-level", "warning", *extra]
+        )
+        wait_until(self._healthy, 20, "the gateway to start")
+
+    def _healthy(self) -> bool:
+        if not self.process.alive():
+            raise AssertionError(f"gateway exited:\n{self.process.stop()}")
+        try:
+            return httpx.get(f"{self.base}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def runners(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = httpx.get(f"{self.base}/v1/runners", timeout=5).json()[
+            "data"
+        ]
+        return data
+
+    def wait_for_runners(self, count: int, timeout: float = 60) -> None:
+        wait_until(lambda: len(self.runners()) >= count, timeout, f"{count} runner(s)")
+
+    def stop(self) -> str:
+        return self.process.stop()
+
+
+def start_runner(gateway: Gateway, *extra: str, name: str = "test-runner") -> Process:
+    return Process(
+        ["runner", "--gateway", gateway.base, "--name", name, "--log-level", "warning", *extra]
+    )
+
+
+@contextlib.contextmanager
+def gateway_with_runner(*runner_args: str) -> Iterator[tuple[Gateway, Process]]:
+    gw = Gateway()
+    runner = start_runner(gw, *runner_args)
+    try:
+        gw.wait_for_runners(1)
+        yield gw, runner
+    finally:
+        runner.stop()
+        gw.stop()
+
+
+def sse_events(body: bytes) -> list[Any]:
+    """Parse an SSE body into its data payloads (JSON objects, or the string "[DONE]")."""
+    events: list[Any] = []
+    assert body.endswith(b"\n\n"), body[-50:]
+    for block in body.split(b"\n\n")[:-1]:
+        if block.startswith(b":"):
+            continue
+        assert block.startswith(b"data: "), block
+        payload = block[len(b"data: ") :]
+        events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+    return events
+
+
+# --- a protocol-level fake runner -------------------------------------------------------
+
+HARDWARE = Hardware("test chip", 1, 1 << 30, "none", "test")
+
+
+class FakeRunner:
+    """Speaks the runner protocol by hand, so a test can send exactly the frames it wants."""
+
+    def __init__(self, ws: ClientConnection, welcome: Welcome) -> None:
+        self.ws = ws
+        self.welcome = welcome
+
+    @classmethod
+    async def connect(
+        cls,
+        gateway: Gateway,
+        *,
+        models: tuple[str, ...] = ("fake-model",),
+        max_concurrent: int = 4,
+        name: str = "fake",
+    ) -> FakeRunner:
+        ws = await connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", compression=None)
+        hello = Hello(
+            PROTOCOL_VERSION,
+            name,
+            tuple(ModelInfo(m, 4096) for m in models),
+            max_concurrent,
+            HARDWARE,
+        )
+        await ws.send(encode(hello), text=True)
+        welcome = decode_gateway_frame(await ws.recv())
+        assert isinstance(welcome, Welcome)
+        return cls(ws, welcome)
+
+    async def next_request(self) -> Generate | Cancel:
+        """The next Generate or Cancel (heartbeats skipped)."""
+        while True:
+            frame = decode_gateway_frame(await asyncio.wait_for(self.ws.recv(), 10 * UNIT))
+            if isinstance(frame, Generate | Cancel):
+                return frame
+
+    async def send(self, frame: Any) -> None:
+        await self.ws.send(encode(frame), text=True)
+
+    async def send_raw(self, data: bytes | str) -> None:
+        await self.ws.send(data, text=True)
+
+    @staticmethod
+    def chunk(
+        request_id: str, seq: int, text: str, *, done: bool = False, prompt: int = 3
+    ) -> Chunk:
+        return Chunk(
+            request_id,
+            seq,
+            text,
+            "",
+            1,
+            Usage(prompt, seq + 1),
+            "stop" if done else None,
+        )
+
+    async def close(self) -> None:
+        await self.ws.close()
