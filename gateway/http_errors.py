@@ -17,17 +17,23 @@ from litestar.exceptions import HTTPException
 from gateway.errors import ModelNotFound, QueueFull, QueueTimeout, RunnerLost
 from gateway.pool import Lost
 from protocol.frames import Error
+from protocol.openai import errors
 from protocol.openai.errors import OpenAIError
 
 log = logging.getLogger("gateway.errors")
 
-_RUNNER_CODES: dict[str, tuple[int, str]] = {
-    "invalid_request": (400, "invalid_request_error"),
-    "context_length_exceeded": (400, "invalid_request_error"),
-    "model_not_found": (404, "invalid_request_error"),
-    "over_capacity": (503, "server_error"),
-    "internal_error": (500, "server_error"),
-}
+def _runner_error(frame: Error) -> OpenAIError:
+    """A runner's Error frame, as the HTTP status its code means."""
+    match frame.code:
+        case "context_length_exceeded":
+            return errors.context_length_exceeded(frame.message)
+        case "invalid_request":
+            return errors.invalid_request(frame.message)
+        case "model_not_found":
+            return OpenAIError(404, frame.message, "invalid_request_error", None, frame.code)
+        case "over_capacity":
+            return errors.unavailable(frame.message, retry_after=1.0)
+    return OpenAIError(500, frame.message, "server_error", None, frame.code)
 
 
 def openai_error_for(problem: object) -> OpenAIError:
@@ -36,22 +42,21 @@ def openai_error_for(problem: object) -> OpenAIError:
         case OpenAIError():
             return problem
         case ModelNotFound(model=model):
-            return OpenAIError(404, str(problem), "invalid_request_error", "model", "model_not_found")
+            return errors.model_not_found(model)
         case QueueFull() | QueueTimeout():
-            err = OpenAIError(429, str(problem), "rate_limit_error", None, "queue_full")
-            err.retry_after = problem.retry_after
+            err = errors.queue_full(retry_after=problem.retry_after)
+            err.message = str(problem)
             return err
         case Lost(error=lost):
             return OpenAIError(502, str(lost), "server_error", None, "runner_lost")
         case RunnerLost():
             return OpenAIError(502, str(problem), "server_error", None, "runner_lost")
-        case Error(code=code, message=message):
-            status, kind = _RUNNER_CODES.get(code, (500, "server_error"))
-            return OpenAIError(status, message, kind, None, code)
+        case Error():
+            return _runner_error(problem)
         case None:
             return OpenAIError(504, "The runner sent nothing in time.", "server_error", None, "timeout")
-    log.exception("unexpected error", exc_info=problem if isinstance(problem, BaseException) else None)
-    return OpenAIError(500, "Internal server error.", "server_error", None, None)
+    log.error("unexpected error", exc_info=problem if isinstance(problem, BaseException) else None)
+    return errors.server_error()
 
 
 def error_response(err: OpenAIError) -> Response[bytes]:
@@ -73,16 +78,12 @@ def handle_openai_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Response
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
-def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
     if status == 413:
-        message = "Request body too large."
-        code: str | None = "request_too_large"
-    else:
-        message = str(exc.detail)
-        code = None
+        return error_response(errors.too_large(request.app.state.config.max_body_bytes))
     kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return error_response(OpenAIError(status, message, kind, None, code))
+    return error_response(OpenAIError(status, str(exc.detail), kind, None, None))
 
 
 def handle_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

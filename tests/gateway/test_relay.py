@@ -129,7 +129,7 @@ async def test_runner_error_before_first_token_is_http_error(
         "error": {
             "message": "prompt too long",
             "type": "invalid_request_error",
-            "param": None,
+            "param": "messages",
             "code": "context_length_exceeded",
         }
     }
