@@ -44,13 +44,13 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     return await _non_streaming(request, pool, stream, chat, completion_id)
 
 
-async def _next(stream: RequestStream, timeout: float) -> StreamItem | None:
-    """The next item, or None after `timeout` seconds of silence."""
+async def _next(stream: RequestStream, seconds: float) -> StreamItem | None:
+    """The next item, or None after `seconds` of silence."""
     item = stream.get_nowait()
     if item is not None:
         return item
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(seconds):
             return await stream.get()
     except TimeoutError:
         return None

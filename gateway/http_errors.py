@@ -22,6 +22,7 @@ from protocol.openai.errors import OpenAIError
 
 log = logging.getLogger("gateway.errors")
 
+
 def _runner_error(frame: Error) -> OpenAIError:
     """A runner's Error frame, as the HTTP status its code means."""
     match frame.code:
@@ -54,7 +55,9 @@ def openai_error_for(problem: object) -> OpenAIError:
         case Error():
             return _runner_error(problem)
         case None:
-            return OpenAIError(504, "The runner sent nothing in time.", "server_error", None, "timeout")
+            return OpenAIError(
+                504, "The runner sent nothing in time.", "server_error", None, "timeout"
+            )
     log.error("unexpected error", exc_info=problem if isinstance(problem, BaseException) else None)
     return errors.server_error()
 

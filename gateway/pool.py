@@ -14,8 +14,8 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Final
 
 import attrs
 
@@ -121,7 +121,7 @@ class Pool:
         )
         self._seq = itertools.count()
         self._runner_ids = itertools.count(1)
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
 
     # --- membership -------------------------------------------------------------------
 
@@ -224,9 +224,7 @@ class Pool:
     def _dispatch(self, conn: RunnerConn) -> None:
         """Hand free slots of `conn` to the oldest waiters it can serve."""
         while conn.free > 0:
-            heads = [
-                q[0] for m in conn.models if (q := self._waiters.get(m)) and len(q) > 0
-            ]
+            heads = [q[0] for m in conn.models if (q := self._waiters.get(m)) and len(q) > 0]
             if not heads:
                 return
             waiter = min(heads, key=lambda w: w.seq)
@@ -265,7 +263,7 @@ class Pool:
         if frame is not None:
             self._spawn(conn.send(encode(frame)))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -44,14 +44,12 @@ class _Link:
         self.closed = False
 
     async def receive(self) -> bytes | str:
-        message = await self.socket.receive()
+        message: dict[str, Any] = await self.socket.receive()  # type: ignore[assignment]
         if message["type"] == "websocket.disconnect":
             self.closed = True
             raise _Closed
         self.last_seen = time.monotonic()
-        data: bytes | str | None = message.get("text")
-        if data is None:
-            data = message.get("bytes") or b""
+        data: bytes | str = message.get("text") or message.get("bytes") or b""
         if len(data) > self.config.max_runner_frame_bytes:
             raise ProtocolError(
                 f"frame of {len(data)} bytes over the {self.config.max_runner_frame_bytes} limit",
@@ -64,7 +62,7 @@ class _Link:
         if self.closed:
             return
         try:
-            await self.socket.send({"type": "websocket.send", "text": data.decode()})
+            await self.socket.send({"type": "websocket.send", "text": data.decode(), "bytes": None})
         except Exception:  # any transport failure means the link is gone
             self.closed = True
 
@@ -133,9 +131,7 @@ async def _serve(link: _Link, session: GatewaySession, pool: Pool, conn: RunnerC
         task.result()
 
 
-async def _receive_loop(
-    link: _Link, session: GatewaySession, pool: Pool, conn: RunnerConn
-) -> None:
+async def _receive_loop(link: _Link, session: GatewaySession, pool: Pool, conn: RunnerConn) -> None:
     while True:
         frame = session.receive(decode_runner_frame(await link.receive()))
         if isinstance(frame, Chunk):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -89,14 +92,21 @@ def gateway(
     asyncio.run(_run_gateway(config, log_level))
 
 
-async def _run_gateway(config: object, log_level: str) -> None:
+def _server(config: object, log_level: str) -> Any:
+    """A uvicorn server for the gateway app that leaves signal handling to us."""
     import uvicorn
 
     from gateway.app import create_app
     from gateway.config import GatewayConfig
 
     assert isinstance(config, GatewayConfig)
-    server = uvicorn.Server(
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # our own handlers stop things in the right order
+
+    return Server(
         uvicorn.Config(
             create_app(config),
             host=config.host,
@@ -108,6 +118,13 @@ async def _run_gateway(config: object, log_level: str) -> None:
             lifespan="off",
         )
     )
+
+
+async def _run_gateway(config: object, log_level: str) -> None:
+    server = _server(config, log_level)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
     await server.serve()
 
 
@@ -206,26 +223,11 @@ def serve(host: str, port: int, model: str, max_concurrent: int, log_level: str)
 
 
 async def _serve(config: object, model: str, max_concurrent: int, log_level: str) -> None:
-    import uvicorn
-
-    from gateway.app import create_app
     from gateway.config import GatewayConfig
 
     assert isinstance(config, GatewayConfig)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config),
-            host=config.host,
-            port=config.port,
-            log_level=log_level,
-            ws_max_size=config.max_runner_frame_bytes,
-            ws_per_message_deflate=False,
-            access_log=False,
-            lifespan="off",
-        )
-    )
-    # We own the signals: stop the runner first, then the server.
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    server = _server(config, log_level)
+    # Signals stop the runner first, then the server.
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
     base = f"http://{local}:{config.port}"
     runner_proc: subprocess.Popen[bytes] | None = None
@@ -305,4 +307,3 @@ def demo_model(directory: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-

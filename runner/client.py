@@ -22,7 +22,15 @@ from websockets.asyncio.client import ClientConnection, connect
 from protocol.closecodes import CloseCode
 from protocol.codec import decode_gateway_frame, encode
 from protocol.errors import ProtocolError
-from protocol.frames import PROTOCOL_VERSION, Generate, Hardware, Heartbeat, Hello, Welcome
+from protocol.frames import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Generate,
+    Hardware,
+    Heartbeat,
+    Hello,
+    Welcome,
+)
 from protocol.session import RunnerSession
 from runner.engine.base import Engine, EngineEvent, Failure, Output
 
@@ -146,7 +154,7 @@ class Runner:
                 self._queue(encode(refusal))
             elif isinstance(frame, Generate):
                 self.engine.submit(frame)
-            elif not isinstance(frame, Heartbeat):  # Cancel
+            elif isinstance(frame, Cancel):
                 self.engine.cancel(frame.request_id)
 
     async def _send_loop(self, ws: ClientConnection) -> None:

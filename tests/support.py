@@ -56,15 +56,19 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout * UNIT:.1f} s waiting for {what}")
 
 
-async def async_wait_until(
-    check: Callable[[], Awaitable[bool]], timeout: float, what: str
-) -> None:
-    deadline = time.monotonic() + timeout * UNIT
+async def async_wait_until(check: Callable[[], Awaitable[bool]], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds * UNIT
     while time.monotonic() < deadline:
         if await check():
             return
         await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout * UNIT:.1f} s waiting for {what}")
+    raise AssertionError(f"timed out after {seconds * UNIT:.1f} s waiting for {what}")
+
+
+async def recv_until_closed(ws: ClientConnection) -> None:
+    """Read (and drop) frames until the peer closes; raises ConnectionClosed."""
+    while True:
+        await ws.recv()
 
 
 class Process:
@@ -73,7 +77,7 @@ class Process:
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.args = args
         # A file, not a pipe: a chatty process must never block on a full pipe.
-        self.log = tempfile.TemporaryFile()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchard", *args],
             cwd=REPO,
@@ -119,9 +123,7 @@ class Gateway:
             return False
 
     def runners(self) -> list[dict[str, Any]]:
-        data: list[dict[str, Any]] = httpx.get(f"{self.base}/v1/runners", timeout=5).json()[
-            "data"
-        ]
+        data: list[dict[str, Any]] = httpx.get(f"{self.base}/v1/runners", timeout=5).json()["data"]
         return data
 
     def wait_for_runners(self, count: int, timeout: float = 60) -> None:

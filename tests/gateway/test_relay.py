@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol.closecodes import CloseCode
 from protocol.frames import Cancel, Chunk, Error, Generate, Usage
-from tests.support import UNIT, FakeRunner, Gateway, sse_events
+from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +197,7 @@ async def test_non_streaming(runner: FakeRunner, http: httpx.AsyncClient) -> Non
     async def serve() -> None:
         gen = await runner.next_request()
         await runner.send(FakeRunner.chunk(gen.request_id, 0, "Hi "))
-        await runner.send(
-            Chunk(gen.request_id, 1, "there", "", 1, Usage(5, 2, 4, 0), "length")
-        )
+        await runner.send(Chunk(gen.request_id, 1, "there", "", 1, Usage(5, 2, 4, 0), "length"))
 
     task = asyncio.create_task(serve())
     resp = await http.post("/v1/chat/completions", json=body())
@@ -254,9 +252,7 @@ async def test_client_disconnect_sends_cancel(runner: FakeRunner, gateway: Gatew
         assert frame == Cancel(gen.request_id)
         got_cancel.set()
         # Confirm, freeing the slot.
-        await runner.send(
-            Chunk(gen.request_id, 1, "", "", 0, Usage(3, 1), "cancelled")
-        )
+        await runner.send(Chunk(gen.request_id, 1, "", "", 0, Usage(3, 1), "cancelled"))
 
     task = asyncio.create_task(serve())
     async with (
@@ -318,16 +314,13 @@ async def test_queue_full_is_429_with_retry_after() -> None:
 async def test_chunk_for_foreign_request_closes_only_that_runner(
     runner: FakeRunner, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    stream_req = asyncio.create_task(
-        http.post("/v1/chat/completions", json=body(stream=True))
-    )
+    stream_req = asyncio.create_task(http.post("/v1/chat/completions", json=body(stream=True)))
     gen = await runner.next_request()
     assert isinstance(gen, Generate)
     rogue = await FakeRunner.connect(gateway, models=("other",), name="rogue")
     await rogue.send(FakeRunner.chunk(gen.request_id, 0, "injected"))
     with pytest.raises(ConnectionClosed) as closed:
-        await asyncio.wait_for(rogue.ws.recv(), 5 * UNIT)
-        await asyncio.wait_for(rogue.ws.recv(), 5 * UNIT)
+        await asyncio.wait_for(recv_until_closed(rogue.ws), 5 * UNIT)
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == CloseCode.ILLEGAL_STATE
     # The honest stream is untouched.
@@ -377,4 +370,5 @@ async def test_bad_first_frame_closes_with_code(
         assert closed.value.rcvd.code == code
         assert closed.value.rcvd.reason
     assert all(r["name"] != "x" for r in gateway.runners())
-    assert httpx.get(f"{gateway.base}/health").status_code == 200
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"{gateway.base}/health")).status_code == 200
