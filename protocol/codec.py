@@ -13,6 +13,7 @@ from typing import Any, TypeVar, get_args, get_origin
 
 import cattrs
 import orjson
+from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.preconf.orjson import make_converter
 from cattrs.strategies import configure_tagged_union
 
@@ -67,7 +68,20 @@ def _make_converter() -> cattrs.Converter:
         def structure_tuple(value: Any, _: type) -> tuple[Any, ...]:
             if type(value) is not list:
                 raise TypeError(f"expected an array, got {type(value).__name__}")
-            return tuple(item_hook(item, item_type) for item in value)
+            items, errors = [], []
+            for i, item in enumerate(value):
+                try:
+                    items.append(item_hook(item, item_type))
+                except Exception as exc:
+                    # The index note makes transform_error say `messages[1].role`.
+                    exc.__notes__ = [
+                        *getattr(exc, "__notes__", []),
+                        IterableValidationNote(f"Structuring {cl} @ index {i}", i, item_type),
+                    ]
+                    errors.append(exc)
+            if errors:
+                raise IterableValidationError(f"While structuring {cl}", errors, cl)
+            return tuple(items)
 
         return structure_tuple
 
@@ -87,8 +101,16 @@ converter = _make_converter()
 
 
 def encode(frame: Frame) -> bytes:
-    """Serialise a frame to UTF-8 JSON bytes (send them as a text frame)."""
-    return orjson.dumps(converter.unstructure(frame, Frame))
+    """Serialise a frame to UTF-8 JSON bytes (send them as a text frame).
+
+    Raises `FrameError` for what JSON cannot carry (integers past 64 bits, lone surrogates).
+    Senders must keep floats finite: orjson writes NaN and infinities as null, which the
+    peer's strict decoder refuses.
+    """
+    try:
+        return orjson.dumps(converter.unstructure(frame, Frame))
+    except orjson.JSONEncodeError as exc:
+        raise FrameError(f"cannot encode {type(frame).__name__}: {exc}") from exc
 
 
 def _decode(data: bytes | str, union: Any) -> Any:

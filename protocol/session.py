@@ -31,12 +31,12 @@ from protocol.frames import (
     Error,
     ErrorCode,
     FinishReason,
+    GatewayFrame,
     Generate,
     GenerationStats,
     Heartbeat,
     Hello,
     RunnerFrame,
-    GatewayFrame,
     Usage,
     Welcome,
 )
@@ -104,11 +104,11 @@ class GatewaySession:
                 close_code=CloseCode.UNSUPPORTED_VERSION,
             )
         if not hello.models:
-            raise StateError("hello lists no models")
+            raise ProtocolError("hello lists no models")
         if hello.max_concurrent < 1:
-            raise StateError("max_concurrent must be at least 1")
+            raise ProtocolError("max_concurrent must be at least 1")
         if len({m.id for m in hello.models}) != len(hello.models):
-            raise StateError("hello lists a model twice")
+            raise ProtocolError("hello lists a model twice")
         self.hello = hello
         self.state = State.OPEN
 

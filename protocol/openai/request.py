@@ -131,6 +131,11 @@ def parse_chat_request(body: bytes) -> ChatRequest:
             f"We could not parse the JSON body of your request ({exc}). "
             "The API expects a JSON object."
         ) from exc
+    return parse_chat_object(data)
+
+
+def parse_chat_object(data: Any) -> ChatRequest:
+    """Validate an already-decoded request body (the WebSocket API's `body`)."""
     if type(data) is not dict:
         raise invalid_request(
             f"Invalid type for the request body: expected an object, but got {_kind(data)} "

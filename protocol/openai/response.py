@@ -34,7 +34,6 @@ _FINISH_REASONS: dict[str, str] = {"stop": "stop", "length": "length", "cancelle
 _DONE = b"data: [DONE]\n\n"
 _ROLE_DELTA = b'{"role":"assistant","content":""}'
 _NO_FINISH = b',"logprobs":null,"finish_reason":null}]'
-_END = b"}\n\n"
 
 
 def openai_finish_reason(reason: FinishReason) -> str:
@@ -62,6 +61,7 @@ class ChunkWriter:
 
     __slots__ = (
         "_choice_head",
+        "_end",
         "_usage_head",
         "continuous_usage_stats",
         "include_usage",
@@ -74,21 +74,27 @@ class ChunkWriter:
         model: str,
         include_usage: bool = False,
         continuous_usage_stats: bool = False,
+        *,
+        prefix: bytes = b"data: ",
+        suffix: bytes = b"\n\n",
     ) -> None:
+        """`prefix` and `suffix` frame each chunk: SSE by default; the WebSocket API wraps
+        chunks in its own envelope instead."""
         self.include_usage = include_usage
         self.continuous_usage_stats = continuous_usage_stats and include_usage
         head = orjson.dumps(
             {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
         )[:-1]
-        self._choice_head = b"data: " + head + b',"choices":[{"index":0,"delta":'
-        self._usage_head = b"data: " + head + b',"choices":[],"usage":'
+        self._choice_head = prefix + head + b',"choices":[{"index":0,"delta":'
+        self._usage_head = prefix + head + b',"choices":[],"usage":'
+        self._end = b"}" + suffix
 
     def role(self, usage: Usage | None = None) -> bytes:
         """The first chunk: the assistant role and empty content.
 
         With continuous_usage_stats it carries `usage` if given, else "usage": null.
         """
-        return self._choice_head + _ROLE_DELTA + _NO_FINISH + self._usage(usage) + _END
+        return self._choice_head + _ROLE_DELTA + _NO_FINISH + self._usage(usage) + self._end
 
     def delta(self, content: str, reasoning: str, usage: Usage) -> bytes:
         """A chunk of text; the delta has only the non-empty keys (an empty delta is {})."""
@@ -102,7 +108,7 @@ class ChunkWriter:
             delta = orjson.dumps({"content": content})
         else:
             delta = b"{}"
-        return self._choice_head + delta + _NO_FINISH + self._usage(usage) + _END
+        return self._choice_head + delta + _NO_FINISH + self._usage(usage) + self._end
 
     def finish(self, reason: FinishReason, usage: Usage) -> bytes:
         """The last choice chunk: an empty delta and the finish_reason."""
@@ -113,7 +119,7 @@ class ChunkWriter:
                 _FINISH_REASONS[reason].encode(),
                 b'"}]',
                 self._usage(usage),
-                _END,
+                self._end,
             )
         )
 
@@ -124,7 +130,7 @@ class ChunkWriter:
         """
         if not self.include_usage:
             return b""
-        return self._usage_head + orjson.dumps(usage_dict(usage)) + _END
+        return self._usage_head + orjson.dumps(usage_dict(usage)) + self._end
 
     def error(self, err: OpenAIError) -> bytes:
         """An error event mid-stream (`{"error": {...}}`); the OpenAI SDK raises APIError."""

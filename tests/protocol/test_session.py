@@ -1,0 +1,729 @@
+"""The per-connection state machines, driven with frames and no event loop."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Literal, get_args
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from protocol.closecodes import CloseCode
+from protocol.codec import decode_gateway_frame, decode_runner_frame, encode
+from protocol.errors import ProtocolError, StateError
+from protocol.frames import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Chunk,
+    Error,
+    ErrorCode,
+    FinishReason,
+    GatewayFrame,
+    Generate,
+    GenerationStats,
+    Hardware,
+    Heartbeat,
+    Hello,
+    Message,
+    ModelInfo,
+    RunnerFrame,
+    Usage,
+    Welcome,
+)
+from protocol.session import GatewaySession, RunnerSession, State
+from tests.protocol.strategies import text
+
+HARDWARE = Hardware("Apple M2", 8, 16 * 2**30, "gpu", "macOS-15.5-arm64")
+USAGE = Usage(prompt_tokens=5, completion_tokens=1)
+STATS = GenerationStats(100.0, 50.0, 2**30, 0.25)
+
+
+def make_hello(
+    models: tuple[str, ...] = ("m1", "m2"),
+    max_concurrent: int = 2,
+    protocol_version: int = PROTOCOL_VERSION,
+) -> Hello:
+    return Hello(
+        protocol_version=protocol_version,
+        runner_name="runner-a",
+        models=tuple(ModelInfo(model, 4096) for model in models),
+        max_concurrent=max_concurrent,
+        hardware=HARDWARE,
+    )
+
+
+def make_welcome(protocol_version: int = PROTOCOL_VERSION) -> Welcome:
+    return Welcome(runner_id="rn-1", protocol_version=protocol_version, heartbeat_interval=5.0)
+
+
+def generate(request_id: str, model: str = "m1") -> Generate:
+    return Generate(request_id=request_id, model=model, messages=(Message("user", "hi"),))
+
+
+def chunk(request_id: str, seq: int, finish_reason: FinishReason | None = None) -> Chunk:
+    stats = STATS if finish_reason is not None else None
+    return Chunk(request_id, seq, "x", "", 1, USAGE, finish_reason, stats)
+
+
+def open_gateway(max_concurrent: int = 2) -> GatewaySession:
+    session = GatewaySession()
+    session.receive(make_hello(max_concurrent=max_concurrent))
+    return session
+
+
+def open_runner(max_concurrent: int = 2) -> RunnerSession:
+    session = RunnerSession(make_hello(max_concurrent=max_concurrent))
+    assert session.receive(make_welcome()) is None
+    return session
+
+
+def runner_chunk(
+    session: RunnerSession, request_id: str, finish_reason: FinishReason | None = None
+) -> Chunk:
+    return session.chunk(
+        request_id,
+        text="x",
+        reasoning="",
+        tokens=1,
+        usage=USAGE,
+        finish_reason=finish_reason,
+        stats=STATS if finish_reason is not None else None,
+    )
+
+
+# GatewaySession: the handshake.
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        chunk("r", 0),
+        Error("r", "internal_error", "x"),
+        Error(None, "internal_error", "x"),
+        Heartbeat(1.0),
+    ],
+    ids=["chunk", "error", "connection-error", "heartbeat"],
+)
+def test_gateway_refuses_anything_before_hello(frame: RunnerFrame) -> None:
+    session = GatewaySession()
+    with pytest.raises(StateError, match="expected hello first") as info:
+        session.receive(frame)
+    assert info.value.close_code is CloseCode.ILLEGAL_STATE
+    assert session.state is State.AWAIT_HELLO
+    assert session.hello is None
+
+
+def test_gateway_refuses_to_send_before_hello() -> None:
+    session = GatewaySession()
+    with pytest.raises(StateError):
+        session.send_generate(generate("r"))
+    assert session.send_cancel("r") is None
+
+
+def test_gateway_accepts_hello() -> None:
+    session = GatewaySession()
+    hello = make_hello()
+    assert session.receive(hello) is hello
+    assert session.state is State.OPEN
+    assert session.hello is hello
+    assert session.in_flight == 0
+
+
+@pytest.mark.parametrize("version", [0, PROTOCOL_VERSION + 1, -1])
+def test_gateway_refuses_other_protocol_versions(version: int) -> None:
+    session = GatewaySession()
+    with pytest.raises(ProtocolError, match="protocol version") as info:
+        session.receive(make_hello(protocol_version=version))
+    assert type(info.value) is ProtocolError
+    assert info.value.close_code is CloseCode.UNSUPPORTED_VERSION
+    assert session.state is State.AWAIT_HELLO
+
+
+@pytest.mark.parametrize(
+    ("hello", "match"),
+    [
+        (make_hello(models=()), "no models"),
+        (make_hello(max_concurrent=0), "max_concurrent"),
+        (make_hello(max_concurrent=-1), "max_concurrent"),
+        (make_hello(models=("m1", "m1")), "model twice"),
+    ],
+    ids=["no-models", "zero-capacity", "negative-capacity", "duplicate-model"],
+)
+def test_gateway_refuses_unusable_hello(hello: Hello, match: str) -> None:
+    session = GatewaySession()
+    with pytest.raises(ProtocolError, match=match) as err:
+        session.receive(hello)
+    assert err.value.close_code == CloseCode.PROTOCOL_ERROR  # an invalid hello, not a bad state
+    assert session.state is State.AWAIT_HELLO
+
+
+def test_gateway_refuses_second_hello() -> None:
+    session = open_gateway()
+    with pytest.raises(StateError, match="hello sent twice"):
+        session.receive(make_hello())
+
+
+def test_gateway_passes_heartbeats_and_connection_errors() -> None:
+    session = open_gateway()
+    session.send_generate(generate("r"))
+    heartbeat = Heartbeat(2.5)
+    assert session.receive(heartbeat) is heartbeat
+    error = Error(None, "internal_error", "engine down")
+    assert session.receive(error) is error
+    assert session.is_in_flight("r")
+
+
+# GatewaySession: chunks and errors.
+
+
+def test_gateway_refuses_chunk_for_unknown_request() -> None:
+    session = open_gateway()
+    session.send_generate(generate("known"))
+    with pytest.raises(StateError, match="'other' not in flight") as info:
+        session.receive(chunk("other", 0))
+    assert info.value.close_code is CloseCode.ILLEGAL_STATE
+
+
+def test_gateway_refuses_error_for_unknown_request() -> None:
+    session = open_gateway()
+    with pytest.raises(StateError, match="'r' not in flight"):
+        session.receive(Error("r", "internal_error", "x"))
+
+
+def test_gateway_accepts_chunks_in_order() -> None:
+    session = open_gateway()
+    session.send_generate(generate("r"))
+    for seq in range(3):
+        frame = chunk("r", seq)
+        assert session.receive(frame) is frame
+    final = chunk("r", 3, "stop")
+    assert session.receive(final) is final
+    assert not session.is_in_flight("r")
+    assert session.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("seqs", "bad"),
+    [((), 1), ((0,), 2), ((0,), 0), ((0, 1), 0), ((0, 1), 1), ((), -1)],
+    ids=["first-not-zero", "gap", "repeat-first", "rewind", "repeat", "negative"],
+)
+def test_gateway_refuses_seq_gaps_and_repeats(seqs: tuple[int, ...], bad: int) -> None:
+    session = open_gateway()
+    session.send_generate(generate("r"))
+    for seq in seqs:
+        session.receive(chunk("r", seq))
+    with pytest.raises(StateError, match=f"chunk seq {bad} for 'r', expected {len(seqs)}"):
+        session.receive(chunk("r", bad))
+
+
+def test_gateway_numbers_each_request_separately() -> None:
+    session = open_gateway()
+    session.send_generate(generate("a"))
+    session.send_generate(generate("b"))
+    session.receive(chunk("a", 0))
+    session.receive(chunk("a", 1))
+    session.receive(chunk("b", 0))
+    with pytest.raises(StateError):
+        session.receive(chunk("b", 2))
+
+
+@pytest.mark.parametrize("finish_reason", get_args(FinishReason))
+def test_gateway_refuses_anything_after_final_chunk(finish_reason: FinishReason) -> None:
+    session = open_gateway()
+    session.send_generate(generate("r"))
+    session.receive(chunk("r", 0))
+    session.receive(chunk("r", 1, finish_reason))
+    for late in (
+        chunk("r", 2),
+        chunk("r", 2, "stop"),
+        chunk("r", 0),
+        Error("r", "internal_error", "x"),
+    ):
+        with pytest.raises(StateError, match="not in flight"):
+            session.receive(late)
+
+
+def test_gateway_error_ends_request() -> None:
+    session = open_gateway()
+    session.send_generate(generate("r"))
+    session.receive(chunk("r", 0))
+    error = Error("r", "context_length_exceeded", "too long")
+    assert session.receive(error) is error
+    assert not session.is_in_flight("r")
+    with pytest.raises(StateError):
+        session.receive(chunk("r", 1))
+    with pytest.raises(StateError):
+        session.receive(Error("r", "internal_error", "again"))
+
+
+# GatewaySession: sending.
+
+
+def test_send_generate_records_request() -> None:
+    session = open_gateway()
+    frame = generate("r", "m2")
+    assert session.send_generate(frame) is frame
+    assert session.is_in_flight("r")
+    assert session.in_flight == 1
+
+
+def test_send_generate_refuses_duplicate() -> None:
+    session = open_gateway()
+    session.send_generate(generate("r"))
+    with pytest.raises(StateError, match="'r' already in flight"):
+        session.send_generate(generate("r", "m2"))
+    assert session.in_flight == 1
+
+
+def test_send_generate_refuses_over_capacity() -> None:
+    session = open_gateway(max_concurrent=2)
+    session.send_generate(generate("a"))
+    session.send_generate(generate("b"))
+    with pytest.raises(StateError, match="at capacity"):
+        session.send_generate(generate("c"))
+    assert not session.is_in_flight("c")
+    # A finished request frees its slot, and its id may be used again.
+    session.receive(chunk("a", 0, "length"))
+    session.send_generate(generate("c"))
+    session.receive(Error("b", "internal_error", "x"))
+    session.send_generate(generate("a"))
+    first = chunk("a", 0)
+    assert session.receive(first) is first
+
+
+def test_send_generate_refuses_unknown_model() -> None:
+    session = open_gateway()
+    with pytest.raises(StateError, match="does not serve 'other'"):
+        session.send_generate(generate("r", "other"))
+    assert session.in_flight == 0
+
+
+def test_send_cancel() -> None:
+    session = open_gateway()
+    assert session.send_cancel("never") is None
+    session.send_generate(generate("r"))
+    assert session.send_cancel("r") == Cancel("r")
+    assert session.send_cancel("r") is None
+    # Until the runner's last chunk arrives the request is still running.
+    assert session.is_in_flight("r")
+    session.receive(chunk("r", 0))
+    session.receive(chunk("r", 1, "cancelled"))
+    assert session.send_cancel("r") is None
+
+
+def test_send_cancel_after_error() -> None:
+    session = open_gateway()
+    session.send_generate(generate("r"))
+    session.receive(Error("r", "internal_error", "x"))
+    assert session.send_cancel("r") is None
+
+
+def test_gateway_close() -> None:
+    session = open_gateway(max_concurrent=3)
+    for request_id in ("a", "b", "c"):
+        session.send_generate(generate(request_id))
+    session.receive(chunk("b", 0, "stop"))
+    session.send_cancel("c")
+    assert session.close() == ["a", "c"]
+    assert session.state is State.CLOSED
+    assert session.in_flight == 0
+    assert not session.is_in_flight("a")
+    for frame in (chunk("a", 0), Heartbeat(1.0), make_hello(), Error(None, "internal_error", "x")):
+        with pytest.raises(StateError, match="closed"):
+            session.receive(frame)
+    with pytest.raises(StateError):
+        session.send_generate(generate("d"))
+    assert session.send_cancel("a") is None
+    assert session.close() == []
+
+
+def test_gateway_close_before_hello() -> None:
+    session = GatewaySession()
+    assert session.close() == []
+    with pytest.raises(StateError, match="closed"):
+        session.receive(make_hello())
+
+
+# RunnerSession.
+
+
+@pytest.mark.parametrize(
+    "frame", [generate("r"), Cancel("r"), Heartbeat(1.0)], ids=["generate", "cancel", "heartbeat"]
+)
+def test_runner_refuses_anything_before_welcome(frame: GatewayFrame) -> None:
+    session = RunnerSession(make_hello())
+    with pytest.raises(StateError, match="expected welcome first") as info:
+        session.receive(frame)
+    assert info.value.close_code is CloseCode.ILLEGAL_STATE
+    assert session.state is State.AWAIT_WELCOME
+    assert session.in_flight == []
+
+
+def test_runner_accepts_welcome() -> None:
+    session = RunnerSession(make_hello())
+    welcome = make_welcome()
+    assert session.receive(welcome) is None
+    assert session.state is State.OPEN
+    assert session.welcome is welcome
+
+
+@pytest.mark.parametrize("version", [0, PROTOCOL_VERSION + 1])
+def test_runner_refuses_other_protocol_versions(version: int) -> None:
+    session = RunnerSession(make_hello())
+    with pytest.raises(ProtocolError, match="protocol") as info:
+        session.receive(make_welcome(protocol_version=version))
+    assert info.value.close_code is CloseCode.UNSUPPORTED_VERSION
+    assert session.state is State.AWAIT_WELCOME
+
+
+def test_runner_refuses_second_welcome() -> None:
+    session = open_runner()
+    with pytest.raises(StateError, match="welcome sent twice"):
+        session.receive(make_welcome())
+
+
+def test_runner_accepts_generate_and_heartbeat() -> None:
+    session = open_runner()
+    assert session.receive(generate("r", "m2")) is None
+    assert session.receive(Heartbeat(3.0)) is None
+    assert session.in_flight == ["r"]
+    assert not session.is_cancelled("r")
+
+
+def test_runner_answers_unserved_model_with_error() -> None:
+    session = open_runner()
+    reply = session.receive(generate("r", "other"))
+    assert isinstance(reply, Error)
+    assert reply.request_id == "r"
+    assert reply.code == "model_not_found"
+    assert "'other'" in reply.message
+    assert session.in_flight == []
+
+
+def test_runner_answers_over_capacity_with_error() -> None:
+    session = open_runner(max_concurrent=1)
+    assert session.receive(generate("a")) is None
+    reply = session.receive(generate("b"))
+    assert isinstance(reply, Error)
+    assert (reply.request_id, reply.code) == ("b", "over_capacity")
+    assert session.in_flight == ["a"]
+    # The refused id was never taken: it may come again once there is room.
+    runner_chunk(session, "a", "stop")
+    assert session.receive(generate("b")) is None
+
+
+def test_runner_refuses_duplicate_request_id() -> None:
+    session = open_runner()
+    session.receive(generate("r"))
+    with pytest.raises(StateError, match="'r' already in flight"):
+        session.receive(generate("r"))
+    # Checked before the model, so a duplicate is a violation even for an unserved model.
+    with pytest.raises(StateError):
+        session.receive(generate("r", "other"))
+
+
+def test_runner_ignores_cancel_of_unknown_request() -> None:
+    session = open_runner()
+    session.receive(generate("r"))
+    assert session.receive(Cancel("gone")) is None
+    assert session.in_flight == ["r"]
+    assert not session.is_cancelled("r")
+    assert session.is_cancelled("gone")
+
+
+def test_runner_cancel_marks_request() -> None:
+    session = open_runner()
+    session.receive(generate("r"))
+    assert session.receive(Cancel("r")) is None
+    assert session.is_cancelled("r")
+    # Cancelled, but still running until the final chunk says so.
+    assert session.in_flight == ["r"]
+    assert session.receive(Cancel("r")) is None
+    assert runner_chunk(session, "r", "cancelled").seq == 0
+    assert session.in_flight == []
+    # The gateway's Cancel may cross the final chunk on the wire.
+    assert session.receive(Cancel("r")) is None
+
+
+def test_runner_numbers_chunks() -> None:
+    session = open_runner()
+    session.receive(generate("a"))
+    session.receive(generate("b"))
+    assert [runner_chunk(session, "a").seq for _ in range(3)] == [0, 1, 2]
+    assert runner_chunk(session, "b").seq == 0
+    final = session.chunk(
+        "a",
+        text="end",
+        reasoning="why",
+        tokens=2,
+        usage=Usage(5, 6),
+        finish_reason="length",
+        stats=STATS,
+    )
+    assert final == Chunk("a", 3, "end", "why", 2, Usage(5, 6), "length", STATS)
+    assert session.in_flight == ["b"]
+    with pytest.raises(StateError, match="'a' is not in flight"):
+        runner_chunk(session, "a")
+    with pytest.raises(StateError, match="'nope' is not in flight"):
+        runner_chunk(session, "nope")
+
+
+def test_runner_restarts_numbering_for_a_reused_id() -> None:
+    session = open_runner()
+    session.receive(generate("r"))
+    runner_chunk(session, "r")
+    runner_chunk(session, "r", "stop")
+    session.receive(generate("r"))
+    assert runner_chunk(session, "r").seq == 0
+
+
+def test_runner_error_ends_request() -> None:
+    session = open_runner()
+    session.receive(generate("r"))
+    runner_chunk(session, "r")
+    frame = session.error("r", "internal_error", "out of memory")
+    assert frame == Error("r", "internal_error", "out of memory")
+    assert session.in_flight == []
+    with pytest.raises(StateError):
+        session.error("r", "internal_error", "again")
+    with pytest.raises(StateError):
+        runner_chunk(session, "r")
+
+
+def test_runner_close() -> None:
+    session = open_runner(max_concurrent=3)
+    for request_id in ("a", "b", "c"):
+        session.receive(generate(request_id))
+    runner_chunk(session, "b", "stop")
+    assert session.close() == ["a", "c"]
+    assert session.state is State.CLOSED
+    assert session.in_flight == []
+    for frame in (generate("d"), Cancel("a"), Heartbeat(1.0), make_welcome()):
+        with pytest.raises(StateError, match="closed"):
+            session.receive(frame)
+    with pytest.raises(StateError):
+        runner_chunk(session, "a")
+    assert session.close() == []
+
+
+# Both sides against each other, through the codec.
+
+REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
+MODELS = ("m1", "m2")
+MAX_CONCURRENT = 3
+# What the runner does next with a running request: mostly a middle chunk, so that
+# requests run long enough to overlap, sometimes a last chunk or an error.
+RUNNER_MOVES: tuple[FinishReason | Literal["error"] | None, ...] = (
+    None,
+    None,
+    None,
+    None,
+    "stop",
+    "length",
+    "cancelled",
+    "error",
+)
+
+
+class Link(RuleBasedStateMachine):
+    """A gateway session and a runner session joined by two FIFO pipes of encoded frames.
+
+    Frames wait in the pipes, so requests end, get cancelled and start again while frames
+    about them are still on the way. Whatever the order, the two sides must agree on which
+    requests are running, and every frame one side builds must be accepted by the other.
+    Few rules, each broad: hypothesis turns rules off at random per run (swarm testing),
+    and a request only progresses when gateway_generate, deliver and runner_move are all on.
+    Each of those does a few steps at once, so requests run long and overlap.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hello = make_hello(models=MODELS, max_concurrent=MAX_CONCURRENT)
+        self.gateway = GatewaySession()
+        self.runner = RunnerSession(self.hello)
+        self.to_runner: deque[tuple[bytes, GatewayFrame]] = deque()
+        self.to_gateway: deque[tuple[bytes, RunnerFrame]] = deque()
+        self.cancel_sent: set[str] = set()
+        self.closed = False
+
+    def _gateway_ids(self) -> set[str]:
+        return {rid for rid in REQUEST_IDS if self.gateway.is_in_flight(rid)}
+
+    @initialize()
+    def handshake(self) -> None:
+        hello = decode_runner_frame(encode(self.hello))
+        assert self.gateway.receive(hello) == self.hello
+        welcome = decode_gateway_frame(encode(make_welcome()))
+        assert self.runner.receive(welcome) is None
+
+    @rule(request_id=st.sampled_from(REQUEST_IDS), model=st.sampled_from((*MODELS, "m3")))
+    def gateway_generate(self, request_id: str, model: str) -> None:
+        frame = generate(request_id, model)
+        refused = (
+            self.closed
+            or self.gateway.is_in_flight(request_id)
+            or self.gateway.in_flight >= MAX_CONCURRENT
+            or model not in MODELS
+        )
+        before = self._gateway_ids()
+        if refused:
+            with pytest.raises(StateError):
+                self.gateway.send_generate(frame)
+            assert self._gateway_ids() == before
+        else:
+            sent = self.gateway.send_generate(frame)
+            self.to_runner.append((encode(sent), sent))
+            assert self._gateway_ids() == before | {request_id}
+
+    @rule(request_id=st.sampled_from(REQUEST_IDS))
+    def gateway_cancel(self, request_id: str) -> None:
+        frame = self.gateway.send_cancel(request_id)
+        if (
+            self.closed
+            or not self.gateway.is_in_flight(request_id)
+            or request_id in self.cancel_sent
+        ):
+            assert frame is None
+        else:
+            assert frame == Cancel(request_id)
+            self.cancel_sent.add(request_id)
+            self.to_runner.append((encode(frame), frame))
+
+    @rule(from_gateway=st.booleans(), sent_at=st.floats(0, 2e9))
+    def heartbeat(self, from_gateway: bool, sent_at: float) -> None:
+        frame = Heartbeat(sent_at)
+        if self.closed:
+            with pytest.raises(StateError, match="closed"):
+                self.runner.receive(frame)
+            with pytest.raises(StateError, match="closed"):
+                self.gateway.receive(frame)
+        elif from_gateway:
+            self.to_runner.append((encode(frame), frame))
+        else:
+            self.to_gateway.append((encode(frame), frame))
+
+    @precondition(lambda self: bool(self.runner.in_flight))
+    @rule(
+        data=st.data(),
+        middle=st.integers(0, 3),
+        move=st.sampled_from(RUNNER_MOVES),
+        body=text,
+        code=st.sampled_from(get_args(ErrorCode)),
+    )
+    def runner_move(
+        self,
+        data: st.DataObject,
+        middle: int,
+        move: FinishReason | Literal["error"] | None,
+        body: str,
+        code: ErrorCode,
+    ) -> None:
+        """The runner sends a few chunks of a running request, then maybe ends it."""
+        request_id = data.draw(st.sampled_from(self.runner.in_flight))
+        for _ in range(middle):
+            more = runner_chunk(self.runner, request_id)
+            self.to_gateway.append((encode(more), more))
+        frame: RunnerFrame
+        if move == "error":
+            frame = self.runner.error(request_id, code, body)
+        else:
+            finish = move
+            if finish == "cancelled" and not self.runner.is_cancelled(request_id):
+                finish = None
+            frame = self.runner.chunk(
+                request_id,
+                text=body,
+                reasoning="",
+                tokens=1,
+                usage=USAGE,
+                finish_reason=finish,
+                stats=STATS if finish is not None else None,
+            )
+        still_running = isinstance(frame, Chunk) and frame.finish_reason is None
+        assert (request_id in self.runner.in_flight) == still_running
+        self.to_gateway.append((encode(frame), frame))
+
+    @precondition(lambda self: bool(self.to_runner or self.to_gateway))
+    @rule(to_runner=st.booleans(), count=st.integers(1, 3))
+    def deliver(self, to_runner: bool, count: int) -> None:
+        """Deliver the oldest frames one way (the other way if nothing waits that way)."""
+        for _ in range(count):
+            if self.to_runner or self.to_gateway:
+                self._deliver_one(to_runner)
+
+    def _deliver_one(self, to_runner: bool) -> None:
+        if (to_runner and self.to_runner) or not self.to_gateway:
+            data, sent = self.to_runner.popleft()
+            frame = decode_gateway_frame(data)
+            assert frame == sent
+            # What the gateway session let through, the runner never has to refuse.
+            assert self.runner.receive(frame) is None
+        else:
+            data, sent_by_runner = self.to_gateway.popleft()
+            from_runner = decode_runner_frame(data)
+            assert from_runner == sent_by_runner
+            # Every frame the runner session builds is legal for the gateway session.
+            assert self.gateway.receive(from_runner) == from_runner
+            if isinstance(from_runner, Error) or (
+                isinstance(from_runner, Chunk) and from_runner.finish_reason is not None
+            ):
+                assert from_runner.request_id is not None
+                assert not self.gateway.is_in_flight(from_runner.request_id)
+                self.cancel_sent.discard(from_runner.request_id)
+
+    # Only with requests running, so there is something to lose.
+    @precondition(lambda self: not self.closed and len(self.runner.in_flight) >= 2)
+    @rule()
+    def close(self) -> None:
+        gateway_ids = self._gateway_ids()
+        runner_ids = set(self.runner.in_flight)
+        assert sorted(self.gateway.close()) == sorted(gateway_ids)
+        assert sorted(self.runner.close()) == sorted(runner_ids)
+        # Whatever was still on the wire is dropped with the connection.
+        self.to_runner.clear()
+        self.to_gateway.clear()
+        self.closed = True
+
+    @precondition(lambda self: self.closed)
+    @rule(request_id=st.sampled_from(REQUEST_IDS))
+    def after_close(self, request_id: str) -> None:
+        with pytest.raises(StateError, match="closed"):
+            self.runner.receive(generate(request_id))
+        with pytest.raises(StateError):
+            runner_chunk(self.runner, request_id)
+        with pytest.raises(StateError, match="closed"):
+            self.gateway.receive(chunk(request_id, 0))
+
+    @invariant()
+    def sides_agree(self) -> None:
+        gateway_ids = self._gateway_ids()
+        runner_ids = set(self.runner.in_flight)
+        assert self.gateway.in_flight == len(gateway_ids)
+        if self.closed:
+            assert gateway_ids == runner_ids == set()
+            return
+        starting = {f.request_id for _, f in self.to_runner if isinstance(f, Generate)}
+        ending = {
+            f.request_id
+            for _, f in self.to_gateway
+            if (isinstance(f, Chunk) and f.finish_reason is not None)
+            or (isinstance(f, Error) and f.request_id is not None)
+        }
+        # A request the gateway counts is running on the runner, or its Generate or its
+        # end is on the wire; never two of these at once.
+        assert gateway_ids == runner_ids | starting | ending
+        assert len(gateway_ids) == len(runner_ids) + len(starting) + len(ending)
+        assert len(runner_ids) <= len(gateway_ids) <= MAX_CONCURRENT
+        cancelled = {rid for rid in runner_ids if self.runner.is_cancelled(rid)}
+        # The runner only knows of cancels the gateway sent, and once the pipes are empty
+        # it knows of all of them.
+        assert cancelled <= self.cancel_sent
+        if not self.to_runner and not self.to_gateway:
+            assert gateway_ids == runner_ids
+            assert cancelled == self.cancel_sent & runner_ids
+
+
+Link.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+TestLink = Link.TestCase
