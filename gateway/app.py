@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-from litestar import Litestar
+from litestar import Litestar, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
+from litestar.response import File
+from litestar.static_files import create_static_files_router
 
 from gateway.admin import health, list_models, list_runners
 from gateway.chat import chat_completions
+from gateway.client_ws import client_socket
 from gateway.config import GatewayConfig
 from gateway.http_errors import handle_http_exception, handle_openai_error, handle_unexpected
 from gateway.pool import Pool
@@ -19,13 +23,30 @@ from protocol.openai.errors import OpenAIError
 
 log = logging.getLogger("gateway")
 
+STATIC = Path(__file__).parent / "static"
+
+
+@get("/", include_in_schema=False)
+async def console() -> File:
+    """The web console."""
+    return File(STATIC / "index.html", content_disposition_type="inline")
+
 
 def create_app(config: GatewayConfig | None = None) -> Litestar:
     """Build the gateway app; its pool lives in `app.state.pool`."""
     config = config or GatewayConfig()
     pool = Pool(config)
     return Litestar(
-        route_handlers=[chat_completions, list_models, list_runners, health, runner_socket],
+        route_handlers=[
+            chat_completions,
+            list_models,
+            list_runners,
+            health,
+            runner_socket,
+            client_socket,
+            console,
+            create_static_files_router(path="/static", directories=[STATIC], name="static"),
+        ],
         state=State({"pool": pool, "config": config}),
         exception_handlers={
             OpenAIError: handle_openai_error,

@@ -15,6 +15,11 @@ class GatewayConfig:
     max_runner_frame_bytes: int = 4 * 1024 * 1024
     """Largest accepted WebSocket message (runner frames carry whole prompts)."""
 
+    max_client_message_bytes: int = 1024 * 1024
+    """Largest message accepted on the browser WebSocket API."""
+    max_client_requests: int = 64
+    """Requests in flight on one browser socket."""
+
     queue_size: int = 256
     """Requests that may wait per model when every runner serving it is busy."""
     queue_timeout: float = 30.0

@@ -1,0 +1,131 @@
+"""What every scenario needs: start a gateway and runners as real processes, time streams."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+import orjson
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:
+    log = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the process
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchard", *args], stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def stack(
+    runner_args: Sequence[Sequence[str]], gateway_args: Sequence[str] = ()
+) -> Iterator[tuple[str, subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]]:
+    """A gateway process plus one runner process per entry of `runner_args`."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    gateway = _spawn(["gateway", "--port", str(port), "--log-level", "warning", *gateway_args])
+    runners: list[subprocess.Popen[bytes]] = []
+    try:
+        _wait(lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200, 30)
+        for i, args in enumerate(runner_args):
+            runners.append(
+                _spawn(
+                    [
+                        "runner",
+                        "--gateway",
+                        base,
+                        "--name",
+                        f"bench-{i}",
+                        "--log-level",
+                        "warning",
+                        *args,
+                    ]
+                )
+            )
+        _wait(lambda: len(httpx.get(f"{base}/v1/runners").json()["data"]) == len(runners), 120)
+        yield base, gateway, runners
+    finally:
+        for proc in [*runners, gateway]:
+            _stop(proc)
+
+
+def _wait(check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if check():
+                return
+        time.sleep(0.05)
+    raise RuntimeError("timed out starting the stack")
+
+
+def sse_run(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[float, float, int]:
+    """Stream one request; (ttft s, decode tok/s after the first token, completion tokens)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first = last = 0.0
+    tokens = 0
+    with client.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = time.perf_counter()
+            if not first:
+                first = now
+            event = orjson.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            elif event["choices"] and event["choices"][0]["delta"].get("content"):
+                last = now
+    return first - start, (tokens - 1) / (last - first) if last > first else 0.0, tokens
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [list(map(str, header))] + [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [f"\n## {title}\n"]
+    for n, row in enumerate(cells):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+        if n == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def env_note() -> str:
+    return f"python {sys.version.split()[0]}, {os.cpu_count()} cpus"

@@ -1,0 +1,325 @@
+"""`/v1/ws`: the browser WebSocket API. One socket multiplexes many chat completions.
+
+Client messages: `chat.completions.create`, `cancel`, `ping`, `pool.subscribe`. Gateway
+messages: `chunk` (an exact `chat.completion.chunk`), `done` (finish reason and usage, once
+per request), `error` (ends one request; `request_id: null` for a bad message), `pong`,
+`pool.state`. A bad message never closes the socket; closing the socket cancels every
+request it carried. See docs/websocket-api.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+from typing import Any
+
+import orjson
+from litestar import WebSocket, websocket
+from litestar.datastructures import State
+
+from gateway.admin import runner_info
+from gateway.http_errors import openai_error_for
+from gateway.pool import Pool, RequestStream
+from protocol.frames import Chunk, FinishReason, Usage
+from protocol.openai.errors import OpenAIError, invalid_request
+from protocol.openai.request import ChatRequest, parse_chat_object
+from protocol.openai.response import ChunkWriter, usage_dict
+
+log = logging.getLogger("gateway.client_ws")
+
+CLIENT_WS_PATH = "/v1/ws"
+MAX_REQUEST_ID_CHARS = 256
+POOL_STATE_INTERVAL = 1.0
+
+
+class _Closed(Exception):
+    pass
+
+
+class ClientSocket:
+    """State and I/O of one browser socket."""
+
+    def __init__(self, socket: WebSocket[Any, Any, Any], pool: Pool) -> None:
+        self.socket = socket
+        self.pool = pool
+        self.config = pool.config
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.streams: dict[str, RequestStream] = {}
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._wake = asyncio.Event()
+        self._subscription: asyncio.Task[None] | None = None
+        self.closed = False
+
+    # --- output: one writer task, so messages never interleave ------------------------
+
+    def send(self, data: bytes) -> None:
+        self._outbox.append(data)
+        self._wake.set()
+
+    def send_obj(self, obj: dict[str, Any]) -> None:
+        self.send(orjson.dumps(obj))
+
+    def send_error(self, request_id: str | None, err: OpenAIError) -> None:
+        self.send_obj({"type": "error", "request_id": request_id, "error": err.body()["error"]})
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                data = self._outbox.popleft()
+                await self.socket.send(
+                    {"type": "websocket.send", "text": data.decode(), "bytes": None}
+                )
+
+    # --- input --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._writer())
+        try:
+            while True:
+                self._handle(await self._receive())
+        except _Closed:
+            pass
+        finally:
+            self.closed = True
+            writer.cancel()
+            if self._subscription is not None:
+                self._subscription.cancel()
+            for stream in self.streams.values():
+                self.pool.cancel(stream)  # the socket is gone: stop its generations
+            for task in self.tasks.values():
+                task.cancel()
+            await asyncio.gather(writer, *self.tasks.values(), return_exceptions=True)
+
+    async def _receive(self) -> bytes | str:
+        message: dict[str, Any] = await self.socket.receive()  # type: ignore[assignment]
+        if message["type"] == "websocket.disconnect":
+            raise _Closed
+        data: bytes | str = message.get("text") or message.get("bytes") or b""
+        return data
+
+    def _handle(self, data: bytes | str) -> None:
+        if len(data) > self.config.max_client_message_bytes:
+            self.send_error(
+                None,
+                invalid_request(
+                    f"Message of {len(data)} bytes is over the "
+                    f"{self.config.max_client_message_bytes}-byte limit.",
+                    None,
+                    "message_too_large",
+                ),
+            )
+            return
+        try:
+            msg = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            self.send_error(None, invalid_request(f"Invalid JSON: {exc}", None, "invalid_json"))
+            return
+        if type(msg) is not dict or type(msg.get("type")) is not str:
+            self.send_error(
+                None,
+                invalid_request(
+                    "A message must be a JSON object with a string 'type'.",
+                    "type",
+                    "invalid_message",
+                ),
+            )
+            return
+        match msg["type"]:
+            case "chat.completions.create":
+                self._create(msg)
+            case "cancel":
+                self._cancel(msg)
+            case "ping":
+                self.send(b'{"type":"pong"}')
+            case "pool.subscribe":
+                if self._subscription is None:
+                    self._subscription = asyncio.create_task(self._pool_states())
+            case other:
+                self.send_error(
+                    None,
+                    invalid_request(
+                        f"Unknown message type {other[:64]!r}.", "type", "unknown_message_type"
+                    ),
+                )
+
+    def _request_id(self, msg: dict[str, Any]) -> str | None:
+        rid = msg.get("request_id")
+        if type(rid) is not str or not 0 < len(rid) <= MAX_REQUEST_ID_CHARS:
+            self.send_error(
+                None,
+                invalid_request(
+                    f"'request_id' must be a string of 1 to {MAX_REQUEST_ID_CHARS} characters.",
+                    "request_id",
+                    "invalid_request_id",
+                ),
+            )
+            return None
+        return rid
+
+    def _create(self, msg: dict[str, Any]) -> None:
+        rid = self._request_id(msg)
+        if rid is None:
+            return
+        if rid in self.tasks:
+            # Refused with request_id null: an error naming rid would end the original.
+            self.send_error(
+                None,
+                invalid_request(
+                    f"request_id {rid!r} is already in flight on this socket.",
+                    "request_id",
+                    "duplicate_request_id",
+                ),
+            )
+            return
+        if len(self.tasks) >= self.config.max_client_requests:
+            self.send_error(
+                rid,
+                OpenAIError(
+                    429,
+                    f"At most {self.config.max_client_requests} requests may be in flight "
+                    "on one socket.",
+                    "rate_limit_error",
+                    None,
+                    "too_many_requests",
+                ),
+            )
+            return
+        unknown = set(msg) - {"type", "request_id", "body"}
+        if unknown:
+            self.send_error(
+                rid,
+                invalid_request(
+                    f"Unknown field(s) in message: {', '.join(sorted(unknown))}.",
+                    None,
+                    "unknown_parameter",
+                ),
+            )
+            return
+        body = msg.get("body")
+        if type(body) is dict and "stream" not in body:
+            body = {**body, "stream": True}  # streaming is implied
+        try:
+            chat = parse_chat_object(body)
+            if not chat.stream:
+                raise invalid_request(
+                    "The WebSocket API always streams; 'stream' must be true or omitted.",
+                    "stream",
+                )
+        except OpenAIError as err:
+            self.send_error(rid, err)
+            return
+        task = asyncio.create_task(self._run(rid, chat))
+        self.tasks[rid] = task
+        task.add_done_callback(lambda _: self.tasks.pop(rid, None))
+
+    def _cancel(self, msg: dict[str, Any]) -> None:
+        rid = self._request_id(msg)
+        if rid is None:
+            return
+        stream = self.streams.get(rid)
+        if stream is not None:
+            self.pool.cancel(stream)  # done "cancelled" follows when the runner stops
+        elif (task := self.tasks.get(rid)) is not None:
+            task.cancel()  # still waiting for a runner
+        # Anything else already ended: cancel and done crossed on the wire.
+
+    # --- one request ----------------------------------------------------------------------
+
+    async def _run(self, rid: str, chat: ChatRequest) -> None:
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        try:
+            stream = await self.pool.submit(chat.to_generate(completion_id))
+        except asyncio.CancelledError:
+            if not self.closed:
+                self._done(rid, "cancelled", Usage(0, 0))
+            return
+        except Exception as exc:
+            self.send_error(rid, openai_error_for(exc))
+            return
+        self.streams[rid] = stream
+        writer = ChunkWriter(
+            completion_id,
+            int(time.time()),
+            chat.model,
+            chat.include_usage,
+            chat.continuous_usage_stats,
+            prefix=b'{"type":"chunk","request_id":' + orjson.dumps(rid) + b',"chunk":',
+            suffix=b"}",
+        )
+        try:
+            await self._relay(rid, stream, writer)
+        finally:
+            del self.streams[rid]
+            if not stream.done:
+                self.pool.cancel(stream)
+
+    async def _relay(self, rid: str, stream: RequestStream, writer: ChunkWriter) -> None:
+        started = False
+        while True:
+            item = await stream.get()
+            if not isinstance(item, Chunk):
+                self.send_error(rid, openai_error_for(item))
+                return
+            if not started:
+                started = True
+                u = item.usage
+                self.send(writer.role(Usage(u.prompt_tokens, 0, u.cached_tokens, 0)))
+            if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
+                self.send(writer.delta(item.text, item.reasoning, item.usage))
+            if item.finish_reason is not None:
+                if item.finish_reason != "cancelled":
+                    self.send(writer.finish(item.finish_reason, item.usage))
+                if writer.include_usage:
+                    self.send(writer.usage_chunk(item.usage))
+                self._done(rid, item.finish_reason, item.usage)
+                return
+
+    def _done(self, rid: str, finish_reason: FinishReason, usage: Usage) -> None:
+        self.send_obj(
+            {
+                "type": "done",
+                "request_id": rid,
+                "finish_reason": finish_reason,
+                "usage": usage_dict(usage),
+            }
+        )
+
+    # --- live pool view ---------------------------------------------------------------------
+
+    async def _pool_states(self) -> None:
+        previous: dict[str, tuple[float, int]] = {}
+        while True:
+            now = time.monotonic()
+            runners = []
+            for conn in self.pool.runners.values():
+                info = runner_info(conn)
+                then, tokens = previous.get(conn.id, (now, conn.tokens_generated))
+                rate = (conn.tokens_generated - tokens) / (now - then) if now > then else 0.0
+                info["tokens_per_second"] = round(rate, 1)
+                previous[conn.id] = (now, conn.tokens_generated)
+                runners.append(info)
+            self.send_obj(
+                {
+                    "type": "pool.state",
+                    "runners": runners,
+                    "requests_in_flight": sum(len(c.streams) for c in self.pool.runners.values()),
+                    "queue_depth": self.pool.queue_depth(),
+                    "models": sorted(self.pool.models()),
+                }
+            )
+            await asyncio.sleep(POOL_STATE_INTERVAL)
+
+
+@websocket(CLIENT_WS_PATH)
+async def client_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
+    """A browser app's socket: many concurrent chat completions."""
+    await socket.accept()
+    try:
+        await ClientSocket(socket, state.pool).run()
+    except Exception:  # a bug here must not take the server down; it must be seen
+        log.exception("client socket failed")

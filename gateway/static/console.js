@@ -1,0 +1,255 @@
+// The web console: a live view of the pool and a chat playground, over one WebSocket.
+import { OrchardClient } from "./orchard.js";
+
+/** @param {string} selector @returns {any} */
+const $ = (selector) => document.querySelector(selector);
+
+const client = new OrchardClient(undefined, { onStatus: showConnection });
+
+// --- connection --------------------------------------------------------------------------
+
+/** @param {import("./orchard.js").ConnectionStatus} status */
+function showConnection(status) {
+  const el = $("#connection");
+  el.dataset.status = status;
+  el.textContent = { open: "connected", connecting: "reconnecting…", closed: "closed" }[status];
+  $("#pool").classList.toggle("stale", status !== "open");
+  if (status === "open") measureLatency();
+}
+
+async function measureLatency() {
+  try {
+    const ms = await client.ping();
+    $("#latency").textContent = `${ms.toFixed(1)} ms`;
+  } catch {
+    $("#latency").textContent = "";
+  }
+}
+setInterval(() => client.status === "open" && measureLatency(), 5000);
+
+// --- pool view ---------------------------------------------------------------------------
+
+const integer = new Intl.NumberFormat("en-US");
+const oneDecimal = new Intl.NumberFormat("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
+
+/** @param {number} bytes */
+function gib(bytes) {
+  return `${Math.round(bytes / 2 ** 30)} GiB`;
+}
+
+/** @param {number} since unix seconds */
+function uptime(since) {
+  let s = Math.max(0, Math.floor(Date.now() / 1000 - since));
+  const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
+  s %= 60;
+  if (d) return `${d}d ${h}h`;
+  if (h) return `${h}h ${m}m`;
+  return m ? `${m}m ${s}s` : `${s}s`;
+}
+
+/**
+ * @param {string} tag @param {Record<string, string>} attrs @param {(Node | string)[]} children
+ * @returns {HTMLElement}
+ */
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  node.append(...children);
+  return node;
+}
+
+/** @param {Record<string, any>} runner */
+function runnerRow(runner) {
+  const hw = runner.hardware;
+  const load = runner.max_concurrent ? runner.active / runner.max_concurrent : 0;
+  const bar = el("span", { class: "bar" }, el("span", { style: `width:${Math.round(load * 100)}%` }));
+  return el("tr", { "data-runner-name": runner.name, "data-runner-id": runner.id },
+    el("td", { "data-col": "name" }, el("strong", {}, runner.name), el("small", {}, runner.id)),
+    el("td", { "data-col": "hardware", title: `${hw.platform}, ${hw.cpu_count} CPUs` },
+      `${hw.chip} · ${gib(hw.memory_bytes)} · ${hw.backend}`),
+    el("td", { "data-col": "models" }, ...runner.models.map((m) =>
+      el("span", { class: "chip", title: `context ${integer.format(m.context_length)}` }, m.id))),
+    el("td", { "data-col": "active", class: "num" }, bar, `${runner.active} / ${runner.max_concurrent}`),
+    el("td", { "data-col": "requests-served", class: "num" }, integer.format(runner.requests_served)),
+    el("td", { "data-col": "tokens-generated", class: "num" }, integer.format(runner.tokens_generated)),
+    el("td", { "data-col": "tokens-per-second", class: "num" }, oneDecimal.format(runner.tokens_per_second)),
+    el("td", { "data-col": "uptime", class: "num" }, uptime(runner.connected_since)),
+  );
+}
+
+/** @param {import("./orchard.js").PoolState} state */
+function renderPool(state) {
+  $("#runner-count").textContent = state.runners.length;
+  $("#in-flight").textContent = state.requests_in_flight;
+  $("#queue-depth").textContent = state.queue_depth;
+  const total = state.runners.reduce((sum, r) => sum + r.tokens_per_second, 0);
+  $("#pool-tps").textContent = oneDecimal.format(total);
+  $("#runners tbody").replaceChildren(...state.runners.map(runnerRow));
+  $("#no-runners").hidden = state.runners.length > 0;
+  renderModels(state.models);
+}
+
+/** Rebuild the picker only when the list changes, keeping the choice. @param {string[]} models */
+function renderModels(models) {
+  const select = $("#model");
+  const current = [...select.options].map((o) => o.value).filter(Boolean);
+  if (current.join("\n") === models.join("\n")) return;
+  const chosen = select.value;
+  select.replaceChildren(...models.map((m) => el("option", { value: m }, m)));
+  if (!models.length) select.append(el("option", { value: "", disabled: "" }, "no models"));
+  if (models.includes(chosen)) select.value = chosen;
+  updateButtons();
+}
+
+client.subscribePool(renderPool);
+
+// --- playground ----------------------------------------------------------------------------
+
+/** The conversation so far, as sent to the model. @type {{role: string, content: string}[]} */
+let history = [];
+/** The request streaming now, if any. @type {import("./orchard.js").Completion | null} */
+let inFlight = null;
+
+const conversation = $("#conversation");
+
+function updateButtons() {
+  $("#send").disabled = inFlight !== null || !$("#model").value;
+  $("#stop").disabled = inFlight === null;
+}
+
+/** Scroll along only when the reader is already at the bottom. @param {() => void} change */
+function keepScrolled(change) {
+  const atBottom = conversation.scrollHeight - conversation.scrollTop - conversation.clientHeight < 40;
+  change();
+  if (atBottom) conversation.scrollTop = conversation.scrollHeight;
+}
+
+/** @param {string} text */
+function addUserMessage(text) {
+  const node = el("article", { class: "message user", "data-testid": "user-message" },
+    el("div", { class: "role" }, "you"), el("div", { class: "content" }, text));
+  keepScrolled(() => conversation.append(node));
+  return node;
+}
+
+function addAssistantMessage() {
+  const node = $("#assistant-template").content.firstElementChild.cloneNode(true);
+  node.classList.add("streaming");
+  keepScrolled(() => conversation.append(node));
+  return node;
+}
+
+/**
+ * @param {HTMLElement} node
+ * @param {import("./orchard.js").Done} done
+ * @param {number | null} seconds first token to done
+ */
+function showUsage(node, { finishReason, usage }, seconds) {
+  const rate = seconds && seconds > 0 ? oneDecimal.format(usage.completion_tokens / seconds) : "–";
+  const line = node.querySelector(".usage");
+  const field = (name, label, value) =>
+    el("span", { "data-field": name }, `${label} `, el("b", {}, String(value)));
+  line.replaceChildren(
+    field("prompt", "prompt", usage.prompt_tokens),
+    field("completion", "completion", usage.completion_tokens),
+    field("cached", "cached", usage.prompt_tokens_details?.cached_tokens ?? 0),
+    field("reasoning", "reasoning", usage.completion_tokens_details?.reasoning_tokens ?? 0),
+    field("rate", "tok/s", rate),
+    field("finish", "finish", finishReason),
+  );
+  line.hidden = false;
+  node.dataset.finish = finishReason;
+  if (finishReason === "cancelled") {
+    node.classList.add("stopped");
+    node.querySelector(".badge").textContent = "stopped";
+  }
+}
+
+async function send() {
+  const text = $("#prompt").value.trim();
+  const model = $("#model").value;
+  if (!text || !model || inFlight) return;
+  $("#prompt").value = "";
+  conversation.querySelector(".hint")?.remove();
+  const turns = history; // "New chat" mid-stream starts a new array; this turn stays in its own
+  turns.push({ role: "user", content: text });
+  const userNode = addUserMessage(text);
+  const node = addAssistantMessage();
+  const answer = node.querySelector(".answer").appendChild(document.createTextNode(""));
+  const reasoning = node.querySelector(".reasoning").appendChild(document.createTextNode(""));
+
+  /** @type {Record<string, any>} */
+  const body = { model, messages: turns.slice() };
+  const maxTokens = parseInt($("#max-tokens").value, 10);
+  if (maxTokens > 0) body.max_tokens = maxTokens;
+  const temperature = parseFloat($("#temperature").value);
+  if (Number.isFinite(temperature)) body.temperature = temperature;
+
+  const completion = client.create(body);
+  inFlight = completion;
+  updateButtons();
+  let firstTokenAt = null;
+  try {
+    for await (const chunk of completion) {
+      const delta = chunk.choices[0]?.delta ?? {};
+      if (!delta.content && !delta.reasoning_content) continue;
+      firstTokenAt ??= performance.now();
+      keepScrolled(() => {
+        if (delta.reasoning_content) {
+          reasoning.appendData(delta.reasoning_content);
+          reasoning.parentElement.hidden = false;
+        }
+        if (delta.content) answer.appendData(delta.content);
+      });
+    }
+    const done = await completion.usage;
+    const seconds = firstTokenAt === null ? null : (performance.now() - firstTokenAt) / 1000;
+    showUsage(node, done, seconds);
+    if (answer.data) turns.push({ role: "assistant", content: answer.data });
+    else dropTurn(turns, userNode, node); // nothing to continue from
+  } catch (err) {
+    node.classList.add("failed");
+    node.querySelector(".badge").textContent = "error";
+    node.append(el("div", { class: "error", "data-testid": "error" },
+      err.error?.message ?? String(err)));
+    dropTurn(turns, userNode, node);
+  } finally {
+    node.classList.remove("streaming");
+    inFlight = null;
+    updateButtons();
+  }
+}
+
+/**
+ * Take a turn that produced no answer out of the history (it stays on screen, faded).
+ * @param {{role: string, content: string}[]} turns @param {HTMLElement} userNode @param {HTMLElement} node
+ */
+function dropTurn(turns, userNode, node) {
+  turns.pop();
+  userNode.classList.add("dropped");
+  node.classList.add("dropped");
+  node.title = userNode.title = "Not part of the conversation sent to the model";
+}
+
+$("#composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  send();
+});
+$("#prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    send();
+  }
+});
+$("#stop").addEventListener("click", () => inFlight?.cancel());
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape") inFlight?.cancel();
+});
+$("#new-chat").addEventListener("click", () => {
+  inFlight?.cancel();
+  history = [];
+  conversation.replaceChildren();
+  $("#prompt").focus();
+});
+$("#model").addEventListener("change", updateButtons);
+updateButtons();

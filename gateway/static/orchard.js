@@ -1,0 +1,354 @@
+// Orchard's browser client for the gateway's WebSocket API (docs/websocket-api.md).
+// A dependency-free ES module: `import { OrchardClient } from "/static/orchard.js"`.
+//
+// One socket carries every request. When it drops, the requests it carried fail with
+// "connection lost" (the gateway cancels them); new requests wait in a queue while the client
+// reconnects with exponential backoff and jitter, and pool subscriptions are sent again.
+
+/** @typedef {{message: string, type: string, param: string | null, code: string | null}} OpenAIErrorBody */
+/**
+ * @typedef {{prompt_tokens: number, completion_tokens: number, total_tokens: number,
+ *   prompt_tokens_details: {cached_tokens: number},
+ *   completion_tokens_details: {reasoning_tokens: number}}} Usage
+ */
+/** @typedef {{finishReason: "stop" | "length" | "cancelled", usage: Usage}} Done */
+/** @typedef {Record<string, any>} ChatCompletionChunk an OpenAI `chat.completion.chunk` */
+/** @typedef {Record<string, any>} PoolState a `pool.state` message (see the docs) */
+/** @typedef {"connecting" | "open" | "closed"} ConnectionStatus */
+
+/** Largest message the gateway accepts; bigger ones are refused here, with no round trip. */
+export const MAX_MESSAGE_BYTES = 1024 * 1024;
+const BACKOFF_MIN_MS = 250;
+const BACKOFF_MAX_MS = 8000;
+
+/** An error that ends a request; `.error` is the OpenAI error object. */
+export class OrchardError extends Error {
+  /** @param {OpenAIErrorBody} error */
+  constructor(error) {
+    super(error.message);
+    this.name = "OrchardError";
+    /** @type {OpenAIErrorBody} */
+    this.error = error;
+  }
+}
+
+/** @param {string} message @param {string} code @returns {OrchardError} */
+function clientError(message, code) {
+  return new OrchardError({ message, type: "connection_error", param: null, code });
+}
+
+/** The default endpoint: `/v1/ws` on the page's own host, ws: or wss: to match the page. */
+function defaultUrl() {
+  const scheme = globalThis.location?.protocol === "https:" ? "wss:" : "ws:";
+  return `${scheme}//${globalThis.location?.host}/v1/ws`;
+}
+
+/**
+ * A push-fed async iterator: chunks are buffered until read; an error ends it by throwing.
+ * @implements {AsyncIterableIterator<ChatCompletionChunk>}
+ */
+class ChunkStream {
+  constructor() {
+    /** @type {ChatCompletionChunk[]} */ this.buffer = [];
+    /** A reader waiting for the next chunk. @type {{resolve: Function, reject: Function}[]} */
+    this.waiting = [];
+    this.ended = false;
+    /** @type {Error | null} */ this.error = null;
+  }
+
+  /** @param {ChatCompletionChunk} chunk */
+  push(chunk) {
+    if (this.ended) return;
+    const reader = this.waiting.shift();
+    if (reader) reader.resolve({ value: chunk, done: false });
+    else this.buffer.push(chunk);
+  }
+
+  /** @param {Error | null} [error] */
+  end(error = null) {
+    if (this.ended) return;
+    this.ended = true;
+    this.error = this.waiting.length ? null : error; // a waiting reader gets it now
+    for (const reader of this.waiting.splice(0)) {
+      if (error) reader.reject(error);
+      else reader.resolve({ value: undefined, done: true });
+    }
+  }
+
+  /** @returns {Promise<IteratorResult<ChatCompletionChunk>>} */
+  next() {
+    if (this.buffer.length) return Promise.resolve({ value: this.buffer.shift(), done: false });
+    if (this.ended) {
+      if (this.error) {
+        const error = this.error;
+        this.error = null; // thrown once, like any iterator that failed
+        return Promise.reject(error);
+      }
+      return Promise.resolve({ value: undefined, done: true });
+    }
+    return new Promise((resolve, reject) => this.waiting.push({ resolve, reject }));
+  }
+
+  /** Leaving a `for await` loop early stops reading; it does not cancel the request. */
+  return() {
+    this.buffer = [];
+    return Promise.resolve({ value: undefined, done: true });
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+}
+
+/** One chat completion in progress: iterate it (or `.chunks`) and await `.usage`. */
+export class Completion {
+  /** @param {OrchardClient} client @param {string} requestId */
+  constructor(client, requestId) {
+    this.client = client;
+    /** The id this client chose (crypto.randomUUID()); the gateway echoes it on every message. */
+    this.requestId = requestId;
+    /** @type {AsyncIterableIterator<ChatCompletionChunk>} */
+    this.chunks = new ChunkStream();
+    /** @type {(d: Done) => void} */ this.resolve = () => {};
+    /** @type {(e: OrchardError) => void} */ this.reject = () => {};
+    /** Resolves with `{finishReason, usage}`, or rejects with an OrchardError. @type {Promise<Done>} */
+    this.usage = new Promise((resolve, reject) => {
+      this.resolve = resolve;
+      this.reject = reject;
+    });
+    // A caller that only reads chunks still sees the error there; no unhandled rejection.
+    this.usage.catch(() => {});
+  }
+
+  /** Stop generating; the request then ends with finishReason "cancelled". */
+  cancel() {
+    this.client.cancel(this.requestId);
+  }
+
+  [Symbol.asyncIterator]() {
+    return this.chunks;
+  }
+}
+
+export class OrchardClient {
+  /**
+   * @param {string} [url] the gateway's `/v1/ws`; by default on the page's own host
+   * @param {{apiKey?: string, onStatus?: (status: ConnectionStatus) => void,
+   *   onError?: (error: OpenAIErrorBody) => void}} [options]
+   *   apiKey goes in the `api_key` query parameter (browsers cannot set WebSocket headers);
+   *   onStatus hears every connection change; onError hears errors not tied to a request.
+   */
+  constructor(url = defaultUrl(), { apiKey, onStatus, onError } = {}) {
+    const target = new URL(url, globalThis.location?.href);
+    if (apiKey) target.searchParams.set("api_key", apiKey);
+    this.url = target.toString();
+    this.onStatus = onStatus ?? (() => {});
+    this.onError = onError ?? ((error) => console.warn("orchard:", error.message));
+    /** @type {ConnectionStatus} */ this.status = "connecting";
+    /** @type {WebSocket | null} */ this.socket = null;
+    /** Requests not yet ended, in creation order; `sent` ones ride on the current socket. */
+    /** @type {Map<string, {completion: Completion, frame: string, sent: boolean}>} */
+    this.requests = new Map();
+    /** @type {{resolve: (ms: number) => void, reject: (e: Error) => void, sentAt: number | null}[]} */
+    this.pings = [];
+    /** @type {Set<(state: PoolState) => void>} */ this.poolCallbacks = new Set();
+    this.attempt = 0;
+    /** @type {ReturnType<typeof setTimeout> | null} */ this.retryTimer = null;
+    this.closed = false;
+    this.connect();
+  }
+
+  /**
+   * Start a streaming chat completion. `body` is a POST /v1/chat/completions body.
+   * @param {Record<string, any>} body
+   * @returns {Completion}
+   */
+  create(body) {
+    const requestId = crypto.randomUUID();
+    const completion = new Completion(this, requestId);
+    const frame = JSON.stringify({ type: "chat.completions.create", request_id: requestId, body });
+    if (this.closed) {
+      this.finish(completion, clientError("The client is closed.", "client_closed"));
+    } else if (new TextEncoder().encode(frame).length > MAX_MESSAGE_BYTES) {
+      // The gateway would refuse it without naming the request; refuse it here instead.
+      const message = `The request is over the ${MAX_MESSAGE_BYTES}-byte message limit.`;
+      this.finish(completion, new OrchardError({
+        message, type: "invalid_request_error", param: null, code: "message_too_large",
+      }));
+    } else {
+      this.requests.set(requestId, { completion, frame, sent: false });
+      this.flush();
+    }
+    return completion;
+  }
+
+  /** Cancel a request by id; one still queued here ends at once as "cancelled". @param {string} requestId */
+  cancel(requestId) {
+    const entry = this.requests.get(requestId);
+    if (!entry) return; // already ended: nothing to do
+    if (entry.sent) {
+      this.send({ type: "cancel", request_id: requestId });
+      return;
+    }
+    const zero = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0,
+      prompt_tokens_details: { cached_tokens: 0 }, completion_tokens_details: { reasoning_tokens: 0 } };
+    this.requests.delete(requestId);
+    entry.completion.chunks.end();
+    entry.completion.resolve({ finishReason: "cancelled", usage: zero });
+  }
+
+  /** Round trip to the gateway, in milliseconds (waits for a connection if there is none). */
+  ping() {
+    if (this.closed) return Promise.reject(clientError("The client is closed.", "client_closed"));
+    return new Promise((resolve, reject) => {
+      this.pings.push({ resolve, reject, sentAt: null });
+      this.flush();
+    });
+  }
+
+  /**
+   * Call `callback` with every `pool.state` (about once a second); returns an unsubscribe.
+   * @param {(state: PoolState) => void} callback
+   * @returns {() => void}
+   */
+  subscribePool(callback) {
+    this.poolCallbacks.add(callback);
+    if (this.poolCallbacks.size === 1) this.send({ type: "pool.subscribe" });
+    // The gateway has no unsubscribe: later states are just not delivered to this callback.
+    return () => this.poolCallbacks.delete(callback);
+  }
+
+  /** Close for good: pending requests and pings fail with "client closed". */
+  close() {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.retryTimer !== null) clearTimeout(this.retryTimer);
+    this.failAll(() => clientError("The client is closed.", "client_closed"), true);
+    this.socket?.close(1000);
+    this.setStatus("closed");
+  }
+
+  // --- connection ------------------------------------------------------------------------
+
+  /** @private */
+  connect() {
+    this.setStatus("connecting");
+    const socket = new WebSocket(this.url);
+    this.socket = socket;
+    socket.onopen = () => {
+      this.attempt = 0;
+      this.setStatus("open");
+      if (this.poolCallbacks.size) this.send({ type: "pool.subscribe" });
+      this.flush();
+    };
+    socket.onmessage = (event) => this.receive(event.data);
+    socket.onclose = () => {
+      if (this.socket !== socket) return;
+      this.socket = null;
+      if (this.closed) return;
+      // Requests on the lost socket are gone (the gateway cancels them); queued ones wait.
+      this.failAll(() => clientError("connection lost", "connection_lost"), false);
+      const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** this.attempt++);
+      this.setStatus("connecting");
+      // Full jitter on the upper half, so many tabs do not reconnect in step.
+      this.retryTimer = setTimeout(() => this.connect(), delay / 2 + Math.random() * (delay / 2));
+    };
+  }
+
+  /** @private @param {ConnectionStatus} status */
+  setStatus(status) {
+    if (this.status === status) return;
+    this.status = status;
+    this.onStatus(status);
+  }
+
+  /** @private @returns {boolean} */
+  get isOpen() {
+    return this.socket !== null && this.socket.readyState === WebSocket.OPEN;
+  }
+
+  /** @private @param {Record<string, any>} message */
+  send(message) {
+    if (this.isOpen) this.socket?.send(JSON.stringify(message));
+  }
+
+  /** Send the queued requests and pings, once connected. @private */
+  flush() {
+    if (!this.isOpen) return;
+    for (const entry of this.requests.values()) {
+      if (entry.sent) continue;
+      this.socket?.send(entry.frame);
+      entry.sent = true;
+    }
+    for (const ping of this.pings) {
+      if (ping.sentAt !== null) continue;
+      ping.sentAt = performance.now();
+      this.socket?.send('{"type":"ping"}');
+    }
+  }
+
+  /**
+   * Fail the requests (all, or only those sent on the lost socket) and the pings in flight.
+   * @private @param {() => OrchardError} error @param {boolean} all
+   */
+  failAll(error, all) {
+    for (const [id, entry] of this.requests) {
+      if (!all && !entry.sent) continue;
+      this.requests.delete(id);
+      this.finish(entry.completion, error());
+    }
+    this.pings = this.pings.filter((ping) => {
+      if (!all && ping.sentAt === null) return true;
+      ping.reject(error());
+      return false;
+    });
+  }
+
+  /** @private @param {Completion} completion @param {OrchardError} error */
+  finish(completion, error) {
+    completion.chunks.end(error);
+    completion.reject(error);
+  }
+
+  /** @private @param {string} data */
+  receive(data) {
+    let message;
+    try {
+      message = JSON.parse(data);
+    } catch {
+      this.onError({ message: "The gateway sent invalid JSON.", type: "client_error", param: null, code: null });
+      return;
+    }
+    const entry = message.request_id == null ? undefined : this.requests.get(message.request_id);
+    switch (message.type) {
+      case "chunk":
+        entry?.completion.chunks.push(message.chunk);
+        break;
+      case "done":
+        if (!entry) break;
+        this.requests.delete(message.request_id);
+        entry.completion.chunks.end();
+        entry.completion.resolve({ finishReason: message.finish_reason, usage: message.usage });
+        break;
+      case "error":
+        if (entry) {
+          this.requests.delete(message.request_id);
+          this.finish(entry.completion, new OrchardError(message.error));
+        } else {
+          this.onError(message.error);
+        }
+        break;
+      case "pong": {
+        // Pongs come back in order, so the oldest ping sent is the one answered.
+        const index = this.pings.findIndex((ping) => ping.sentAt !== null);
+        if (index < 0) break;
+        const [ping] = this.pings.splice(index, 1);
+        ping.resolve(performance.now() - /** @type {number} */ (ping.sentAt));
+        break;
+      }
+      case "pool.state":
+        for (const callback of this.poolCallbacks) callback(message);
+        break;
+    }
+  }
+}

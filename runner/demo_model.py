@@ -1,0 +1,248 @@
+"""The built-in model "orchard-demo": a tiny random-weight Llama that needs no download.
+
+It exists so that a fresh install, the tests and CI can run the whole system end to end on any
+machine. It writes nonsense, quickly and deterministically:
+
+- the weights come from `mlx_lm.models.llama.Model` after `mx.random.seed(0)`; the final norm is
+  scaled up so the logits are peaked (greedy decoding does not hinge on rounding), and the output
+  rows of the markers and of non-text byte tokens are zero, so the model practically never picks
+  them by itself (greedy decoding never does). In particular it does not end on its own: it
+  runs until `max_tokens` (tests force an end with a logit bias on `<|im_end|>`);
+- the tokenizer is a byte-level BPE trained here, with `tokenizers`, on the fixed corpus below;
+  `<think>` and `</think>` are single tokens, so mlx-lm detects a thinking model;
+- the chat template is ChatML: `<|im_start|>role\\ncontent<|im_end|>\\n` per message, and
+  `<|im_start|>assistant\\n` as the generation prompt. `<|im_end|>` is the end-of-sequence token.
+
+`resolve_model` maps the name `DEMO_MODEL_ID` to a directory under the cache, building it on
+first use; every other name goes to `mlx_lm.load` unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+DEMO_MODEL_ID = "orchard-demo"
+DEMO_MODEL_VERSION = "v1"
+"""Part of the cache directory name: bump it whenever the built files change."""
+
+CACHE_DIR_ENV = "ORCHARD_CACHE_DIR"
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+_MARKERS = (ENDOFTEXT, IM_START, IM_END, THINK_START, THINK_END)
+
+CONTEXT_LENGTH = 2048
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_VOCAB_SIZE = 1024
+_LOGIT_SCALE = 10.0
+"""Multiplies the final norm: logits spread over tens (std ~6), not units, so greedy decoding
+is robust to rounding while temperature-1 sampling still varies."""
+
+_CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": CONTEXT_LENGTH,
+    # Untied: with random tied embeddings the model echoes its input ("\n\n\n..."); a separate
+    # head gives varied nonsense.
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+
+# Written for this module. The text only has to give BPE enough words to merge.
+_CORPUS = (
+    "An orchard is a patient place. The trees are planted in straight rows, and for the first "
+    "few years they give almost nothing back. The grower prunes them in winter, when the "
+    "branches are bare and the shape of each tree is easy to read. Cut too much and the tree "
+    "throws up a forest of water shoots; cut too little and the fruit hangs in the shade, small "
+    "and sour. Good pruning lets light reach every leaf.",
+    "In spring the blossom opens over a week or two, white and pale pink, and the bees come. "
+    "A late frost on a clear night can ruin a whole year, so growers watch the sky and the "
+    "thermometer. Some run fans or sprinklers until morning. When the petals fall, tiny green "
+    "fruit are left behind, far more than the tree can carry, and the grower thins them by "
+    "hand so that the rest can grow large and sweet.",
+    "Summer is for waiting and watching. Apples and pears swell slowly; cherries and plums "
+    "ripen first. Birds, wasps and mildew all want a share. The grass between the rows is cut "
+    "short, the irrigation lines are checked, and the props go under the heaviest branches so "
+    "they do not split. A good grower walks the rows every day and learns to read the trees "
+    "the way a sailor reads the wind.",
+    "Harvest comes in autumn. Pickers move along the rows with ladders and canvas bags, "
+    "twisting each apple upward so the stem stays on. The fruit goes into wooden bins, then "
+    "into cold storage, where it can keep for months. Windfalls go to the cider press. By "
+    "November the leaves are gone, the ground is quiet, and the cycle starts again with the "
+    "pruning saw.",
+    "A computer network can work a little like an orchard. Each machine is a tree with its own "
+    "strength, its own memory and its own speed. A gateway in the middle takes the requests, "
+    "decides which machine should answer, and sends the words back as they are produced, one "
+    "token at a time. When a machine goes away, the others carry on. When a new one joins, "
+    "it says hello, names the models it can serve, and starts to work.",
+    "Language models read a prompt and guess the next token, again and again, until they reach "
+    "a stop sequence or a limit. Small models are fast and often wrong; large models are slow "
+    "and usually better. This little model was never trained at all. Its weights are random "
+    "numbers, so it writes nonsense, but it writes the same nonsense every time, and it does so "
+    "very quickly, which is exactly what a test needs.",
+    "Questions and answers, lists and numbers: one, two, three, four, five, six, seven, eight, "
+    "nine, ten. Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. January, "
+    "February, March, April, May, June, July, August, September, October, November, December. "
+    "Red, orange, yellow, green, blue, indigo, violet. North, south, east and west. "
+    "Hello, world! How are you today? I am fine, thank you. What time is it? It is half past "
+    "ten (10:30), and the price is $4.99 or 5%. Email me at someone@example.com; see "
+    "https://example.com/path?query=1 for details. def main() -> None: print('hi')",
+)
+
+
+def cache_dir() -> Path:
+    """Where Orchard keeps built and downloaded files: `$ORCHARD_CACHE_DIR` or ~/.cache/orchard."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "orchard"
+
+
+def resolve_model(name: str) -> str:
+    """What to pass to `mlx_lm.load` for a model name.
+
+    `DEMO_MODEL_ID` becomes its directory in the cache, built on first use; any other name (a
+    local MLX directory or a Hugging Face id) is returned unchanged.
+    """
+    if name != DEMO_MODEL_ID:
+        return name
+    target = cache_dir() / "models" / f"{DEMO_MODEL_ID}-{DEMO_MODEL_VERSION}"
+    if not target.is_dir():
+        _build_atomically(target)
+    return str(target)
+
+
+def _build_atomically(target: Path) -> None:
+    """Build into a private temporary directory, then rename it into place.
+
+    A directory rename is atomic, so a reader never sees a half-built model; when two
+    processes race, the loser's rename fails because the target exists, and it keeps the
+    winner's copy (both are identical).
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build_demo_model(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_demo_model(path: Path) -> None:
+    """Write the demo model (config, weights, tokenizer) into `path`, created if missing.
+
+    The output depends on nothing but this module and the installed mlx version. It reseeds the
+    calling thread's MLX generator. Called off the main thread, that thread must run
+    `mx.clear_streams()` before it ends (MLX 0.32 aborts at exit otherwise).
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = _build_tokenizer(path)
+    config = {
+        **_CONFIG,
+        "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
+        "bos_token_id": tokenizer.token_to_id(ENDOFTEXT),
+        "eos_token_id": tokenizer.token_to_id(IM_END),
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    _build_weights(path, config, _silent_token_ids(tokenizer))
+
+
+def _build_tokenizer(path: Path) -> Tokenizer:
+    """Train the BPE and write tokenizer.json and tokenizer_config.json."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE - 2,  # leaves room for the two thinking markers
+        special_tokens=[ENDOFTEXT, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(list(_CORPUS), trainer=trainer)
+    # Not special, as in Qwen3: decoding with skip_special_tokens keeps them, like any text.
+    tokenizer.add_tokens(
+        [AddedToken(marker, special=False, normalized=False) for marker in (THINK_START, THINK_END)]
+    )
+    tokenizer.save(str(path / "tokenizer.json"))
+
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": ENDOFTEXT,
+        "eos_token": IM_END,
+        "pad_token": ENDOFTEXT,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n"
+    )
+    return tokenizer
+
+
+def _silent_token_ids(tokenizer: Tokenizer) -> list[int]:
+    """Tokens the model should never pick by itself: markers, and bytes that are not text.
+
+    A lone byte of a multi-byte character decodes to U+FFFD; control characters other than
+    newline and tab would only garble a terminal.
+    """
+    silent = []
+    for token_id in range(tokenizer.get_vocab_size(with_added_tokens=True)):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        if text in _MARKERS or any(
+            char == "\ufffd" or (unicodedata.category(char) == "Cc" and char not in "\n\t")
+            for char in text
+        ):
+            silent.append(token_id)
+    return silent
+
+
+def _build_weights(path: Path, config: dict[str, Any], silent_ids: list[int]) -> None:
+    args = llama.ModelArgs.from_dict(config)  # type: ignore[no-untyped-call]  # unannotated
+    # Module init draws from MLX's generator, which is per thread: this reseeds the caller's.
+    mx.random.seed(0)
+    model = llama.Model(args)
+    # A zero row gives logit 0 while the best others reach about +15: practically never chosen
+    # unaided, yet a logit bias still reaches it.
+    keep = mx.ones((config["vocab_size"], 1), dtype=mx.float32)
+    keep[mx.array(silent_ids)] = 0.0
+    model.lm_head.weight = model.lm_head.weight * keep
+    model.model.norm.weight = model.model.norm.weight * _LOGIT_SCALE
+    weights = dict(tree_flatten(model.parameters()))
+    mx.eval(weights)
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})

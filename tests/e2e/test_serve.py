@@ -1,0 +1,68 @@
+"""`orchard serve`: gateway plus a local runner process, banner, clean stop on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.support import REPO, UNIT, free_port, wait_until
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_runs_both_and_stops_cleanly(demo_model_path: Path, sig: signal.Signals) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "orchard",
+                "serve",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+
+            def runner_up() -> bool:
+                try:
+                    return len(httpx.get(f"{base}/v1/runners", timeout=1).json()["data"]) == 1
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(runner_up, 60, "serve's local runner")
+            children = psutil.Process(proc.pid).children()
+            assert len(children) == 1  # the runner is its own process
+            assert "runner" in children[0].cmdline()
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+            done = client.chat.completions.create(
+                model="orchard-demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert done.usage is not None
+            assert done.usage.completion_tokens <= 4
+            client.close()
+
+            proc.send_signal(sig)
+            assert proc.wait(15 * UNIT) == 0
+            assert not children[0].is_running() or children[0].status() == psutil.STATUS_ZOMBIE
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.seek(0)
+        out = log.read().decode()
+    assert f"Orchard is up at {base}/v1" in out
+    assert f'OpenAI(base_url="{base}/v1"' in out

@@ -1,0 +1,277 @@
+"""The browser WebSocket API (`/v1/ws`) over real sockets, against a gateway and a real
+mlx-lm runner on the built-in model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from tests.support import UNIT, Gateway, Process, async_wait_until, gateway_with_runner
+
+MODEL = "orchard-demo"
+EOS_OFF = {"2": -100}  # the demo model's <|im_end|>: only max_tokens or a cancel ends it
+
+
+@pytest.fixture(scope="module")
+def stack(demo_model_path: Path) -> Iterator[tuple[Gateway, Process]]:
+    with gateway_with_runner("--model", MODEL, "--max-concurrent", "8") as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: tuple[Gateway, Process]) -> Gateway:
+    return stack[0]
+
+
+@pytest.fixture
+async def ws(gateway: Gateway) -> AsyncIterator[ClientConnection]:
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws", max_size=None) as sock:
+        yield sock
+
+
+async def send(ws: ClientConnection, obj: Any) -> None:
+    await ws.send(orjson.dumps(obj), text=True)
+
+
+async def recv(ws: ClientConnection) -> dict[str, Any]:
+    msg: dict[str, Any] = orjson.loads(await asyncio.wait_for(ws.recv(), 30 * UNIT))
+    return msg
+
+
+def create(rid: str, content: str, **params: Any) -> dict[str, Any]:
+    return {
+        "type": "chat.completions.create",
+        "request_id": rid,
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": content}], **params},
+    }
+
+
+async def runner_active(gateway: Gateway) -> int:
+    async with httpx.AsyncClient() as http:
+        data = (await http.get(f"{gateway.base}/v1/runners")).json()["data"]
+    return int(data[0]["active"])
+
+
+async def test_concurrent_requests_interleave_each_with_own_done(
+    ws: ClientConnection, gateway: Gateway
+) -> None:
+    # Reference: each prompt alone over SSE at temperature 0.
+    prompts = {f"r{i}": f"Interleaved story {i} about plums." for i in range(4)}
+    expected: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=60) as http:
+        for rid, content in prompts.items():
+            resp = await http.post(
+                f"{gateway.base}/v1/chat/completions",
+                json={**create(rid, content, max_tokens=20, temperature=0)["body"]},
+            )
+            expected[rid] = resp.json()["choices"][0]["message"]["content"]
+
+    for rid, content in prompts.items():
+        await send(ws, create(rid, content, max_tokens=20, temperature=0))
+    chunks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    done: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    while len(done) < len(prompts):
+        msg = await recv(ws)
+        assert msg["type"] in ("chunk", "done"), msg
+        rid = msg["request_id"]
+        assert rid not in done, "nothing may follow a request's done"
+        if msg["type"] == "chunk":
+            chunks[rid].append(msg["chunk"])
+            order.append(rid)
+        else:
+            assert set(msg) == {"type", "request_id", "finish_reason", "usage"}
+            done[rid] = msg
+    # The requests really were interleaved on the one socket.
+    assert len({tuple(order[i : i + 2]) for i in range(len(order) - 1)}) > len(prompts)
+    for rid in prompts:
+        stream = chunks[rid]
+        first = stream[0]
+        assert first["object"] == "chat.completion.chunk"
+        assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert all(c["id"] == first["id"] for c in stream)
+        assert all("usage" not in c for c in stream)  # include_usage not asked
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in stream)
+        assert text == expected[rid]
+        assert stream[-1]["choices"][0]["finish_reason"] == done[rid]["finish_reason"]
+        usage = done[rid]["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        if done[rid]["finish_reason"] == "length":
+            assert usage["completion_tokens"] == 20
+        assert set(usage) == {
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+            "prompt_tokens_details",
+            "completion_tokens_details",
+        }
+
+
+async def test_include_usage_chunk_and_done(ws: ClientConnection) -> None:
+    await send(
+        ws,
+        create("u1", "usage please", max_tokens=5, stream_options={"include_usage": True}),
+    )
+    msgs = [await recv(ws)]
+    while msgs[-1]["type"] != "done":
+        msgs.append(await recv(ws))
+    usage_chunk = msgs[-2]["chunk"]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == msgs[-1]["usage"]
+    assert all(m["chunk"]["usage"] is None for m in msgs[:-2])
+
+
+async def test_cancel_mid_stream(ws: ClientConnection, gateway: Gateway) -> None:
+    await send(ws, create("long", "go on and on", max_tokens=1500, logit_bias=EOS_OFF))
+    seen = 0
+    while seen < 5:
+        msg = await recv(ws)
+        assert msg["type"] == "chunk"
+        seen += 1
+    await send(ws, {"type": "cancel", "request_id": "long"})
+    while (msg := await recv(ws))["type"] == "chunk":
+        seen += 1
+    assert msg["type"] == "done"
+    assert msg["finish_reason"] == "cancelled"
+    generated = msg["usage"]["completion_tokens"]
+    assert 4 <= generated < 1500
+    assert generated >= seen - 1  # every streamed token is counted (role chunk has none)
+    await async_wait_until(lambda: _is(runner_active(gateway), 0), 2, "the slot to free")
+
+
+async def _is(value: Any, expected: int) -> bool:
+    return bool(await value == expected)
+
+
+async def test_closing_socket_cancels_its_requests(gateway: Gateway) -> None:
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws") as sock:
+        await send(sock, create("a", "first long one", max_tokens=1500, logit_bias=EOS_OFF))
+        await send(sock, create("b", "second long one", max_tokens=1500, logit_bias=EOS_OFF))
+        got: set[str] = set()
+        while got != {"a", "b"}:
+            got.add((await recv(sock))["request_id"])
+        assert await runner_active(gateway) == 2
+    await async_wait_until(lambda: _is(runner_active(gateway), 0), 2, "both to be cancelled")
+
+
+async def test_duplicate_request_id_is_refused(ws: ClientConnection) -> None:
+    await send(ws, create("dup", "one", max_tokens=200, logit_bias=EOS_OFF))
+    await send(ws, create("dup", "two", max_tokens=5))
+    errors, done = [], None
+    while done is None:
+        msg = await recv(ws)
+        if msg["type"] == "error":
+            errors.append(msg)
+        elif msg["type"] == "done":
+            done = msg
+    assert errors == [
+        {
+            "type": "error",
+            "request_id": None,
+            "error": {
+                "message": "request_id 'dup' is already in flight on this socket.",
+                "type": "invalid_request_error",
+                "param": "request_id",
+                "code": "duplicate_request_id",
+            },
+        }
+    ]
+    assert done["request_id"] == "dup"
+    assert done["usage"]["completion_tokens"] == 200  # the first one ran to its end
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        (b"{nope", "invalid_json", None),
+        (b"[1, 2]", "invalid_message", "type"),
+        (b'{"type": 7}', "invalid_message", "type"),
+        (b'{"type": "teleport"}', "unknown_message_type", "type"),
+        (b'{"type": "chat.completions.create", "body": {}}', "invalid_request_id", "request_id"),
+        (b'{"type": "cancel", "request_id": ""}', "invalid_request_id", "request_id"),
+    ],
+)
+async def test_malformed_messages_get_null_request_errors(
+    ws: ClientConnection, raw: bytes, code: str, param: str | None
+) -> None:
+    await ws.send(raw, text=True)
+    msg = await recv(ws)
+    assert msg["type"] == "error"
+    assert msg["request_id"] is None
+    assert msg["error"]["code"] == code
+    assert msg["error"]["param"] == param
+    assert msg["error"]["type"] == "invalid_request_error"
+    # The socket is still good.
+    await send(ws, {"type": "ping"})
+    assert await recv(ws) == {"type": "pong"}
+
+
+async def test_oversized_message_is_an_error_not_a_close(ws: ClientConnection) -> None:
+    await send(ws, create("big", "x" * (1024 * 1024 + 10)))
+    msg = await recv(ws)
+    assert msg["type"] == "error"
+    assert msg["request_id"] is None
+    assert msg["error"]["code"] == "message_too_large"
+    await send(ws, {"type": "ping"})
+    assert await recv(ws) == {"type": "pong"}
+
+
+async def test_per_request_errors_leave_others_running(ws: ClientConnection) -> None:
+    await send(ws, create("ok", "a fine request", max_tokens=30, logit_bias=EOS_OFF))
+    bad_model = create("m", "hi")
+    bad_model["body"]["model"] = "no-such-model"
+    await send(ws, bad_model)
+    await send(ws, create("t", "hi", temperature=9))
+    await send(ws, create("s", "hi", stream=False))
+    errors: dict[str, dict[str, Any]] = {}
+    done = None
+    while done is None:
+        msg = await recv(ws)
+        if msg["type"] == "error":
+            errors[msg["request_id"]] = msg["error"]
+        elif msg["type"] == "done":
+            done = msg
+    assert errors["m"]["code"] == "model_not_found"
+    assert errors["t"]["param"] == "temperature"
+    assert errors["s"]["param"] == "stream"
+    assert done["request_id"] == "ok"
+    assert done["usage"]["completion_tokens"] == 30
+
+
+async def test_too_many_in_flight(gateway: Gateway) -> None:
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws") as sock:
+        for i in range(65):
+            await send(sock, create(f"q{i}", "hi", max_tokens=1))
+        errors: list[dict[str, Any]] = []
+        done = 0
+        while done + len(errors) < 65:
+            msg = await recv(sock)
+            if msg["type"] == "error":
+                errors.append(msg)
+            elif msg["type"] == "done":
+                done += 1
+        assert [e["request_id"] for e in errors] == ["q64"]
+        assert errors[0]["error"]["code"] == "too_many_requests"
+
+
+async def test_pool_subscription(ws: ClientConnection) -> None:
+    await send(ws, {"type": "pool.subscribe"})
+    state = await recv(ws)
+    assert state["type"] == "pool.state"
+    assert state["models"] == [MODEL]
+    assert state["queue_depth"] == 0
+    assert isinstance(state["requests_in_flight"], int)
+    (runner,) = state["runners"]
+    assert runner["name"] == "test-runner"
+    assert runner["max_concurrent"] == 8
+    assert isinstance(runner["tokens_per_second"], float)
+    second = await recv(ws)  # pushed again without asking
+    assert second["type"] == "pool.state"
