@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given
 
 from protocol.closecodes import CloseCode
-from protocol.codec import decode, decode_gateway_frame, decode_runner_frame, encode
+from protocol.codec import (
+    _fast_chunk,
+    converter,
+    decode,
+    decode_gateway_frame,
+    decode_runner_frame,
+    encode,
+)
 from protocol.errors import FrameError, ProtocolError
 from protocol.frames import (
     TAGS,
@@ -33,6 +40,7 @@ from protocol.frames import (
     Usage,
     Welcome,
 )
+from tests.protocol import strategies
 from tests.protocol.strategies import (
     FRAME_STRATEGIES,
     hostile_bytes,
@@ -569,3 +577,28 @@ def test_arbitrary_json_raises_only_frame_error(value: Any) -> None:
     data = orjson.dumps(value)
     _decode_all(data)
     _decode_all(data.decode())
+
+
+# --- the per-token fast path ----------------------------------------------------------------
+
+
+@given(strategies.chunks)
+def test_fast_chunk_path_agrees_with_the_converter(chunk: Chunk) -> None:
+    obj = orjson.loads(encode(chunk))
+    fast = _fast_chunk(obj)
+    if chunk.stats is None:
+        assert fast == chunk  # every stats-less chunk takes the fast path
+    else:
+        assert fast is None
+    assert decode_runner_frame(encode(chunk)) == chunk
+
+
+@given(strategies.mutated_frame_objects())
+def test_fast_chunk_path_never_accepts_what_the_converter_refuses(obj: Any) -> None:
+    if not isinstance(obj, dict) or obj.get("type") != "chunk":
+        return
+    fast = _fast_chunk(obj)
+    if fast is None:
+        return
+    union: Any = RunnerFrame
+    assert converter.structure(obj, union) == fast
