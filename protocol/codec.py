@@ -156,7 +156,7 @@ def _fast_chunk(obj: dict[str, Any]) -> Chunk | None:
         obj["reasoning"],
         obj["tokens"],
     )
-    finish: Any = obj["finish_reason"]
+    finish = obj["finish_reason"]
     if (
         type(rid) is not str
         or type(seq) is not int
@@ -176,7 +176,8 @@ def _fast_chunk(obj: dict[str, Any]) -> Chunk | None:
     )
     if any(type(n) is not int for n in counts):
         return None
-    return Chunk(rid, seq, text, reasoning, tokens, Usage(*counts), finish, None)
+    reason: Any = finish  # checked against FinishReason above
+    return Chunk(rid, seq, text, reasoning, tokens, Usage(*counts), reason, None)
 
 
 _TAGS_BY_UNION: dict[int, frozenset[str]] = {
