@@ -10,6 +10,7 @@ hello again each time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -68,6 +69,8 @@ class Runner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: RunnerSession | None = None
         self._outbox: list[bytes] = []
+        self._events: collections.deque[EngineEvent] = collections.deque()
+        self._drain_scheduled = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -175,11 +178,46 @@ class Runner:
         self._wake.set()
 
     def _on_engine_event(self, event: EngineEvent) -> None:
-        """Called on the engine's thread: hop to the event loop."""
+        """Called on the engine's thread: queue the event and wake the loop once per burst."""
+        self._events.append(event)
+        if self._drain_scheduled:
+            return
+        self._drain_scheduled = True
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing during shutdown
-                loop.call_soon_threadsafe(self._emit, event)
+                loop.call_soon_threadsafe(self._drain_events)
+
+    def _drain_events(self) -> None:
+        """On the loop: send what the engine produced since the last wake-up.
+
+        Outputs of one request that piled up are merged into one chunk, so a busy loop
+        sends fewer, larger frames; a lone token still goes out at once.
+        """
+        self._drain_scheduled = False  # before draining: a later event schedules anew
+        pending: dict[str, Output] = {}
+        while self._events:
+            event = self._events.popleft()
+            rid = event.request_id
+            prev = pending.get(rid)
+            if isinstance(event, Output) and prev is not None:
+                pending[rid] = Output(
+                    rid,
+                    prev.text + event.text,
+                    prev.reasoning + event.reasoning,
+                    prev.tokens + event.tokens,
+                    event.usage,
+                    event.finish_reason,
+                    event.stats,
+                )
+            elif isinstance(event, Output):
+                pending[rid] = event
+            else:
+                if prev is not None:
+                    self._emit(pending.pop(rid))
+                self._emit(event)
+        for output in pending.values():
+            self._emit(output)
 
     def _emit(self, event: EngineEvent) -> None:
         session = self._session
