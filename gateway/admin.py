@@ -37,10 +37,12 @@ def runner_info(conn: RunnerConn) -> dict[str, Any]:
         "models": [attrs.asdict(m) for m in hello.models],
         "max_concurrent": hello.max_concurrent,
         "active": len(conn.streams),
+        "draining": not conn.accepting,
         "hardware": attrs.asdict(hello.hardware),
         "connected_since": conn.connected_at,
         "tokens_generated": conn.tokens_generated,
         "requests_served": conn.requests_served,
+        "tokens_after_cancel": conn.tokens_after_cancel,
     }
 
 

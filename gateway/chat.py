@@ -20,8 +20,10 @@ from litestar.datastructures import State
 from litestar.response import Stream
 
 from gateway.config import GatewayConfig
+from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
-from gateway.pool import Lost, Pool, RequestStream, StreamItem
+from gateway.pool import Pool
+from gateway.stream import Failed, RequestStream, StreamItem, next_item
 from protocol.frames import Chunk, Usage
 from protocol.openai.request import ChatRequest, parse_chat_request
 from protocol.openai.response import ChunkWriter, completion
@@ -44,28 +46,18 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     return await _non_streaming(request, pool, stream, chat, completion_id)
 
 
-async def _next(stream: RequestStream, seconds: float) -> StreamItem | None:
-    """The next item, or None after `seconds` of silence."""
-    item = stream.get_nowait()
-    if item is not None:
-        return item
-    try:
-        async with asyncio.timeout(seconds):
-            return await stream.get()
-    except TimeoutError:
-        return None
-
-
 async def _streaming(
     pool: Pool, stream: RequestStream, chat: ChatRequest, completion_id: str
 ) -> Response[Any]:
     config = pool.config
     try:
-        first = await _next(stream, config.first_token_wait)
+        first = await next_item(stream, min(config.first_token_wait, config.stream_timeout))
     except asyncio.CancelledError:
         pool.cancel(stream)
         raise
-    if isinstance(first, Lost) or (first is not None and not isinstance(first, Chunk)):
+    if first is None and config.first_token_wait >= config.stream_timeout:
+        first = Failed(StreamTimeout(config.stream_timeout))
+    if first is not None and not isinstance(first, Chunk):
         # Nothing sent yet: a failure before the first token is a proper HTTP error.
         raise openai_error_for(first)
     writer = ChunkWriter(
@@ -91,6 +83,7 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     """SSE bytes for one request; every ready chunk is coalesced into one write."""
     item = first
+    heard = time.monotonic()
     role_usage = None
     if isinstance(first, Chunk):
         u = first.usage
@@ -106,8 +99,12 @@ async def _events(
             if out:
                 yield b"".join(out)
                 out = []
-            item = await _next(stream, config.keepalive_interval)
-            if item is None:
+            item = await next_item(stream, config.keepalive_interval)
+            if item is not None:
+                heard = time.monotonic()
+            elif time.monotonic() - heard >= config.stream_timeout:
+                item = Failed(StreamTimeout(config.stream_timeout))
+            else:
                 yield b": keep-alive\n\n"
     finally:
         if not stream.done:
@@ -137,7 +134,7 @@ async def _non_streaming(
     chat: ChatRequest,
     completion_id: str,
 ) -> Response[Any]:
-    collector = asyncio.ensure_future(_collect(stream))
+    collector = asyncio.ensure_future(_collect(stream, pool.config.stream_timeout))
     disconnect = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({collector, disconnect}, return_when=asyncio.FIRST_COMPLETED)
@@ -165,11 +162,13 @@ async def _non_streaming(
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 
-async def _collect(stream: RequestStream) -> tuple[str, str, StreamItem]:
+async def _collect(stream: RequestStream, seconds: float) -> tuple[str, str, StreamItem]:
     text: list[str] = []
     reasoning: list[str] = []
     while True:
-        item = await stream.get()
+        item = await next_item(stream, seconds)
+        if item is None:
+            item = Failed(StreamTimeout(seconds))
         if not isinstance(item, Chunk):
             return "".join(text), "".join(reasoning), item
         text.append(item.text)

@@ -21,8 +21,10 @@ from litestar import WebSocket, websocket
 from litestar.datastructures import State
 
 from gateway.admin import runner_info
+from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
-from gateway.pool import Pool, RequestStream
+from gateway.pool import Pool
+from gateway.stream import Failed, RequestStream, next_item
 from protocol.frames import Chunk, FinishReason, Usage
 from protocol.openai.errors import OpenAIError, invalid_request
 from protocol.openai.request import ChatRequest, parse_chat_object
@@ -260,8 +262,11 @@ class ClientSocket:
 
     async def _relay(self, rid: str, stream: RequestStream, writer: ChunkWriter) -> None:
         started = False
+        timeout = self.config.stream_timeout
         while True:
-            item = await stream.get()
+            item = await next_item(stream, timeout)
+            if item is None:
+                item = Failed(StreamTimeout(timeout))
             if not isinstance(item, Chunk):
                 self.send_error(rid, openai_error_for(item))
                 return

@@ -32,6 +32,14 @@ class GatewayConfig:
     liveness_timeout: float = 3.0
     """A runner silent this long is dropped from the pool."""
 
+    model_grace: float = 30.0
+    """Seconds after its last runner left during which a model answers 503 (runners may be
+    reconnecting) rather than 404."""
+    stream_timeout: float = 60.0
+    """Seconds without a frame from the runner after which a request is ended with an error."""
+    drain_timeout: float = 30.0
+    """Seconds a stopping gateway lets requests in flight finish."""
+
     first_token_wait: float = 10.0
     """Seconds a streamed response waits for the runner's first frame before committing
     to 200 and sending keep-alive comments; errors before then get a proper HTTP status."""

@@ -14,8 +14,16 @@ import orjson
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from gateway.errors import ModelNotFound, QueueFull, QueueTimeout, RunnerLost
-from gateway.pool import Lost
+from gateway.errors import (
+    ModelNotFound,
+    ModelUnavailable,
+    QueueFull,
+    QueueTimeout,
+    RunnerLost,
+    ShuttingDown,
+    StreamTimeout,
+)
+from gateway.stream import Failed
 from protocol.frames import Error
 from protocol.openai import errors
 from protocol.openai.errors import OpenAIError
@@ -48,16 +56,27 @@ def openai_error_for(problem: object) -> OpenAIError:
             err = errors.queue_full(retry_after=problem.retry_after)
             err.message = str(problem)
             return err
-        case Lost(error=lost):
-            return OpenAIError(502, str(lost), "server_error", None, "runner_lost")
+        case Failed(error=error):
+            return openai_error_for(error)
         case RunnerLost():
             return OpenAIError(502, str(problem), "server_error", None, "runner_lost")
+        case StreamTimeout():
+            return OpenAIError(504, str(problem), "server_error", None, "timeout")
+        case ModelUnavailable():
+            return OpenAIError(
+                503,
+                str(problem),
+                "server_error",
+                None,
+                "model_unavailable",
+                retry_after=problem.retry_after,
+            )
+        case ShuttingDown():
+            return OpenAIError(
+                503, str(problem), "server_error", None, "shutting_down", retry_after=1.0
+            )
         case Error():
             return _runner_error(problem)
-        case None:
-            return OpenAIError(
-                504, "The runner sent nothing in time.", "server_error", None, "timeout"
-            )
     log.error("unexpected error", exc_info=problem if isinstance(problem, BaseException) else None)
     return errors.server_error()
 

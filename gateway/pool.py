@@ -1,9 +1,14 @@
 """The runner pool: who is connected, what they serve, and which runner gets each request.
 
 A request goes to the runner serving its model with the most free slots (ties spread at
-random). When every such runner is full it waits in the model's bounded FIFO queue; a slot
-frees when the runner sends a request's final frame, and the oldest waiter that runner can
-serve takes it. A runner is never given more than its max_concurrent.
+random); draining runners get nothing new. When every such runner is full the request waits
+in the model's bounded FIFO queue; a slot frees when the runner sends a request's final
+frame, and the oldest waiter that runner can serve takes it. A runner is never given more
+than its max_concurrent.
+
+Failover: when a runner is lost, or refuses a request because it is draining, before the
+request's first token, the request moves once to another runner without the client
+noticing. After the first token it fails with `RunnerLost`.
 """
 
 from __future__ import annotations
@@ -20,54 +25,24 @@ from typing import Final
 import attrs
 
 from gateway.config import GatewayConfig
-from gateway.errors import ModelNotFound, QueueFull, QueueTimeout, RunnerLost
+from gateway.errors import (
+    GatewayError,
+    ModelNotFound,
+    ModelUnavailable,
+    QueueFull,
+    QueueTimeout,
+    RunnerLost,
+    ShuttingDown,
+)
+from gateway.stream import Failed, RequestStream
 from protocol.codec import encode
 from protocol.frames import Chunk, Error, Generate, Hello
-from protocol.session import GatewaySession
+from protocol.session import GatewaySession, State
 
 log = logging.getLogger("gateway.pool")
 
-
-@attrs.frozen
-class Lost:
-    """Pushed to a stream whose runner went away."""
-
-    error: RunnerLost
-
-
-StreamItem = Chunk | Error | Lost
-
-
-class RequestStream:
-    """One request's frames, from the runner link to the HTTP/WebSocket handler."""
-
-    __slots__ = ("_queue", "done", "generate", "runner")
-
-    def __init__(self, generate: Generate) -> None:
-        self.generate = generate
-        self.runner: RunnerConn | None = None
-        self.done = False
-        """True once the terminal item has been pushed."""
-        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
-
-    @property
-    def request_id(self) -> str:
-        return self.generate.request_id
-
-    def push(self, item: StreamItem) -> None:
-        if isinstance(item, Error | Lost) or item.finish_reason is not None:
-            self.done = True
-        self._queue.put_nowait(item)
-
-    async def get(self) -> StreamItem:
-        return await self._queue.get()
-
-    def get_nowait(self) -> StreamItem | None:
-        """The next item if one is ready (lets writers coalesce a burst into one write)."""
-        try:
-            return self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
+MAX_ATTEMPTS = 2
+"""A request may be given to this many runners (the first, plus one failover)."""
 
 
 class RunnerConn:
@@ -79,20 +54,27 @@ class RunnerConn:
         hello: Hello,
         session: GatewaySession,
         send: Callable[[bytes], Awaitable[None]],
+        close: Callable[[int, str], Awaitable[None]],
     ) -> None:
         self.id = runner_id
         self.hello = hello
         self.session = session
         self.send = send
+        self.close = close
         self.models: Final = frozenset(m.id for m in hello.models)
         self.streams: dict[str, RequestStream] = {}
         self.connected_at = time.time()
         self.tokens_generated = 0
+        self.tokens_after_cancel = 0
         self.requests_served = 0
 
     @property
     def name(self) -> str:
         return self.hello.runner_name
+
+    @property
+    def accepting(self) -> bool:
+        return self.session.state is State.OPEN
 
     @property
     def free(self) -> int:
@@ -116,12 +98,15 @@ class Pool:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.runners: dict[str, RunnerConn] = {}
+        self.shutting_down = False
         self._waiters: dict[str, collections.deque[_Waiter]] = collections.defaultdict(
             collections.deque
         )
+        self._last_served: dict[str, float] = {}
         self._seq = itertools.count()
         self._runner_ids = itertools.count(1)
         self._background: set[asyncio.Future[None]] = set()
+        self._idle = asyncio.Event()
 
     # --- membership -------------------------------------------------------------------
 
@@ -139,21 +124,29 @@ class Pool:
         )
         self._dispatch(conn)
 
+    def draining(self, conn: RunnerConn) -> None:
+        """The runner said Drain: it gets nothing new; its queue waiters look elsewhere."""
+        log.info("runner %s (%s) is draining", conn.id, conn.name)
+
     def remove(self, conn: RunnerConn) -> None:
-        """Drop a runner: its requests fail; waiters for models nobody serves now fail too."""
+        """Drop a runner. Requests it had not started move on; started ones fail."""
         if self.runners.pop(conn.id, None) is None:
             return
         conn.session.close()
-        lost = RunnerLost(conn.name)
-        for stream in conn.streams.values():
-            stream.push(Lost(lost))
-        conn.streams.clear()
         log.info("runner %s (%s) left", conn.id, conn.name)
+        now = time.monotonic()
         served = self.models()
+        for model in conn.models - served:
+            self._last_served[model] = now
+        streams = list(conn.streams.values())
+        conn.streams.clear()
+        for stream in streams:
+            self._fail_over(stream, RunnerLost(conn.name))
         for model in conn.models - served:
             for waiter in self._waiters.pop(model, ()):
                 if not waiter.future.done():
-                    waiter.future.set_exception(ModelNotFound(model))
+                    waiter.future.set_exception(self._unserved(model))
+        self._check_idle()
 
     def models(self) -> set[str]:
         return {m for conn in self.runners.values() for m in conn.models}
@@ -163,25 +156,40 @@ class Pool:
             return len(self._waiters.get(model, ()))
         return sum(len(q) for q in self._waiters.values())
 
+    def in_flight(self) -> int:
+        return sum(len(c.streams) for c in self.runners.values())
+
+    def _unserved(self, model: str) -> GatewayError:
+        seen = self._last_served.get(model)
+        if seen is not None and time.monotonic() - seen < self.config.model_grace:
+            return ModelUnavailable(model, retry_after=1.0)
+        return ModelNotFound(model)
+
     # --- requests ---------------------------------------------------------------------
 
     async def submit(self, generate: Generate) -> RequestStream:
         """Give a request to a runner, waiting in the model's queue if all are busy."""
-        model = generate.model
-        serving = [c for c in self.runners.values() if model in c.models]
-        if not serving:
-            raise ModelNotFound(model)
+        if self.shutting_down:
+            raise ShuttingDown
         stream = RequestStream(generate)
-        conn = self._pick(serving)
+        await self._place(stream)
+        return stream
+
+    async def _place(self, stream: RequestStream) -> None:
+        """Find a runner for the stream (queueing if needed) and send it the request."""
+        model = stream.generate.model
+        if not any(model in c.models for c in self.runners.values()):
+            raise self._unserved(model)
+        conn = self._pick(model)
         if conn is None:
             conn = await self._wait(stream)
         else:
             self._assign(conn, stream)
-        await conn.send(encode(generate))
-        return stream
+        await conn.send(encode(stream.generate))
 
-    def _pick(self, serving: list[RunnerConn]) -> RunnerConn | None:
-        best = max(c.free for c in serving)
+    def _pick(self, model: str) -> RunnerConn | None:
+        serving = [c for c in self.runners.values() if model in c.models and c.accepting]
+        best = max((c.free for c in serving), default=0)
         if best <= 0:
             return None
         return random.choice([c for c in serving if c.free == best])
@@ -190,6 +198,7 @@ class Pool:
         conn.session.send_generate(stream.generate)
         conn.streams[stream.request_id] = stream
         stream.runner = conn
+        stream.attempts += 1
 
     async def _wait(self, stream: RequestStream) -> RunnerConn:
         model = stream.generate.model
@@ -223,7 +232,7 @@ class Pool:
 
     def _dispatch(self, conn: RunnerConn) -> None:
         """Hand free slots of `conn` to the oldest waiters it can serve."""
-        while conn.free > 0:
+        while conn.free > 0 and conn.accepting:
             heads = [q[0] for m in conn.models if (q := self._waiters.get(m)) and len(q) > 0]
             if not heads:
                 return
@@ -234,6 +243,21 @@ class Pool:
             self._assign(conn, waiter.stream)
             waiter.future.set_result(conn)
 
+    def _fail_over(self, stream: RequestStream, reason: GatewayError) -> None:
+        """Move a request that has produced nothing yet to another runner, once."""
+        if stream.started or stream.cancelled or stream.attempts >= MAX_ATTEMPTS:
+            stream.push(Failed(reason))
+            return
+        log.info("request %s moves to another runner (%s)", stream.request_id, reason)
+        stream.runner = None
+        self._spawn(self._replace(stream, reason))
+
+    async def _replace(self, stream: RequestStream, reason: GatewayError) -> None:
+        try:
+            await self._place(stream)
+        except GatewayError:
+            stream.push(Failed(reason))
+
     def on_frame(self, conn: RunnerConn, frame: Chunk | Error) -> None:
         """Route a (session-checked) chunk or error to its stream; free the slot at the end."""
         stream = conn.streams.get(frame.request_id or "")
@@ -241,14 +265,23 @@ class Pool:
             return
         if isinstance(frame, Chunk):
             conn.tokens_generated += frame.tokens
+            if stream.cancelled:
+                conn.tokens_after_cancel += frame.tokens
             stream.push(frame)
             if frame.finish_reason is None:
                 return
+            conn.requests_served += 1
+        elif frame.code == "over_capacity" and not stream.started:
+            # Refused (e.g. the runner began draining as the request crossed the wire).
+            del conn.streams[stream.request_id]
+            self._fail_over(stream, RunnerLost(conn.name))
+            self._dispatch(conn)
+            return
         else:
             stream.push(frame)
         del conn.streams[stream.request_id]
-        conn.requests_served += 1
         self._dispatch(conn)
+        self._check_idle()
 
     def cancel(self, stream: RequestStream) -> None:
         """Ask the runner to stop a request; its slot frees when the runner confirms.
@@ -256,12 +289,37 @@ class Pool:
         Synchronous (the send runs in the background) so that it can be called from a
         handler that is itself being cancelled by a client disconnect.
         """
+        stream.cancelled = True
         conn = stream.runner
         if conn is None or stream.done or self.runners.get(conn.id) is not conn:
             return
         frame = conn.session.send_cancel(stream.request_id)
         if frame is not None:
             self._spawn(conn.send(encode(frame)))
+
+    # --- shutdown -----------------------------------------------------------------------
+
+    async def drain(self, seconds: float) -> None:
+        """Refuse new requests, wait (up to `seconds`) for those in flight, close runners."""
+        self.shutting_down = True
+        for queue in self._waiters.values():
+            for waiter in queue:
+                if not waiter.future.done():
+                    waiter.future.set_exception(ShuttingDown())
+        log.info("draining: %d request(s) in flight", self.in_flight())
+        try:
+            async with asyncio.timeout(seconds):
+                while self.in_flight():
+                    self._idle.clear()
+                    await self._idle.wait()
+        except TimeoutError:
+            log.warning("drain deadline passed with %d request(s) in flight", self.in_flight())
+        for conn in list(self.runners.values()):
+            await conn.close(1001, "gateway going away")
+
+    def _check_idle(self) -> None:
+        if self.shutting_down and not self.in_flight():
+            self._idle.set()
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

@@ -22,7 +22,7 @@ from gateway.pool import Pool, RunnerConn
 from protocol.closecodes import CloseCode
 from protocol.codec import decode_runner_frame, encode
 from protocol.errors import ProtocolError
-from protocol.frames import PROTOCOL_VERSION, Chunk, Error, Heartbeat, Hello, Welcome
+from protocol.frames import PROTOCOL_VERSION, Chunk, Drain, Error, Heartbeat, Hello, Welcome
 from protocol.session import GatewaySession
 
 log = logging.getLogger("gateway.runner_link")
@@ -86,7 +86,7 @@ async def runner_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     peer = socket.client.host if socket.client else "?"
     try:
         hello = await _handshake(link, session, config)
-        conn = RunnerConn(pool.new_runner_id(), hello, session, link.send)
+        conn = RunnerConn(pool.new_runner_id(), hello, session, link.send, link.close)
         await link.send(encode(Welcome(conn.id, PROTOCOL_VERSION, config.heartbeat_interval)))
         pool.add(conn)
         await _serve(link, session, pool, conn)
@@ -141,6 +141,8 @@ async def _receive_loop(link: _Link, session: GatewaySession, pool: Pool, conn: 
                 log.warning("runner %s reported: %s", conn.name, frame.message)
             else:
                 pool.on_frame(conn, frame)
+        elif isinstance(frame, Drain):
+            pool.draining(conn)
         # Heartbeats only refresh last_seen, which receive() already did.
 
 

@@ -54,6 +54,24 @@ def main() -> None:
     help="Seconds of runner silence before it is dropped.",
 )
 @click.option(
+    "--model-grace",
+    default=30.0,
+    show_default=True,
+    help="Seconds after a model's last runner left during which it answers 503, not 404.",
+)
+@click.option(
+    "--stream-timeout",
+    default=60.0,
+    show_default=True,
+    help="Seconds without a runner frame before a request is ended with an error.",
+)
+@click.option(
+    "--drain-timeout",
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, seconds to let requests in flight finish.",
+)
+@click.option(
     "--first-token-wait",
     default=10.0,
     show_default=True,
@@ -72,6 +90,9 @@ def gateway(
     queue_size: int,
     queue_timeout: float,
     liveness_timeout: float,
+    model_grace: float,
+    stream_timeout: float,
+    drain_timeout: float,
     first_token_wait: float,
     keepalive_interval: float,
     log_level: str,
@@ -86,6 +107,9 @@ def gateway(
         queue_size=queue_size,
         queue_timeout=queue_timeout,
         liveness_timeout=liveness_timeout,
+        model_grace=model_grace,
+        stream_timeout=stream_timeout,
+        drain_timeout=drain_timeout,
         first_token_wait=first_token_wait,
         keepalive_interval=keepalive_interval,
     )
@@ -123,9 +147,24 @@ def _server(config: object, log_level: str) -> Any:
 async def _run_gateway(config: object, log_level: str) -> None:
     server = _server(config, log_level)
     loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def stop() -> None:
+        if stopping:  # a second signal: stop now
+            server.should_exit = True
+            return
+        stopping.append(asyncio.create_task(_drain_and_exit(server)))
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        loop.add_signal_handler(sig, stop)
     await server.serve()
+
+
+async def _drain_and_exit(server: Any) -> None:
+    """Refuse new requests, let streams finish, send runners away, then stop uvicorn."""
+    app = server.config.app
+    await app.state.pool.drain(app.state.config.drain_timeout)
+    server.should_exit = True
 
 
 @main.command()
@@ -157,6 +196,18 @@ async def _run_gateway(config: object, log_level: str) -> None:
     show_default=True,
     help="Scripted engine only: pace per stream (0 = as fast as possible).",
 )
+@click.option(
+    "--drain-timeout",
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, seconds to let requests in flight finish before cutting them short.",
+)
+@click.option(
+    "--liveness-timeout",
+    default=3.0,
+    show_default=True,
+    help="Seconds of gateway silence before reconnecting.",
+)
 @log_level_option
 def runner(
     gateway_url: str,
@@ -165,11 +216,27 @@ def runner(
     max_concurrent: int,
     engine: str,
     tokens_per_second: float,
+    drain_timeout: float,
+    liveness_timeout: float,
     log_level: str,
 ) -> None:
-    """Run a runner: serve a model to a gateway over one persistent WebSocket."""
+    """Run a runner: serve a model to a gateway over one persistent WebSocket.
+
+    SIGTERM drains: no new requests, those in flight finish, then it exits 0.
+    """
     _setup_logging(log_level)
-    asyncio.run(_run_runner(gateway_url, model, name, max_concurrent, engine, tokens_per_second))
+    asyncio.run(
+        _run_runner(
+            gateway_url,
+            model,
+            name,
+            max_concurrent,
+            engine,
+            tokens_per_second,
+            drain_timeout,
+            liveness_timeout,
+        )
+    )
 
 
 async def _run_runner(
@@ -179,6 +246,8 @@ async def _run_runner(
     max_concurrent: int,
     engine_kind: str,
     tokens_per_second: float,
+    drain_timeout: float,
+    liveness_timeout: float,
 ) -> None:
     from runner.client import Runner
     from runner.engine.base import Engine
@@ -200,7 +269,13 @@ async def _run_runner(
         eng = MlxEngine(model, max_concurrent=max_concurrent)
         backend = "gpu" if mx.default_device() == mx.gpu else "cpu"
     run = Runner(
-        gateway_url, eng, name=name, max_concurrent=max_concurrent, hardware=detect(backend)
+        gateway_url,
+        eng,
+        name=name,
+        max_concurrent=max_concurrent,
+        hardware=detect(backend),
+        drain_timeout=drain_timeout,
+        liveness_timeout=liveness_timeout,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -11,6 +11,7 @@ the class (see `protocol.codec`). A connection goes:
     runner  → gateway   Error          (ends one request, or the connection if request_id is null)
     gateway → runner    Cancel         (the runner answers with a final Chunk, finish "cancelled")
     either way          Heartbeat      (liveness, both directions)
+    runner  → gateway   Drain          (take no new requests; in-flight ones finish)
 """
 
 from __future__ import annotations
@@ -184,13 +185,20 @@ class Heartbeat:
     sent_at: float
 
 
-RunnerFrame = Hello | Chunk | Error | Heartbeat
+@attrs.frozen
+class Drain:
+    """The runner is shutting down: send it nothing new; it closes once its requests end."""
+
+    reason: str = "shutting down"
+
+
+RunnerFrame = Hello | Chunk | Error | Heartbeat | Drain
 """Frames a runner sends."""
 
 GatewayFrame = Welcome | Generate | Cancel | Heartbeat
 """Frames the gateway sends."""
 
-Frame = Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat
+Frame = Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat | Drain
 
 TAGS: dict[type, str] = {
     Hello: "hello",
@@ -200,5 +208,6 @@ TAGS: dict[type, str] = {
     Chunk: "chunk",
     Error: "error",
     Heartbeat: "heartbeat",
+    Drain: "drain",
 }
 """The `type` value of each frame on the wire."""

@@ -3,14 +3,16 @@
 Every rule about which frame may come when lives here (h11's "one place" rule):
 
     GatewaySession (the gateway's view of one runner)
-        AWAIT_HELLO --Hello--> OPEN --close()--> CLOSED
+        AWAIT_HELLO --Hello--> OPEN --Drain--> DRAINING --close()--> CLOSED
         OPEN: chunks and errors only for requests this connection was given, chunk seq
               0, 1, 2, ... with no gaps, nothing after a request's final chunk.
+        DRAINING: as OPEN, but no new request may be given to the runner.
 
     RunnerSession (the runner's view of its gateway)
-        AWAIT_WELCOME --Welcome--> OPEN --close()--> CLOSED
+        AWAIT_WELCOME --Welcome--> OPEN --drain()--> DRAINING --close()--> CLOSED
         OPEN: Generate with a fresh request id; Cancel of a finished request is ignored
               (the two can cross on the wire); outgoing chunks are numbered here.
+        DRAINING: a Generate (sent before the gateway saw Drain) is refused with an Error.
 
 A frame that breaks a rule raises `StateError` (or `ProtocolError` for a version mismatch);
 the caller closes the connection with the error's close code.
@@ -28,6 +30,7 @@ from protocol.frames import (
     PROTOCOL_VERSION,
     Cancel,
     Chunk,
+    Drain,
     Error,
     ErrorCode,
     FinishReason,
@@ -46,6 +49,7 @@ class State(enum.Enum):
     AWAIT_HELLO = "await_hello"
     AWAIT_WELCOME = "await_welcome"
     OPEN = "open"
+    DRAINING = "draining"
     CLOSED = "closed"
 
 
@@ -82,6 +86,8 @@ class GatewaySession:
         match frame:
             case Hello():
                 raise StateError("hello sent twice")
+            case Drain():
+                self.state = State.DRAINING
             case Chunk(request_id=rid, seq=seq):
                 req = self._request(rid, "chunk")
                 if seq != req.next_seq:
@@ -121,7 +127,7 @@ class GatewaySession:
     def send_generate(self, frame: Generate) -> Generate:
         """Record a request handed to this runner; refuses duplicates and over-capacity."""
         if self.state is not State.OPEN or self.hello is None:
-            raise StateError("runner is not ready")
+            raise StateError(f"runner is not taking requests ({self.state.value})")
         if frame.request_id in self._requests:
             raise StateError(f"request {frame.request_id!r} already in flight")
         if len(self._requests) >= self.hello.max_concurrent:
@@ -134,7 +140,7 @@ class GatewaySession:
     def send_cancel(self, request_id: str) -> Cancel | None:
         """A Cancel to send, or None if the request is already over or being cancelled."""
         req = self._requests.get(request_id)
-        if req is None or req.cancelled or self.state is not State.OPEN:
+        if req is None or req.cancelled or self.state not in (State.OPEN, State.DRAINING):
             return None
         req.cancelled = True
         return Cancel(request_id)
@@ -186,6 +192,8 @@ class RunnerSession:
             case Generate(request_id=rid, model=model):
                 if rid in self._requests:
                     raise StateError(f"request {rid!r} already in flight")
+                if self.state is State.DRAINING:
+                    return Error(rid, "over_capacity", "runner is draining")
                 if model not in self._models:
                     return Error(rid, "model_not_found", f"this runner does not serve {model!r}")
                 if len(self._requests) >= self.hello.max_concurrent:
@@ -201,6 +209,13 @@ class RunnerSession:
 
     def is_in_flight(self, request_id: str) -> bool:
         return request_id in self._requests
+
+    def drain(self) -> Drain:
+        """Stop taking requests; returns the frame that tells the gateway."""
+        if self.state is not State.OPEN:
+            raise StateError(f"cannot drain in state {self.state.value}")
+        self.state = State.DRAINING
+        return Drain()
 
     def is_cancelled(self, request_id: str) -> bool:
         req = self._requests.get(request_id)

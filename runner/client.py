@@ -3,8 +3,9 @@
 Connects, says hello, waits for welcome, then serves Generate/Cancel frames through the
 engine and streams its output back as numbered chunks. When the connection drops, every
 request it carried is cancelled in the engine (no orphan generation) and the runner
-reconnects with exponential backoff and jitter (websockets' `connect` iterator), saying
-hello again each time.
+reconnects with exponential backoff and jitter, saying hello again each time. A gateway
+silent for the liveness timeout counts as gone. `stop()` (SIGTERM) drains: a Drain frame,
+in-flight requests finish (up to the drain timeout), then the socket closes normally.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import asyncio
 import collections
 import contextlib
 import logging
+import random
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -39,6 +42,13 @@ log = logging.getLogger("runner.client")
 
 RUNNER_PATH = "/v1/runner/ws"
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+BACKOFF_MIN = 0.1
+"""Seconds before the first reconnection attempt; doubles per failure up to BACKOFF_MAX."""
+BACKOFF_MAX = 2.0
+
+
+class GatewaySilent(Exception):
+    """No frame from the gateway for longer than the liveness timeout."""
 
 
 def runner_url(gateway: str) -> str:
@@ -59,6 +69,8 @@ class Runner:
         name: str,
         max_concurrent: int,
         hardware: Hardware,
+        drain_timeout: float = 30.0,
+        liveness_timeout: float = 3.0,
     ) -> None:
         self.url = runner_url(gateway)
         self.engine = engine
@@ -73,6 +85,11 @@ class Runner:
         self._drain_scheduled = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._last_heard = 0.0
+        self._idle = asyncio.Event()  # fired when a request ends
+        self._sent = asyncio.Event()  # fired when the outbox has been written
+        self.drain_timeout = drain_timeout
+        self.liveness_timeout = liveness_timeout
 
     def hello(self) -> Hello:
         return Hello(
@@ -80,37 +97,46 @@ class Runner:
         )
 
     async def run(self) -> None:
-        """Start the engine, then serve gateways until `stop()`."""
+        """Start the engine, then serve gateways until `stop()` (SIGTERM) has drained."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.engine.start, self._on_engine_event)
         log.info("engine ready: %s", ", ".join(m.id for m in self.engine.models))
+        delay = BACKOFF_MIN
         try:
-            async for ws in connect(
-                self.url,
-                compression=None,  # tokens are tiny; deflate costs CPU and ~64 KiB/conn
-                max_size=MAX_FRAME_BYTES,
-                ping_interval=None,  # liveness is the protocol's own heartbeats
-                open_timeout=10,
-                logger=logging.getLogger("runner.websockets"),
-            ):
-                if self._stopping.is_set():
-                    await ws.close()
-                    break
+            while not self._stopping.is_set():
+                registered = False
                 try:
-                    await self._serve(ws)
-                except websockets.ConnectionClosed as exc:
-                    log.warning("gateway connection closed: %s", exc)
+                    async with connect(
+                        self.url,
+                        compression=None,  # tokens are tiny; deflate costs CPU and memory
+                        max_size=MAX_FRAME_BYTES,
+                        ping_interval=None,  # liveness is the protocol's own heartbeats
+                        open_timeout=10,
+                        close_timeout=2,
+                        logger=logging.getLogger("runner.websockets"),
+                    ) as ws:
+                        registered = await self._serve(ws)
+                except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+                    log.warning("gateway %s: %s", self.url, exc or type(exc).__name__)
+                if registered:
+                    delay = BACKOFF_MIN  # it was up: come back fast after a blip
                 if self._stopping.is_set():
                     break
-                await asyncio.sleep(0.1)  # then reconnect (backoff applies to failures)
+                # Exponential backoff with jitter, so a restarted gateway is not stampeded.
+                pause = delay * random.uniform(0.8, 1.2)
+                delay = min(delay * 2, BACKOFF_MAX)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(pause):
+                        await self._stopping.wait()
         finally:
             await asyncio.to_thread(self.engine.close)
 
     def stop(self) -> None:
+        """Drain: take no new requests, finish those in flight, then leave (SIGTERM)."""
         self._stopping.set()
-        self._wake.set()
 
-    async def _serve(self, ws: ClientConnection) -> None:
+    async def _serve(self, ws: ClientConnection) -> bool:
+        """One connection, until it drops or the runner has drained. True if registered."""
         session = RunnerSession(self.hello())
         await ws.send(encode(session.hello), text=True)
         try:
@@ -118,18 +144,20 @@ class Runner:
                 welcome = decode_gateway_frame(await ws.recv())
             session.receive(welcome)
         except ProtocolError as exc:
+            log.error("gateway refused the handshake: %s", exc)
             await ws.close(exc.close_code, exc.reason)
-            return
+            return False
         assert isinstance(welcome, Welcome)
         self.connections += 1
         log.info("registered with %s as %s", self.url, welcome.runner_id)
         self._session = session
         self._outbox.clear()
+        self._last_heard = time.monotonic()
         tasks = [
             asyncio.create_task(self._receive_loop(ws, session)),
             asyncio.create_task(self._send_loop(ws)),
             asyncio.create_task(self._heartbeat_loop(welcome.heartbeat_interval)),
-            asyncio.create_task(self._stopping.wait()),
+            asyncio.create_task(self._drain_when_stopping(session)),
         ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -138,6 +166,10 @@ class Runner:
         except ProtocolError as exc:
             log.error("gateway broke the protocol: %s", exc)
             await ws.close(exc.close_code, exc.reason)
+        except websockets.ConnectionClosed as exc:
+            log.warning("gateway connection closed: %s", exc)
+        except GatewaySilent as exc:
+            log.warning("%s; reconnecting", exc)
         finally:
             self._session = None
             for task in tasks:
@@ -147,10 +179,35 @@ class Runner:
                 self.engine.cancel(request_id)  # no orphan generation
             if self._stopping.is_set():
                 with contextlib.suppress(Exception):
-                    await ws.close(CloseCode.NORMAL, "runner stopping")
+                    await ws.close(CloseCode.NORMAL, "runner drained")
+        return True
+
+    async def _drain_when_stopping(self, session: RunnerSession) -> None:
+        """On stop: tell the gateway, let in-flight requests finish (up to the deadline)."""
+        await self._stopping.wait()
+        self._queue(encode(session.drain()))
+        log.info("draining %d request(s)", len(session.in_flight))
+        if not await self._until(self._idle, lambda: not session.in_flight, self.drain_timeout):
+            for request_id in session.in_flight:
+                self.engine.cancel(request_id)  # past the deadline: cut them short
+            await self._until(self._idle, lambda: not session.in_flight, 5)
+        await self._until(self._sent, lambda: not self._outbox, 5)
+
+    @staticmethod
+    async def _until(event: asyncio.Event, done: Callable[[], bool], seconds: float) -> bool:
+        """Wait for `done()`, re-checked each time `event` fires; False on timeout."""
+        try:
+            async with asyncio.timeout(seconds):
+                while not done():
+                    event.clear()
+                    await event.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _receive_loop(self, ws: ClientConnection, session: RunnerSession) -> None:
         async for data in ws:
+            self._last_heard = time.monotonic()
             frame = decode_gateway_frame(data)
             refusal = session.receive(frame)
             if refusal is not None:
@@ -167,11 +224,16 @@ class Runner:
             batch, self._outbox = self._outbox, []
             for data in batch:
                 await ws.send(data, text=True)
+            self._sent.set()
 
     async def _heartbeat_loop(self, interval: float) -> None:
+        """Send heartbeats; give up on a gateway that has gone silent (frozen, cut off)."""
         while True:
             self._queue(encode(Heartbeat(time.time())))
             await asyncio.sleep(interval)
+            silent = time.monotonic() - self._last_heard
+            if silent > self.liveness_timeout:
+                raise GatewaySilent(f"nothing from the gateway for {silent:.1f} s")
 
     def _queue(self, data: bytes) -> None:
         self._outbox.append(data)
@@ -237,3 +299,5 @@ class Runner:
                 stats=event.stats,
             )
         self._queue(encode(frame))
+        if isinstance(event, Failure) or event.finish_reason is not None:
+            self._idle.set()

@@ -145,7 +145,7 @@ function addAssistantMessage() {
  * @param {number | null} seconds first token to done
  */
 function showUsage(node, { finishReason, usage }, seconds) {
-  const rate = seconds && seconds > 0 ? oneDecimal.format(usage.completion_tokens / seconds) : "–";
+  const rate = seconds && seconds > 0 ? oneDecimal.format(usage.completion_tokens / seconds) : "n/a";
   const line = node.querySelector(".usage");
   const field = (name, label, value) =>
     el("span", { "data-field": name }, `${label} `, el("b", {}, String(value)));

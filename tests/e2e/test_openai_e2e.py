@@ -509,10 +509,13 @@ def test_models_runners_health(gateway: Gateway) -> None:
         "connected_since",
         "tokens_generated",
         "requests_served",
+        "draining",
+        "tokens_after_cancel",
     }
     assert info["name"] == "test-runner"
     assert info["models"] == [{"id": MODEL, "context_length": 2048}]
     assert info["max_concurrent"] == 8
+    assert info["draining"] is False
     assert set(info["hardware"]) == {"chip", "cpu_count", "memory_bytes", "backend", "platform"}
     assert info["hardware"]["memory_bytes"] > 0
 

@@ -16,6 +16,7 @@ from protocol.codec import converter
 from protocol.frames import (
     Cancel,
     Chunk,
+    Drain,
     Error,
     ErrorCode,
     FinishReason,
@@ -140,6 +141,7 @@ chunks = st.builds(
 )
 errors = st.builds(Error, request_id=optional_text, code=error_codes, message=text)
 heartbeats = st.builds(Heartbeat, sent_at=floats)
+drains = st.builds(Drain, reason=text)
 
 FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Hello: hellos,
@@ -149,10 +151,13 @@ FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Chunk: chunks,
     Error: errors,
     Heartbeat: heartbeats,
+    Drain: drains,
 }
 """One strategy per frame class, to parametrize tests over every frame type."""
 
-runner_frames: st.SearchStrategy[RunnerFrame] = st.one_of(hellos, chunks, errors, heartbeats)
+runner_frames: st.SearchStrategy[RunnerFrame] = st.one_of(
+    hellos, chunks, errors, heartbeats, drains
+)
 gateway_frames: st.SearchStrategy[GatewayFrame] = st.one_of(
     welcomes, generates, cancels, heartbeats
 )

@@ -24,6 +24,7 @@ from protocol.frames import (
     TAGS,
     Cancel,
     Chunk,
+    Drain,
     Error,
     Frame,
     GatewayFrame,
@@ -60,7 +61,7 @@ DECODERS: tuple[tuple[Decoder, frozenset[type]], ...] = (
 
 
 def test_unions_and_tags() -> None:
-    assert set(get_args(RunnerFrame)) == {Hello, Chunk, Error, Heartbeat}
+    assert set(get_args(RunnerFrame)) == {Hello, Chunk, Error, Heartbeat, Drain}
     assert set(get_args(GatewayFrame)) == {Welcome, Generate, Cancel, Heartbeat}
     assert dict(TAGS) == {
         Hello: "hello",
@@ -70,6 +71,7 @@ def test_unions_and_tags() -> None:
         Chunk: "chunk",
         Error: "error",
         Heartbeat: "heartbeat",
+        Drain: "drain",
     }
     assert set(FRAME_STRATEGIES) == set(TAGS)
 
@@ -284,6 +286,7 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
         },
     ),
     (Heartbeat(sent_at=1718000000.25), {"type": "heartbeat", "sent_at": 1718000000.25}),
+    (Drain(), {"type": "drain", "reason": "shutting down"}),
 ]
 
 

@@ -17,6 +17,7 @@ from protocol.frames import (
     PROTOCOL_VERSION,
     Cancel,
     Chunk,
+    Drain,
     Error,
     ErrorCode,
     FinishReason,
@@ -727,3 +728,32 @@ class Link(RuleBasedStateMachine):
 
 Link.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 TestLink = Link.TestCase
+
+
+# --- drain ------------------------------------------------------------------------------------
+
+
+def test_gateway_drain_refuses_new_requests_but_finishes_old_ones() -> None:
+    session = open_gateway()
+    session.send_generate(generate("a"))
+    assert session.receive(Drain()) == Drain()
+    assert session.state is State.DRAINING
+    with pytest.raises(StateError, match="draining"):
+        session.send_generate(generate("b"))
+    assert session.send_cancel("a") == Cancel("a")
+    session.receive(Chunk("a", 0, "x", "", 1, Usage(1, 1), "cancelled"))
+    assert session.in_flight == 0
+
+
+def test_runner_drain_refuses_generate_with_an_error() -> None:
+    session = open_runner()
+    session.receive(generate("a"))
+    assert session.drain() == Drain()
+    assert session.state is State.DRAINING
+    refusal = session.receive(generate("b"))
+    assert refusal == Error("b", "over_capacity", "runner is draining")
+    assert session.in_flight == ["a"]
+    # In-flight work still streams out normally.
+    assert session.chunk("a", text="t", reasoning="", tokens=1, usage=Usage(1, 1)).seq == 0
+    with pytest.raises(StateError):
+        session.drain()
