@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
 from gateway.stream import Failed, RequestStream, next_item
+from protocol.closecodes import CloseCode
 from protocol.frames import Chunk, FinishReason, Usage
 from protocol.openai.errors import OpenAIError, invalid_request
 from protocol.openai.request import ChatRequest, parse_chat_object
@@ -51,6 +53,8 @@ class ClientSocket:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.streams: dict[str, RequestStream] = {}
         self._outbox: collections.deque[bytes] = collections.deque()
+        self._outbox_bytes = 0
+        self._too_slow = asyncio.Event()
         self._wake = asyncio.Event()
         self._subscription: asyncio.Task[None] | None = None
         self.closed = False
@@ -58,8 +62,17 @@ class ClientSocket:
     # --- output: one writer task, so messages never interleave ------------------------
 
     def send(self, data: bytes) -> None:
+        if self.closed:
+            return
         self._outbox.append(data)
+        self._outbox_bytes += len(data)
         self._wake.set()
+        if self._outbox_bytes > self.config.max_client_backlog_bytes:
+            # The client is not reading: drop it rather than hold unbounded output.
+            log.warning("client socket too slow (%d bytes unsent); closing", self._outbox_bytes)
+            self.closed = True
+            self._outbox.clear()
+            self._too_slow.set()
 
     def send_obj(self, obj: dict[str, Any]) -> None:
         self.send(orjson.dumps(obj))
@@ -73,6 +86,7 @@ class ClientSocket:
             self._wake.clear()
             while self._outbox:
                 data = self._outbox.popleft()
+                self._outbox_bytes -= len(data)
                 await self.socket.send(
                     {"type": "websocket.send", "text": data.decode(), "bytes": None}
                 )
@@ -81,12 +95,19 @@ class ClientSocket:
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer())
+        reader = asyncio.create_task(self._reader())
+        too_slow = asyncio.create_task(self._too_slow.wait())
         try:
-            while True:
-                self._handle(await self._receive())
-        except _Closed:
-            pass
+            await asyncio.wait({reader, too_slow}, return_when=asyncio.FIRST_COMPLETED)
+            if self._too_slow.is_set():
+                with contextlib.suppress(Exception):  # a stalled peer may never take it
+                    async with asyncio.timeout(1):
+                        await self.socket.close(CloseCode.CLIENT_TOO_SLOW, "client too slow")
+            elif reader.done() and not reader.cancelled():
+                reader.result()
         finally:
+            reader.cancel()
+            too_slow.cancel()
             self.closed = True
             writer.cancel()
             if self._subscription is not None:
@@ -95,7 +116,12 @@ class ClientSocket:
                 self.pool.cancel(stream)  # the socket is gone: stop its generations
             for task in self.tasks.values():
                 task.cancel()
-            await asyncio.gather(writer, *self.tasks.values(), return_exceptions=True)
+            await asyncio.gather(writer, reader, *self.tasks.values(), return_exceptions=True)
+
+    async def _reader(self) -> None:
+        with contextlib.suppress(_Closed):
+            while True:
+                self._handle(await self._receive())
 
     async def _receive(self) -> bytes | str:
         message: dict[str, Any] = await self.socket.receive()  # type: ignore[assignment]

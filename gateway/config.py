@@ -19,6 +19,8 @@ class GatewayConfig:
     """Largest message accepted on the browser WebSocket API."""
     max_client_requests: int = 64
     """Requests in flight on one browser socket."""
+    max_client_backlog_bytes: int = 4 * 1024 * 1024
+    """Unsent output a browser socket may accumulate before it is closed as too slow."""
 
     queue_size: int = 256
     """Requests that may wait per model when every runner serving it is busy."""

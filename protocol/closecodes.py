@@ -33,3 +33,5 @@ class CloseCode(enum.IntEnum):
     """A runner name already connected (reserved for pool policy)."""
     DRAINING = 4009
     """The gateway is shutting down; reconnect to the next one."""
+    CLIENT_TOO_SLOW = 4010
+    """A client read so slowly that its unsent output passed the limit."""
