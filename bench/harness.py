@@ -25,11 +25,51 @@ def free_port() -> int:
         return port
 
 
-def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:
+def _spawn(args: Sequence[str], cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
     log = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the process
     return subprocess.Popen(
-        [sys.executable, "-m", "orchard", *args], stdout=log, stderr=subprocess.STDOUT
+        [*_taskset(cpus), sys.executable, "-m", "orchard", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
+
+
+def _taskset(cpus: set[int] | None) -> list[str]:
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+
+
+def pin_self(cpus: set[int] | None) -> None:
+    """Pin this (single-threaded client) process."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+class InProcess:
+    """A `bench.inprocess` worker: in-process mlx-lm timings on the given CPUs."""
+
+    def __init__(self, model: str, cpus: set[int] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [*_taskset(cpus), sys.executable, "-m", "bench.inprocess", model],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == b"ready"
+
+    def run(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, float, int]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(
+            orjson.dumps({"messages": messages, "max_tokens": max_tokens}) + b"\n"
+        )
+        self.proc.stdin.flush()
+        ttft, rate, n = orjson.loads(self.proc.stdout.readline())
+        return float(ttft), float(rate), int(n)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -43,12 +83,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def stack(
-    runner_args: Sequence[Sequence[str]], gateway_args: Sequence[str] = ()
+    runner_args: Sequence[Sequence[str]],
+    gateway_args: Sequence[str] = (),
+    *,
+    gateway_cpus: set[int] | None = None,
+    runner_cpus: set[int] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]]:
     """A gateway process plus one runner process per entry of `runner_args`."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    gateway = _spawn(["gateway", "--port", str(port), "--log-level", "warning", *gateway_args])
+    gateway = _spawn(
+        ["gateway", "--port", str(port), "--log-level", "warning", *gateway_args], gateway_cpus
+    )
     runners: list[subprocess.Popen[bytes]] = []
     try:
         _wait(lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200, 30)
@@ -64,7 +110,8 @@ def stack(
                         "--log-level",
                         "warning",
                         *args,
-                    ]
+                    ],
+                    runner_cpus,
                 )
             )
         _wait(lambda: len(httpx.get(f"{base}/v1/runners").json()["data"]) == len(runners), 120)
