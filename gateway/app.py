@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from litestar import Litestar, get
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
@@ -13,6 +14,7 @@ from litestar.response import File
 from litestar.static_files import create_static_files_router
 
 from gateway.admin import health, list_models, list_runners
+from gateway.auth import before_request
 from gateway.chat import chat_completions
 from gateway.client_ws import client_socket
 from gateway.config import GatewayConfig
@@ -55,5 +57,14 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
         },
         openapi_config=OpenAPIConfig(title="Orchard gateway", version="0.1.0", path="/schema"),
         request_max_body_size=config.max_body_bytes,
+        before_request=before_request,
+        cors_config=(
+            CORSConfig(
+                allow_origins=sorted(config.allowed_origins),
+                allow_headers=["authorization", "content-type"],
+            )
+            if config.allowed_origins
+            else None
+        ),
         logging_config=None,
     )

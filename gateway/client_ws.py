@@ -22,6 +22,8 @@ from litestar import WebSocket, websocket
 from litestar.datastructures import State
 
 from gateway.admin import runner_info
+from gateway.auth import bearer, origin_allowed, secret_in
+from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
@@ -54,7 +56,11 @@ class ClientSocket:
         self.streams: dict[str, RequestStream] = {}
         self._outbox: collections.deque[bytes] = collections.deque()
         self._outbox_bytes = 0
-        self._too_slow = asyncio.Event()
+        self._close_now = asyncio.Event()
+        self._close_reason: tuple[int, str] = (CloseCode.NORMAL, "")
+        self.authenticated = not self.config.api_keys or secret_in(
+            bearer(socket.headers), self.config.api_keys
+        )
         self._wake = asyncio.Event()
         self._subscription: asyncio.Task[None] | None = None
         self.closed = False
@@ -70,9 +76,8 @@ class ClientSocket:
         if self._outbox_bytes > self.config.max_client_backlog_bytes:
             # The client is not reading: drop it rather than hold unbounded output.
             log.warning("client socket too slow (%d bytes unsent); closing", self._outbox_bytes)
-            self.closed = True
             self._outbox.clear()
-            self._too_slow.set()
+            self.close_with(CloseCode.CLIENT_TOO_SLOW, "client too slow")
 
     def send_obj(self, obj: dict[str, Any]) -> None:
         self.send(orjson.dumps(obj))
@@ -93,21 +98,34 @@ class ClientSocket:
 
     # --- input --------------------------------------------------------------------------
 
+    def close_with(self, code: int, reason: str) -> None:
+        """End the socket from synchronous code (the run loop does the closing)."""
+        self.closed = True
+        self._close_reason = (code, reason)
+        self._close_now.set()
+
+    async def _auth_deadline(self) -> None:
+        await asyncio.sleep(self.config.auth_timeout)
+        if not self.authenticated:
+            self.close_with(CloseCode.UNAUTHORIZED, "no auth message in time")
+
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer())
         reader = asyncio.create_task(self._reader())
-        too_slow = asyncio.create_task(self._too_slow.wait())
+        closer = asyncio.create_task(self._close_now.wait())
+        deadline = asyncio.create_task(self._auth_deadline())
         try:
-            await asyncio.wait({reader, too_slow}, return_when=asyncio.FIRST_COMPLETED)
-            if self._too_slow.is_set():
+            await asyncio.wait({reader, closer}, return_when=asyncio.FIRST_COMPLETED)
+            if self._close_now.is_set():
                 with contextlib.suppress(Exception):  # a stalled peer may never take it
                     async with asyncio.timeout(1):
-                        await self.socket.close(CloseCode.CLIENT_TOO_SLOW, "client too slow")
+                        await self.socket.close(*self._close_reason)
             elif reader.done() and not reader.cancelled():
                 reader.result()
         finally:
             reader.cancel()
-            too_slow.cancel()
+            closer.cancel()
+            deadline.cancel()
             self.closed = True
             writer.cancel()
             if self._subscription is not None:
@@ -157,6 +175,9 @@ class ClientSocket:
                 ),
             )
             return
+        if not self.authenticated:
+            self._authenticate(msg)
+            return
         match msg["type"]:
             case "chat.completions.create":
                 self._create(msg)
@@ -174,6 +195,16 @@ class ClientSocket:
                         f"Unknown message type {other[:64]!r}.", "type", "unknown_message_type"
                     ),
                 )
+
+    def _authenticate(self, msg: dict[str, Any]) -> None:
+        """API keys are set: the first message must be `{"type": "auth", "api_key": …}`."""
+        if msg["type"] == "auth" and secret_in(msg.get("api_key"), self.config.api_keys):
+            self.authenticated = True
+            self.send(b'{"type":"auth.ok"}')
+        elif msg["type"] == "auth":
+            self.close_with(CloseCode.UNAUTHORIZED, "invalid API key")
+        else:
+            self.close_with(CloseCode.UNAUTHORIZED, "authenticate first")
 
     def _request_id(self, msg: dict[str, Any]) -> str | None:
         rid = msg.get("request_id")
@@ -350,6 +381,10 @@ class ClientSocket:
 async def client_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     """A browser app's socket: many concurrent chat completions."""
     await socket.accept()
+    config: GatewayConfig = state.config
+    if not origin_allowed(socket.headers.get("origin"), socket.headers.get("host"), config):
+        await socket.close(CloseCode.ORIGIN_NOT_ALLOWED, "origin not allowed")
+        return
     try:
         await ClientSocket(socket, state.pool).run()
     except Exception:  # a bug here must not take the server down; it must be seen

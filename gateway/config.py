@@ -10,6 +10,18 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
 
+    runner_token: str | None = attrs.field(default=None, repr=False)
+    """Runners must present it (Authorization: Bearer). Unset: loopback runners only,
+    unless `insecure`."""
+    insecure: bool = False
+    """Accept runners from any address without a token (explicit opt-in)."""
+    api_keys: frozenset[str] = attrs.field(default=frozenset(), repr=False)
+    """When non-empty, every /v1/* call needs one of these as a bearer token."""
+    allowed_origins: frozenset[str] = frozenset()
+    """Browser origins allowed besides the gateway's own ("*" for any)."""
+    auth_timeout: float = 10.0
+    """Seconds a browser socket has to authenticate when API keys are set."""
+
     max_body_bytes: int = 4 * 1024 * 1024
     """Largest accepted HTTP request body."""
     max_runner_frame_bytes: int = 4 * 1024 * 1024

@@ -17,6 +17,7 @@ from typing import Any
 from litestar import WebSocket, websocket
 from litestar.datastructures import State
 
+from gateway.auth import bearer, is_loopback, secret_in
 from gateway.config import GatewayConfig
 from gateway.pool import Pool, RunnerConn
 from protocol.closecodes import CloseCode
@@ -83,7 +84,12 @@ async def runner_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     link = _Link(socket, config)
     session = GatewaySession()
     conn: RunnerConn | None = None
-    peer = socket.client.host if socket.client else "?"
+    peer = socket.client.host if socket.client else None
+    refusal = _refusal(socket, peer, config)
+    if refusal is not None:
+        log.warning("refused a runner from %s: %s", peer, refusal)
+        await link.close(CloseCode.UNAUTHORIZED, refusal)
+        return
     try:
         hello = await _handshake(link, session, config)
         conn = RunnerConn(pool.new_runner_id(), hello, session, link.send, link.close)
@@ -101,6 +107,18 @@ async def runner_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     finally:
         if conn is not None:
             pool.remove(conn)
+
+
+def _refusal(
+    socket: WebSocket[Any, Any, Any], peer: str | None, config: GatewayConfig
+) -> str | None:
+    """Why this runner may not connect, or None."""
+    if config.runner_token is not None:
+        if not secret_in(bearer(socket.headers), (config.runner_token,)):
+            return "missing or wrong runner token"
+    elif not config.insecure and not is_loopback(peer):
+        return "this gateway takes runners from loopback only (no runner token set)"
+    return None
 
 
 async def _handshake(link: _Link, session: GatewaySession, config: GatewayConfig) -> Hello:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -83,37 +85,91 @@ def main() -> None:
     show_default=True,
     help="Seconds of SSE silence before a ': keep-alive' comment.",
 )
+@click.option(
+    "--runner-token",
+    envvar="ORCHARD_RUNNER_TOKEN",
+    help="Runners must present this token (env ORCHARD_RUNNER_TOKEN). Without it, only "
+    "runners on this machine (loopback) are accepted.",
+)
+@click.option(
+    "--api-key",
+    "api_key",
+    multiple=True,
+    help="Require this client API key on /v1/* "
+    "(repeatable; env ORCHARD_API_KEYS, comma-separated).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Read client API keys from a file, one per line.",
+)
+@click.option(
+    "--allow-origin",
+    multiple=True,
+    help="Browser origin allowed besides the gateway's own, e.g. https://app.example "
+    "(repeatable; * for any).",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Accept runners from any address without a token. "
+    "Needed to listen on the LAN with no runner token.",
+)
 @log_level_option
 def gateway(
-    host: str,
-    port: int,
-    queue_size: int,
-    queue_timeout: float,
-    liveness_timeout: float,
-    model_grace: float,
-    stream_timeout: float,
-    drain_timeout: float,
-    first_token_wait: float,
-    keepalive_interval: float,
     log_level: str,
+    runner_token: str | None,
+    api_key: tuple[str, ...],
+    api_key_file: Path | None,
+    allow_origin: tuple[str, ...],
+    insecure: bool,
+    **settings: Any,
 ) -> None:
-    """Run the gateway: OpenAI API for clients, WebSocket endpoint for runners."""
+    """Run the gateway: OpenAI API for clients, WebSocket endpoint for runners.
+
+    SIGTERM drains: new requests get 503, streams in flight finish (up to --drain-timeout),
+    runners are sent away with 1001 so they reconnect to the next gateway.
+    """
     from gateway.config import GatewayConfig
 
     _setup_logging(log_level)
+    keys = set(api_key)
+    keys.update(k.strip() for k in os.environ.get("ORCHARD_API_KEYS", "").split(",") if k.strip())
+    if api_key_file is not None:
+        keys.update(line.strip() for line in api_key_file.read_text().splitlines() if line.strip())
     config = GatewayConfig(
-        host=host,
-        port=port,
-        queue_size=queue_size,
-        queue_timeout=queue_timeout,
-        liveness_timeout=liveness_timeout,
-        model_grace=model_grace,
-        stream_timeout=stream_timeout,
-        drain_timeout=drain_timeout,
-        first_token_wait=first_token_wait,
-        keepalive_interval=keepalive_interval,
+        runner_token=runner_token or None,
+        api_keys=frozenset(keys),
+        allowed_origins=frozenset(allow_origin),
+        insecure=insecure,
+        **settings,
     )
+    _check_exposure(config)
     asyncio.run(_run_gateway(config, log_level))
+
+
+def _check_exposure(config: Any) -> None:
+    """Refuse to expose the runner endpoint on the LAN without a token unless told to."""
+    from gateway.auth import is_loopback
+
+    log = logging.getLogger("gateway")
+    if config.runner_token is None and not config.insecure:
+        if not is_loopback(config.host):
+            raise click.UsageError(
+                f"listening on {config.host} with no runner token would let anyone on the "
+                "network register a runner. Set --runner-token (or ORCHARD_RUNNER_TOKEN), "
+                "or pass --insecure to accept that risk."
+            )
+        log.info("no runner token set: accepting runners from this machine (loopback) only")
+    if config.insecure:
+        log.warning(
+            "!!! --insecure: ANY machine that can reach %s:%d may register a runner and "
+            "receive your users' prompts. Use --runner-token instead. !!!",
+            config.host,
+            config.port,
+        )
+    if config.api_keys:
+        log.info("client API keys required on /v1/* (%d configured)", len(config.api_keys))
 
 
 def _server(config: object, log_level: str) -> Any:
@@ -208,6 +264,12 @@ async def _drain_and_exit(server: Any) -> None:
     show_default=True,
     help="Seconds of gateway silence before reconnecting.",
 )
+@click.option(
+    "--token",
+    envvar="ORCHARD_RUNNER_TOKEN",
+    help="The gateway's runner token (env ORCHARD_RUNNER_TOKEN; prefer the env var: "
+    "arguments are visible to other users in `ps`).",
+)
 @log_level_option
 def runner(
     gateway_url: str,
@@ -218,6 +280,7 @@ def runner(
     tokens_per_second: float,
     drain_timeout: float,
     liveness_timeout: float,
+    token: str | None,
     log_level: str,
 ) -> None:
     """Run a runner: serve a model to a gateway over one persistent WebSocket.
@@ -235,6 +298,7 @@ def runner(
             tokens_per_second,
             drain_timeout,
             liveness_timeout,
+            token,
         )
     )
 
@@ -248,8 +312,9 @@ async def _run_runner(
     tokens_per_second: float,
     drain_timeout: float,
     liveness_timeout: float,
+    token: str | None,
 ) -> None:
-    from runner.client import Runner
+    from runner.client import Runner, Unauthorized
     from runner.engine.base import Engine
     from runner.hardware import detect
 
@@ -276,11 +341,18 @@ async def _run_runner(
         hardware=detect(backend),
         drain_timeout=drain_timeout,
         liveness_timeout=liveness_timeout,
+        token=token or None,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, run.stop)
-    await run.run()
+    try:
+        await run.run()
+    except Unauthorized as exc:
+        logging.getLogger("runner").error(
+            "the gateway refused this runner: %s. Check --token / ORCHARD_RUNNER_TOKEN.", exc
+        )
+        sys.exit(2)
 
 
 @main.command()
@@ -288,13 +360,29 @@ async def _run_runner(
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
 @click.option("--model", default=DEMO_MODEL, show_default=True, help="Model for the local runner.")
 @click.option("--max-concurrent", default=8, show_default=True, help="Local runner's slots.")
+@click.option(
+    "--runner-token",
+    envvar="ORCHARD_RUNNER_TOKEN",
+    help="Token for runners (env ORCHARD_RUNNER_TOKEN); a random one is made when unset.",
+)
 @log_level_option
-def serve(host: str, port: int, model: str, max_concurrent: int, log_level: str) -> None:
+def serve(
+    host: str,
+    port: int,
+    model: str,
+    max_concurrent: int,
+    runner_token: str | None,
+    log_level: str,
+) -> None:
     """Run the gateway plus one local runner (a separate process, same WebSocket path)."""
     from gateway.config import GatewayConfig
 
     _setup_logging(log_level)
-    asyncio.run(_serve(GatewayConfig(host=host, port=port), model, max_concurrent, log_level))
+    # Always a token: the local runner gets it through its environment, never argv.
+    token = runner_token or secrets.token_urlsafe(24)
+    config = GatewayConfig(host=host, port=port, runner_token=token)
+    _check_exposure(config)
+    asyncio.run(_serve(config, model, max_concurrent, log_level))
 
 
 async def _serve(config: object, model: str, max_concurrent: int, log_level: str) -> None:
@@ -333,7 +421,8 @@ async def _serve(config: object, model: str, max_concurrent: int, log_level: str
             str(max_concurrent),
             "--log-level",
             log_level,
-        ]
+        ],
+        env={**os.environ, "ORCHARD_RUNNER_TOKEN": config.runner_token or ""},
     )
     print(_banner(base, model), flush=True)
     runner_exit = asyncio.create_task(asyncio.to_thread(runner_proc.wait))

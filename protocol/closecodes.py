@@ -35,3 +35,5 @@ class CloseCode(enum.IntEnum):
     """The gateway is shutting down; reconnect to the next one."""
     CLIENT_TOO_SLOW = 4010
     """A client read so slowly that its unsent output passed the limit."""
+    ORIGIN_NOT_ALLOWED = 4011
+    """A browser socket from an origin the gateway does not allow."""

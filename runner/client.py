@@ -47,6 +47,10 @@ BACKOFF_MIN = 0.1
 BACKOFF_MAX = 2.0
 
 
+class Unauthorized(Exception):
+    """The gateway refused this runner's credentials; retrying would not help."""
+
+
 class GatewaySilent(Exception):
     """No frame from the gateway for longer than the liveness timeout."""
 
@@ -71,6 +75,7 @@ class Runner:
         hardware: Hardware,
         drain_timeout: float = 30.0,
         liveness_timeout: float = 3.0,
+        token: str | None = None,
     ) -> None:
         self.url = runner_url(gateway)
         self.engine = engine
@@ -90,6 +95,7 @@ class Runner:
         self._sent = asyncio.Event()  # fired when the outbox has been written
         self.drain_timeout = drain_timeout
         self.liveness_timeout = liveness_timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def hello(self) -> Hello:
         return Hello(
@@ -113,6 +119,7 @@ class Runner:
                         ping_interval=None,  # liveness is the protocol's own heartbeats
                         open_timeout=10,
                         close_timeout=2,
+                        additional_headers=self._headers,
                         logger=logging.getLogger("runner.websockets"),
                     ) as ws:
                         registered = await self._serve(ws)
@@ -143,6 +150,10 @@ class Runner:
             async with asyncio.timeout(10):
                 welcome = decode_gateway_frame(await ws.recv())
             session.receive(welcome)
+        except websockets.ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == CloseCode.UNAUTHORIZED:
+                raise Unauthorized(exc.rcvd.reason) from exc
+            raise
         except ProtocolError as exc:
             log.error("gateway refused the handshake: %s", exc)
             await ws.close(exc.close_code, exc.reason)
@@ -167,6 +178,8 @@ class Runner:
             log.error("gateway broke the protocol: %s", exc)
             await ws.close(exc.close_code, exc.reason)
         except websockets.ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == CloseCode.UNAUTHORIZED:
+                raise Unauthorized(exc.rcvd.reason) from exc
             log.warning("gateway connection closed: %s", exc)
         except GatewaySilent as exc:
             log.warning("%s; reconnecting", exc)

@@ -89,9 +89,11 @@ class ChunkStream {
     return new Promise((resolve, reject) => this.waiting.push({ resolve, reject }));
   }
 
-  /** Leaving a `for await` loop early stops reading; it does not cancel the request. */
+  /** Leaving a `for await` loop early stops reading (later chunks are dropped), not the request. */
   return() {
     this.buffer = [];
+    this.ended = true;
+    this.error = null;
     return Promise.resolve({ value: undefined, done: true });
   }
 
@@ -316,7 +318,8 @@ export class OrchardClient {
     try {
       message = JSON.parse(data);
     } catch {
-      this.onError({ message: "The gateway sent invalid JSON.", type: "client_error", param: null, code: null });
+      const message = "The gateway sent invalid JSON.";
+      this.onError({ message, type: "client_error", param: null, code: null });
       return;
     }
     const entry = message.request_id == null ? undefined : this.requests.get(message.request_id);

@@ -1,0 +1,83 @@
+"""Who may talk to the gateway: runner tokens, client API keys, browser origins.
+
+Secrets are compared in constant time and never logged. See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from litestar import Request
+
+from gateway.config import GatewayConfig
+from protocol.openai.errors import OpenAIError, authentication
+
+AUTH_EXEMPT = frozenset({"/health"})
+"""Paths open even when API keys are set (liveness probes)."""
+
+
+def secret_in(given: object, secrets: Iterable[str]) -> bool:
+    """True when `given` equals one of `secrets`; every candidate is compared in full."""
+    if not isinstance(given, str):
+        return False
+    found = False
+    for secret in secrets:
+        found |= hmac.compare_digest(given.encode(), secret.encode())
+    return found
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, if any."""
+    value = headers.get("authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def origin_allowed(origin: str | None, host: str | None, config: GatewayConfig) -> bool:
+    """Browsers send Origin; non-browser clients usually don't and are not limited here.
+
+    Allowed: no Origin, the gateway's own origin (same host:port as the request), or one
+    listed with --allow-origin ("*" allows any).
+    """
+    if origin is None:
+        return True
+    if "*" in config.allowed_origins or origin in config.allowed_origins:
+        return True
+    return host is not None and urlsplit(origin).netloc == host
+
+
+def check_http(request: Request[Any, Any, Any]) -> None:
+    """Raise the OpenAI error for a request that fails origin or API-key checks."""
+    config: GatewayConfig = request.app.state.config
+    path = request.url.path
+    if not path.startswith("/v1/") or path in AUTH_EXEMPT:
+        return
+    if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
+        raise OpenAIError(
+            403, "This origin is not allowed.", "permission_error", None, "origin_not_allowed"
+        )
+    if config.api_keys and not secret_in(bearer(request.headers), config.api_keys):
+        raise authentication(
+            "Missing or incorrect API key. Send it as 'Authorization: Bearer <key>'."
+        )
+
+
+async def before_request(request: Request[Any, Any, Any]) -> None:
+    check_http(request)
