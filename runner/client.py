@@ -47,6 +47,12 @@ BACKOFF_MIN = 0.1
 BACKOFF_MAX = 2.0
 
 
+# websockets logs handshake headers at DEBUG, the Authorization header included: never
+# let this logger go below INFO, whatever --log-level says.
+_WS_LOG = logging.getLogger("runner.websockets")
+_WS_LOG.setLevel(logging.INFO)
+
+
 class Unauthorized(Exception):
     """The gateway refused this runner's credentials; retrying would not help."""
 
@@ -120,7 +126,7 @@ class Runner:
                         open_timeout=10,
                         close_timeout=2,
                         additional_headers=self._headers,
-                        logger=logging.getLogger("runner.websockets"),
+                        logger=_WS_LOG,
                     ) as ws:
                         registered = await self._serve(ws)
                 except (OSError, TimeoutError, websockets.WebSocketException) as exc:

@@ -133,9 +133,12 @@ class Gateway:
         return self.process.stop()
 
 
-def start_runner(gateway: Gateway, *extra: str, name: str = "test-runner") -> Process:
+def start_runner(
+    gateway: Gateway, *extra: str, name: str = "test-runner", env: dict[str, str] | None = None
+) -> Process:
     return Process(
-        ["runner", "--gateway", gateway.base, "--name", name, "--log-level", "warning", *extra]
+        ["runner", "--gateway", gateway.base, "--name", name, "--log-level", "warning", *extra],
+        env=env,
     )
 
 
@@ -184,8 +187,13 @@ class FakeRunner:
         models: tuple[str, ...] = ("fake-model",),
         max_concurrent: int = 4,
         name: str = "fake",
+        headers: dict[str, str] | None = None,
     ) -> FakeRunner:
-        ws = await connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", compression=None)
+        ws = await connect(
+            f"ws://127.0.0.1:{gateway.port}/v1/runner/ws",
+            compression=None,
+            additional_headers=headers,
+        )
         hello = Hello(
             PROTOCOL_VERSION,
             name,
