@@ -49,7 +49,7 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
             console,
             create_static_files_router(path="/static", directories=[STATIC], name="static"),
         ],
-        state=State({"pool": pool, "config": config}),
+        state=State({"pool": pool, "config": config, "client_sockets": []}),
         exception_handlers={
             OpenAIError: handle_openai_error,
             HTTPException: handle_http_exception,

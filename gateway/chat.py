@@ -25,8 +25,22 @@ from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
 from gateway.stream import Failed, RequestStream, StreamItem, next_item
 from protocol.frames import Chunk, Usage
+from protocol.openai.errors import invalid_request
 from protocol.openai.request import ChatRequest, parse_chat_request
 from protocol.openai.response import ChunkWriter, completion
+
+
+def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
+    """Gateway-configured limits on top of the API's own validation."""
+    if chat.max_tokens is not None and chat.max_tokens > config.max_tokens_limit:
+        raise invalid_request(
+            f"max_tokens is {chat.max_tokens}; this gateway allows at most "
+            f"{config.max_tokens_limit}.",
+            "max_tokens",
+            "integer_above_max_value",
+        )
+    return chat
+
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -35,7 +49,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a chat completion (OpenAI wire format; `stream: true` for SSE)."""
     pool: Pool = state.pool
-    chat = parse_chat_request(await request.body())
+    chat = check_limits(parse_chat_request(await request.body()), pool.config)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     try:
         stream = await pool.submit(chat.to_generate(completion_id))

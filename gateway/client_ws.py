@@ -23,6 +23,7 @@ from litestar.datastructures import State
 
 from gateway.admin import runner_info
 from gateway.auth import bearer, origin_allowed, secret_in
+from gateway.chat import check_limits
 from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
@@ -263,7 +264,7 @@ class ClientSocket:
         if type(body) is dict and "stream" not in body:
             body = {**body, "stream": True}  # streaming is implied
         try:
-            chat = parse_chat_object(body)
+            chat = check_limits(parse_chat_object(body), self.config)
             if not chat.stream:
                 raise invalid_request(
                     "The WebSocket API always streams; 'stream' must be true or omitted.",
@@ -385,7 +386,14 @@ async def client_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     if not origin_allowed(socket.headers.get("origin"), socket.headers.get("host"), config):
         await socket.close(CloseCode.ORIGIN_NOT_ALLOWED, "origin not allowed")
         return
+    open_sockets: list[None] = state.client_sockets
+    if len(open_sockets) >= config.max_client_sockets:
+        await socket.close(CloseCode.TRY_AGAIN_LATER, "too many open sockets")
+        return
+    open_sockets.append(None)
     try:
         await ClientSocket(socket, state.pool).run()
     except Exception:  # a bug here must not take the server down; it must be seen
         log.exception("client socket failed")
+    finally:
+        open_sockets.pop()

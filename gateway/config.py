@@ -31,6 +31,10 @@ class GatewayConfig:
     """Largest message accepted on the browser WebSocket API."""
     max_client_requests: int = 64
     """Requests in flight on one browser socket."""
+    max_client_sockets: int = 1024
+    """Browser sockets open at once; more are closed with 1013 (try again later)."""
+    max_tokens_limit: int = 32768
+    """Largest max_tokens / max_completion_tokens a request may ask for."""
     max_client_backlog_bytes: int = 4 * 1024 * 1024
     """Unsent output a browser socket may accumulate before it is closed as too slow."""
 

@@ -86,6 +86,21 @@ def main() -> None:
     help="Seconds of SSE silence before a ': keep-alive' comment.",
 )
 @click.option(
+    "--max-body-bytes", default=4 * 1024 * 1024, show_default=True, help="Largest HTTP body."
+)
+@click.option(
+    "--max-tokens-limit",
+    default=32768,
+    show_default=True,
+    help="Largest max_tokens a request may ask for.",
+)
+@click.option(
+    "--max-client-sockets",
+    default=1024,
+    show_default=True,
+    help="Browser WebSocket connections open at once.",
+)
+@click.option(
     "--runner-token",
     envvar="ORCHARD_RUNNER_TOKEN",
     help="Runners must present this token (env ORCHARD_RUNNER_TOKEN). Without it, only "

@@ -12,6 +12,7 @@ class CloseCode(enum.IntEnum):
     GOING_AWAY = 1001
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013
 
     PROTOCOL_ERROR = 4000
     """Generic protocol violation."""

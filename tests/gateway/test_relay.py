@@ -372,3 +372,37 @@ async def test_bad_first_frame_closes_with_code(
     assert all(r["name"] != "x" for r in gateway.runners())
     async with httpx.AsyncClient() as http:
         assert (await http.get(f"{gateway.base}/health")).status_code == 200
+
+
+def test_max_tokens_ceiling(gateway: Gateway) -> None:
+    resp = httpx.post(
+        f"{gateway.base}/v1/chat/completions",
+        json={**body(), "max_tokens": 40000},
+    )
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "max_tokens"
+    assert "at most 32768" in resp.json()["error"]["message"]
+
+
+async def test_client_socket_limit() -> None:
+    from websockets.asyncio.client import connect
+
+    gw = Gateway("--max-client-sockets", "2")
+    try:
+        url = f"ws://127.0.0.1:{gw.port}/v1/ws"
+        async with connect(url) as first, connect(url) as second:
+            await first.send('{"type": "ping"}')
+            assert await first.recv() == '{"type":"pong"}'
+            async with connect(url) as third:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(recv_until_closed(third), 5 * UNIT)
+                assert closed.value.rcvd is not None
+                assert closed.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+            await second.send('{"type": "ping"}')
+            assert await second.recv() == '{"type":"pong"}'
+        # Slots come back when sockets close.
+        async with connect(url) as again:
+            await again.send('{"type": "ping"}')
+            assert await again.recv() == '{"type":"pong"}'
+    finally:
+        gw.stop()
