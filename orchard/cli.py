@@ -86,6 +86,12 @@ def main() -> None:
     help="Seconds of SSE silence before a ': keep-alive' comment.",
 )
 @click.option(
+    "--handshake-timeout",
+    default=10.0,
+    show_default=True,
+    help="Seconds a runner has to say hello after connecting.",
+)
+@click.option(
     "--max-body-bytes", default=4 * 1024 * 1024, show_default=True, help="Largest HTTP body."
 )
 @click.option(

@@ -1,0 +1,214 @@
+"""Hostile input over real sockets: nothing a runner or client sends crashes the gateway or
+touches another stream. Hypothesis generates the input; a well-behaved stream runs beside."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from protocol.codec import decode_gateway_frame, encode
+from protocol.frames import PROTOCOL_VERSION, Chunk, Generate, Heartbeat, Hello, ModelInfo, Usage
+from tests.protocol.strategies import hostile_bytes, json_values, runner_frames
+from tests.support import HARDWARE, UNIT, Gateway
+
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Gateway]:
+    gw = Gateway("--handshake-timeout", "2")
+    yield gw
+    gw.stop()
+
+
+class HonestRunner:
+    """A protocol-correct runner on its own thread: answers every request with "a b c"."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.ws = connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", legacy=True)
+        hello = Hello(PROTOCOL_VERSION, "honest", (ModelInfo("honest-model", 4096),), 8, HARDWARE)
+        self.ws.send(encode(hello).decode())
+        decode_gateway_frame(self.ws.recv())
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            for data in self.ws:
+                frame = decode_gateway_frame(data)
+                if isinstance(frame, Heartbeat):  # answer the gateway's: stay alive
+                    self.ws.send(encode(Heartbeat(frame.sent_at)).decode())
+                if isinstance(frame, Generate):
+                    for seq, word in enumerate(["a ", "b ", "c"]):
+                        self.ws.send(
+                            encode(
+                                Chunk(
+                                    frame.request_id,
+                                    seq,
+                                    word,
+                                    "",
+                                    1,
+                                    Usage(3, seq + 1),
+                                    "stop" if seq == 2 else None,
+                                )
+                            ).decode()
+                        )
+        except ConnectionClosed:
+            pass
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+@pytest.fixture(scope="module")
+def honest(gateway: Gateway) -> Iterator[HonestRunner]:
+    runner = HonestRunner(gateway)
+    yield runner
+    runner.close()
+
+
+def honest_request_works(gateway: Gateway) -> None:
+    resp = httpx.post(
+        f"{gateway.base}/v1/chat/completions",
+        json={"model": "honest-model", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=10 * UNIT,
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["content"] == "a b c"
+
+
+def rogue_session(gateway: Gateway, payloads: list[bytes | str], hello_first: bool) -> None:
+    """Send payloads as a runner; the gateway may only answer with frames or a 4xxx close."""
+    closed = _rogue_session(gateway, payloads, hello_first)
+    if closed is not None:
+        assert closed.rcvd is not None
+        assert 4000 <= closed.rcvd.code <= 4999, closed.rcvd
+        assert closed.rcvd.reason
+
+
+def _rogue_session(
+    gateway: Gateway, payloads: list[bytes | str], hello_first: bool
+) -> ConnectionClosed | None:
+    with connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", open_timeout=5) as ws:
+        try:
+            if hello_first:
+                hello = Hello(
+                    PROTOCOL_VERSION, "rogue", (ModelInfo("rogue-model", 64),), 1, HARDWARE
+                )
+                ws.send(encode(hello).decode())
+            for payload in payloads:
+                ws.send(payload if isinstance(payload, str) else payload.decode(errors="replace"))
+            ws.send('{"type": "heartbeat", "sent_at": 1}')
+            while True:
+                decode_gateway_frame(ws.recv(timeout=0.3))
+        except TimeoutError:
+            return None  # still open: everything it sent was legal
+        except ConnectionClosed as closed:
+            return closed
+
+
+@SETTINGS
+@given(
+    payloads=st.lists(
+        st.one_of(hostile_bytes(), runner_frames.map(encode), json_values.map(orjson.dumps)),
+        min_size=1,
+        max_size=4,
+    ),
+    hello_first=st.booleans(),
+)
+def test_rogue_runner_frames(
+    gateway: Gateway, honest: HonestRunner, payloads: list[bytes], hello_first: bool
+) -> None:
+    rogue_session(gateway, payloads, hello_first)
+    honest_request_works(gateway)
+
+
+def test_rogue_runner_writing_into_an_honest_request(
+    gateway: Gateway, honest: HonestRunner
+) -> None:
+    # A rogue guessing request ids: every chunk for a request it was not given closes it.
+    for rid in ["chatcmpl-0", "", "x" * 1000]:
+        rogue_session(
+            gateway, [encode(Chunk(rid, 0, "injected", "", 1, Usage(1, 1)))], hello_first=True
+        )
+    honest_request_works(gateway)
+
+
+@SETTINGS
+@given(body=json_values | st.binary(max_size=300))
+def test_hostile_http_bodies_get_4xx(gateway: Gateway, honest: HonestRunner, body: Any) -> None:
+    content = body if isinstance(body, bytes) else orjson.dumps(body)
+    resp = httpx.post(
+        f"{gateway.base}/v1/chat/completions",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=10 * UNIT,
+    )
+    assert 400 <= resp.status_code < 500, resp.text
+    assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+
+
+chat_bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from(["honest-model", "no-such-model"]), "messages": json_values},
+    optional={
+        "temperature": json_values,
+        "max_tokens": json_values,
+        "stream": json_values,
+        "stop": json_values,
+        "stream_options": json_values,
+    },
+)
+
+
+@SETTINGS
+@given(body=chat_bodies)
+def test_hostile_chat_fields_never_5xx(gateway: Gateway, honest: HonestRunner, body: Any) -> None:
+    resp = httpx.post(f"{gateway.base}/v1/chat/completions", json=body, timeout=10 * UNIT)
+    assert resp.status_code < 500, resp.text
+
+
+@pytest.fixture(scope="module")
+def client_ws(gateway: Gateway) -> Iterator[ClientConnection]:
+    with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws", max_size=None) as ws:
+        yield ws
+
+
+@SETTINGS
+@given(
+    message=json_values
+    | st.fixed_dictionaries(
+        {"type": st.sampled_from(["chat.completions.create", "cancel", "ping"])},
+        optional={"request_id": json_values, "body": json_values | chat_bodies},
+    )
+)
+def test_hostile_client_messages(
+    gateway: Gateway, honest: HonestRunner, client_ws: ClientConnection, message: Any
+) -> None:
+    client_ws.send(orjson.dumps(message).decode())
+    # Whatever came back, the socket still works and answers a ping.
+    client_ws.send('{"type": "ping"}')
+    while True:
+        reply = orjson.loads(client_ws.recv(timeout=10 * UNIT))
+        assert reply["type"] in ("error", "chunk", "done", "pong"), reply
+        if reply["type"] == "error":
+            assert 400 <= _status_of(reply["error"]) < 500
+        if reply["type"] == "pong":
+            break
+    honest_request_works(gateway)
+
+
+def _status_of(error: dict[str, Any]) -> int:
+    return {"rate_limit_error": 429, "invalid_request_error": 400}.get(error["type"], 500)
