@@ -4,7 +4,7 @@ touches another stream. Hypothesis generates the input; a well-behaved stream ru
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -90,7 +90,7 @@ def honest_request_works(gateway: Gateway) -> None:
     assert resp.json()["choices"][0]["message"]["content"] == "a b c"
 
 
-def rogue_session(gateway: Gateway, payloads: list[bytes | str], hello_first: bool) -> None:
+def rogue_session(gateway: Gateway, payloads: Sequence[bytes | str], hello_first: bool) -> None:
     """Send payloads as a runner; the gateway may only answer with frames or a 4xxx close."""
     closed = _rogue_session(gateway, payloads, hello_first)
     if closed is not None:
@@ -100,7 +100,7 @@ def rogue_session(gateway: Gateway, payloads: list[bytes | str], hello_first: bo
 
 
 def _rogue_session(
-    gateway: Gateway, payloads: list[bytes | str], hello_first: bool
+    gateway: Gateway, payloads: Sequence[bytes | str], hello_first: bool
 ) -> ConnectionClosed | None:
     with connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", open_timeout=5) as ws:
         try:
