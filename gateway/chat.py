@@ -22,6 +22,7 @@ from litestar.response import Stream
 from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
+from gateway.openapi import ChatCompletionsOperation
 from gateway.pool import Pool
 from gateway.stream import Failed, RequestStream, StreamItem, next_item
 from protocol.frames import Chunk, Usage
@@ -45,7 +46,7 @@ def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, operation_class=ChatCompletionsOperation)
 async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a chat completion (OpenAI wire format; `stream: true` for SSE)."""
     pool: Pool = state.pool
