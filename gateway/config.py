@@ -43,6 +43,8 @@ class GatewayConfig:
     queue_timeout: float = 30.0
     """Seconds a request may wait in the queue before a 429."""
 
+    header_timeout: float = 10.0
+    """Seconds a client has to send a request's headers (slowloris guard)."""
     handshake_timeout: float = 10.0
     """Seconds a runner has to send hello after connecting."""
     heartbeat_interval: float = 1.0

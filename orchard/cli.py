@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -11,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +82,12 @@ def main() -> None:
     default=10.0,
     show_default=True,
     help="Seconds of SSE silence before a ': keep-alive' comment.",
+)
+@click.option(
+    "--header-timeout",
+    default=10.0,
+    show_default=True,
+    help="Seconds a client has to send a request's headers (slowloris guard).",
 )
 @click.option(
     "--handshake-timeout",
@@ -194,31 +198,11 @@ def _check_exposure(config: Any) -> None:
 
 
 def _server(config: object, log_level: str) -> Any:
-    """A uvicorn server for the gateway app that leaves signal handling to us."""
-    import uvicorn
-
-    from gateway.app import create_app
     from gateway.config import GatewayConfig
+    from gateway.server import make_server
 
     assert isinstance(config, GatewayConfig)
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield  # our own handlers stop things in the right order
-
-    return Server(
-        uvicorn.Config(
-            create_app(config),
-            host=config.host,
-            port=config.port,
-            log_level=log_level,
-            ws_max_size=config.max_runner_frame_bytes,
-            ws_per_message_deflate=False,
-            access_log=log_level == "debug",
-            lifespan="off",
-        )
-    )
+    return make_server(config, log_level)
 
 
 async def _run_gateway(config: object, log_level: str) -> None:

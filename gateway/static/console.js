@@ -4,7 +4,11 @@ import { OrchardClient } from "./orchard.js";
 /** @param {string} selector @returns {any} */
 const $ = (selector) => document.querySelector(selector);
 
-const client = new OrchardClient(undefined, { onStatus: showConnection });
+const KEY_STORAGE = "orchard.apiKey";
+const client = new OrchardClient(undefined, {
+  apiKey: localStorage.getItem(KEY_STORAGE) ?? undefined,
+  onStatus: showConnection,
+});
 
 // --- connection --------------------------------------------------------------------------
 
@@ -12,10 +16,24 @@ const client = new OrchardClient(undefined, { onStatus: showConnection });
 function showConnection(status) {
   const el = $("#connection");
   el.dataset.status = status;
-  el.textContent = { open: "connected", connecting: "reconnecting…", closed: "closed" }[status];
+  el.textContent = {
+    open: "connected",
+    connecting: "connecting…",
+    refused: `refused: ${client?.refusal?.message ?? ""}`,
+    closed: "closed",
+  }[status];
   $("#pool").classList.toggle("stale", status !== "open");
+  // The gateway wants an API key (or a different one): ask for it.
+  $("#auth").hidden = !(status === "refused" && client?.refusal?.error.code === "invalid_api_key");
   if (status === "open") measureLatency();
 }
+
+$("#auth").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const key = $("#api-key").value.trim();
+  localStorage.setItem(KEY_STORAGE, key);
+  client.setApiKey(key);
+});
 
 async function measureLatency() {
   try {
@@ -64,7 +82,9 @@ function runnerRow(runner) {
   const load = runner.max_concurrent ? runner.active / runner.max_concurrent : 0;
   const bar = el("span", { class: "bar" }, el("span", { style: `width:${Math.round(load * 100)}%` }));
   return el("tr", { "data-runner-name": runner.name, "data-runner-id": runner.id },
-    el("td", { "data-col": "name" }, el("strong", {}, runner.name), el("small", {}, runner.id)),
+    el("td", { "data-col": "name" }, el("strong", {}, runner.name),
+      runner.draining ? el("span", { class: "tag", "data-testid": "draining" }, "draining") : "",
+      el("small", {}, runner.id)),
     el("td", { "data-col": "hardware", title: `${hw.platform}, ${hw.cpu_count} CPUs` },
       `${hw.chip} · ${gib(hw.memory_bytes)} · ${hw.backend}`),
     el("td", { "data-col": "models" }, ...runner.models.map((m) =>

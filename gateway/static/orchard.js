@@ -4,6 +4,7 @@
 // One socket carries every request. When it drops, the requests it carried fail with
 // "connection lost" (the gateway cancels them); new requests wait in a queue while the client
 // reconnects with exponential backoff and jitter, and pool subscriptions are sent again.
+// A refusal (wrong API key, origin not allowed) is final until setApiKey().
 
 /** @typedef {{message: string, type: string, param: string | null, code: string | null}} OpenAIErrorBody */
 /**
@@ -14,12 +15,19 @@
 /** @typedef {{finishReason: "stop" | "length" | "cancelled", usage: Usage}} Done */
 /** @typedef {Record<string, any>} ChatCompletionChunk an OpenAI `chat.completion.chunk` */
 /** @typedef {Record<string, any>} PoolState a `pool.state` message (see the docs) */
-/** @typedef {"connecting" | "open" | "closed"} ConnectionStatus */
+/** @typedef {"connecting" | "open" | "refused" | "closed"} ConnectionStatus */
 
 /** Largest message the gateway accepts; bigger ones are refused here, with no round trip. */
 export const MAX_MESSAGE_BYTES = 1024 * 1024;
 const BACKOFF_MIN_MS = 250;
 const BACKOFF_MAX_MS = 8000;
+/** A socket open this long counts as a success: the next drop starts the backoff over. */
+const STABLE_MS = 5000;
+/** Close codes after which retrying cannot help (protocol/closecodes.py). */
+const REFUSALS = {
+  4004: { type: "authentication_error", code: "invalid_api_key" },
+  4011: { type: "permission_error", code: "origin_not_allowed" },
+};
 
 /** An error that ends a request; `.error` is the OpenAI error object. */
 export class OrchardError extends Error {
@@ -137,13 +145,15 @@ export class OrchardClient {
    * @param {string} [url] the gateway's `/v1/ws`; by default on the page's own host
    * @param {{apiKey?: string, onStatus?: (status: ConnectionStatus) => void,
    *   onError?: (error: OpenAIErrorBody) => void}} [options]
-   *   apiKey goes in the `api_key` query parameter (browsers cannot set WebSocket headers);
-   *   onStatus hears every connection change; onError hears errors not tied to a request.
+   *   apiKey is sent in an `auth` message first thing on every connection (browsers cannot
+   *   set headers on a WebSocket); onStatus hears every connection change; onError hears
+   *   errors not tied to a request.
    */
   constructor(url = defaultUrl(), { apiKey, onStatus, onError } = {}) {
-    const target = new URL(url, globalThis.location?.href);
-    if (apiKey) target.searchParams.set("api_key", apiKey);
-    this.url = target.toString();
+    this.url = url;
+    /** @type {string | null} */ this.apiKey = apiKey || null;
+    /** Why the gateway refused us, while it does. @type {OrchardError | null} */
+    this.refusal = null;
     this.onStatus = onStatus ?? (() => {});
     this.onError = onError ?? ((error) => console.warn("orchard:", error.message));
     /** @type {ConnectionStatus} */ this.status = "connecting";
@@ -171,6 +181,8 @@ export class OrchardClient {
     const frame = JSON.stringify({ type: "chat.completions.create", request_id: requestId, body });
     if (this.closed) {
       this.finish(completion, clientError("The client is closed.", "client_closed"));
+    } else if (this.refusal) {
+      this.finish(completion, new OrchardError(this.refusal.error));
     } else if (new TextEncoder().encode(frame).length > MAX_MESSAGE_BYTES) {
       // The gateway would refuse it without naming the request; refuse it here instead.
       const message = `The request is over the ${MAX_MESSAGE_BYTES}-byte message limit.`;
@@ -202,6 +214,7 @@ export class OrchardClient {
   /** Round trip to the gateway, in milliseconds (waits for a connection if there is none). */
   ping() {
     if (this.closed) return Promise.reject(clientError("The client is closed.", "client_closed"));
+    if (this.refusal) return Promise.reject(new OrchardError(this.refusal.error));
     return new Promise((resolve, reject) => {
       this.pings.push({ resolve, reject, sentAt: null });
       this.flush();
@@ -218,6 +231,19 @@ export class OrchardClient {
     if (this.poolCallbacks.size === 1) this.send({ type: "pool.subscribe" });
     // The gateway has no unsubscribe: later states are just not delivered to this callback.
     return () => this.poolCallbacks.delete(callback);
+  }
+
+  /**
+   * Use another API key from the next connection on; after a refusal, reconnect at once.
+   * @param {string | null} apiKey
+   */
+  setApiKey(apiKey) {
+    this.apiKey = apiKey || null;
+    if (this.refusal && !this.closed) {
+      this.refusal = null;
+      this.attempt = 0;
+      this.connect();
+    }
   }
 
   /** Close for good: pending requests and pings fail with "client closed". */
@@ -237,19 +263,31 @@ export class OrchardClient {
     this.setStatus("connecting");
     const socket = new WebSocket(this.url);
     this.socket = socket;
+    let openedAt = Infinity;
     socket.onopen = () => {
-      this.attempt = 0;
-      this.setStatus("open");
+      openedAt = performance.now();
+      // The gateway reads messages in order, so the rest need not wait for auth.ok.
+      if (this.apiKey) socket.send(JSON.stringify({ type: "auth", api_key: this.apiKey }));
+      else this.setStatus("open");
       if (this.poolCallbacks.size) this.send({ type: "pool.subscribe" });
       this.flush();
     };
     socket.onmessage = (event) => this.receive(event.data);
-    socket.onclose = () => {
+    socket.onclose = (event) => {
       if (this.socket !== socket) return;
       this.socket = null;
       if (this.closed) return;
+      const refusal = REFUSALS[/** @type {4004 | 4011} */ (event.code)];
+      if (refusal) {
+        const error = { message: event.reason || "refused", ...refusal, param: null };
+        this.refusal = new OrchardError(error);
+        this.failAll(() => new OrchardError(error), true);
+        this.setStatus("refused");
+        return;
+      }
       // Requests on the lost socket are gone (the gateway cancels them); queued ones wait.
       this.failAll(() => clientError("connection lost", "connection_lost"), false);
+      if (performance.now() - openedAt > STABLE_MS) this.attempt = 0;
       const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** this.attempt++);
       this.setStatus("connecting");
       // Full jitter on the upper half, so many tabs do not reconnect in step.
@@ -318,8 +356,8 @@ export class OrchardClient {
     try {
       message = JSON.parse(data);
     } catch {
-      const message = "The gateway sent invalid JSON.";
-      this.onError({ message, type: "client_error", param: null, code: null });
+      const text = "The gateway sent invalid JSON.";
+      this.onError({ message: text, type: "client_error", param: null, code: null });
       return;
     }
     const entry = message.request_id == null ? undefined : this.requests.get(message.request_id);
@@ -349,6 +387,9 @@ export class OrchardClient {
         ping.resolve(performance.now() - /** @type {number} */ (ping.sentAt));
         break;
       }
+      case "auth.ok":
+        this.setStatus("open");
+        break;
       case "pool.state":
         for (const callback of this.poolCallbacks) callback(message);
         break;

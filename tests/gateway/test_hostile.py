@@ -3,6 +3,7 @@ touches another stream. Hypothesis generates the input; a well-behaved stream ru
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from tests.protocol.strategies import hostile_bytes, json_values, runner_frames
 from tests.support import HARDWARE, UNIT, Gateway
 
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=int(os.environ.get("ORCHARD_FUZZ_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
