@@ -153,6 +153,27 @@ def sse_run(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[floa
     return first - start, (tokens - 1) / (last - first) if last > first else 0.0, tokens
 
 
+def ws_run(ws: Any, body: dict[str, Any]) -> tuple[float, float, int]:
+    """One request over an open `/v1/ws` socket (websockets sync client); same figures."""
+    rid = f"bench-{time.perf_counter_ns()}"
+    start = time.perf_counter()
+    ws.send(orjson.dumps({"type": "chat.completions.create", "request_id": rid, "body": body}))
+    first = last = 0.0
+    while True:
+        msg = orjson.loads(ws.recv())
+        now = time.perf_counter()
+        if msg["type"] == "done":
+            tokens = int(msg["usage"]["completion_tokens"])
+            break
+        if msg["type"] != "chunk":
+            raise RuntimeError(msg)
+        first = first or now
+        choices = msg["chunk"]["choices"]
+        if choices and choices[0]["delta"].get("content"):
+            last = now
+    return first - start, (tokens - 1) / (last - first) if last > first else 0.0, tokens
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

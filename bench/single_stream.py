@@ -16,14 +16,34 @@ from __future__ import annotations
 import os
 
 import httpx
+from websockets.sync.client import connect
 
-from bench.harness import InProcess, env_note, median, pin_self, sse_run, stack, table
+from bench.harness import (
+    InProcess,
+    env_note,
+    median,
+    pin_self,
+    sse_run,
+    stack,
+    table,
+    ws_run,
+)
 
 MODEL = "orchard-demo"
 
 
-def _messages(run: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"Run {run}: tell me a long story about an old orchard."}]
+def _messages(run: int, path: str = "") -> list[dict[str, str]]:
+    text = f"Run {run} {path}: tell me a long story about an old orchard."
+    return [{"role": "user", "content": text}]
+
+
+def _body(run: int, path: str, tokens: int) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": _messages(run, path),
+        "max_tokens": tokens,
+        "temperature": 0,
+    }
 
 
 def _layout(runs: int, tokens: int, pinned: bool) -> list[list[object]]:
@@ -31,7 +51,11 @@ def _layout(runs: int, tokens: int, pinned: bool) -> list[list[object]]:
     relay_cpus = {1} if pinned else None
     all_cpus = os.sched_getaffinity(0)
     inproc = InProcess(MODEL, model_cpus)
-    rows: dict[str, list[tuple[float, float, int]]] = {"in-process": [], "gateway SSE": []}
+    rows: dict[str, list[tuple[float, float, int]]] = {
+        "in-process": [],
+        "gateway SSE": [],
+        "gateway WebSocket": [],
+    }
     try:
         with (
             stack(
@@ -40,21 +64,18 @@ def _layout(runs: int, tokens: int, pinned: bool) -> list[list[object]]:
                 runner_cpus=model_cpus,
             ) as (base, _, _),
             httpx.Client(timeout=120) as client,
+            connect(base.replace("http", "ws") + "/v1/ws", max_size=None) as ws,
         ):
             pin_self(relay_cpus)
             # Warm both paths once (allocator, sampler compilation).
             inproc.run(_messages(-1), 16)
             sse_run(client, base, {"model": MODEL, "messages": _messages(-2), "max_tokens": 16})
+            ws_run(ws, {"model": MODEL, "messages": _messages(-3), "max_tokens": 16})
             for run in range(runs):
-                messages = _messages(run)
-                rows["in-process"].append(inproc.run(messages, tokens))
-                body = {
-                    "model": MODEL,
-                    "messages": messages,
-                    "max_tokens": tokens,
-                    "temperature": 0,
-                }
-                rows["gateway SSE"].append(sse_run(client, base, body))
+                # A fresh prompt per path: the runner's prefix cache must not help one path.
+                rows["in-process"].append(inproc.run(_messages(run, "local"), tokens))
+                rows["gateway SSE"].append(sse_run(client, base, _body(run, "sse", tokens)))
+                rows["gateway WebSocket"].append(ws_run(ws, _body(run, "ws", tokens)))
     finally:
         inproc.close()
         os.sched_setaffinity(0, all_cpus)
