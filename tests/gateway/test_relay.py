@@ -406,3 +406,25 @@ async def test_client_socket_limit() -> None:
             assert await again.recv() == '{"type":"pong"}'
     finally:
         gw.stop()
+
+
+async def test_oversized_runner_frame_closes_only_that_runner(
+    gateway: Gateway, runner: FakeRunner
+) -> None:
+    big = await FakeRunner.connect(gateway, models=("big",), name="big")
+    huge = '{"type": "heartbeat", "sent_at": 1, "pad": "' + "x" * (5 << 20) + '"}'
+
+    async def send_then_read() -> None:
+        await big.send_raw(huge)
+        await recv_until_closed(big.ws)
+
+    with pytest.raises(ConnectionClosed) as closed:  # the send itself may see the close
+        await asyncio.wait_for(send_then_read(), 5 * UNIT)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == CloseCode.MESSAGE_TOO_BIG
+    # The honest runner still serves.
+    async with httpx.AsyncClient(base_url=gateway.base, timeout=10) as http:
+        task = asyncio.create_task(http.post("/v1/chat/completions", json=body()))
+        gen = await runner.next_request()
+        await runner.send(FakeRunner.chunk(gen.request_id, 0, "fine", done=True))
+        assert (await task).json()["choices"][0]["message"]["content"] == "fine"
