@@ -26,8 +26,21 @@ serve *ARGS: venv
     {{bin}}/orchard serve {{ARGS}}
 
 # Run the whole test suite (extra arguments go to pytest).
-test *ARGS: venv
+test *ARGS: venv browser
     {{bin}}/pytest {{ARGS}}
+
+# Debian's chromium, which the browser tests drive (installed with apt-get when missing).
+browser:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ -x /usr/bin/chromium ]; then exit 0; fi
+    if [ "$(id -u)" -eq 0 ]; then
+        apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+    else
+        echo "The browser tests need Debian's chromium at /usr/bin/chromium; run:" >&2
+        echo "    sudo apt-get update && sudo apt-get install -y chromium" >&2
+        exit 1
+    fi
 
 # ruff (lint + format check) and mypy --strict.
 lint: venv
@@ -38,3 +51,11 @@ lint: venv
 # Benchmarks; results go in docs/benchmarks.md: just bench [scenario ...]
 bench *ARGS: venv
     {{bin}}/python -m bench {{ARGS}}
+
+# Longer schemathesis run against a fresh gateway: just fuzz [examples, default 500]
+fuzz EXAMPLES="500": venv
+    ORCHARD_FUZZ_EXAMPLES={{EXAMPLES}} {{bin}}/pytest -q tests/gateway/test_schemathesis.py tests/gateway/test_hostile.py
+
+# Soak: gateway + 4 scripted runners, every SSE stream verified: just soak [--requests N] [--concurrency C]
+soak *ARGS: venv
+    {{bin}}/python -m bench.soak {{ARGS}}

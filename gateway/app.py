@@ -31,7 +31,7 @@ STATIC = Path(__file__).parent / "static"
 @get("/", include_in_schema=False)
 async def console() -> File:
     """The web console."""
-    return File(STATIC / "index.html", content_disposition_type="inline")
+    return File(STATIC / "index.html", filename="index.html", content_disposition_type="inline")
 
 
 def create_app(config: GatewayConfig | None = None) -> Litestar:

@@ -101,6 +101,8 @@ class ClientSocket:
 
     def close_with(self, code: int, reason: str) -> None:
         """End the socket from synchronous code (the run loop does the closing)."""
+        if self.closed:
+            return  # the first reason stands
         self.closed = True
         self._close_reason = (code, reason)
         self._close_now.set()
@@ -150,11 +152,12 @@ class ClientSocket:
         return data
 
     def _handle(self, data: bytes | str) -> None:
-        if len(data) > self.config.max_client_message_bytes:
+        size = len(data) if isinstance(data, bytes) else len(data.encode())
+        if size > self.config.max_client_message_bytes:
             self.send_error(
                 None,
                 invalid_request(
-                    f"Message of {len(data)} bytes is over the "
+                    f"Message of {size} bytes is over the "
                     f"{self.config.max_client_message_bytes}-byte limit.",
                     None,
                     "message_too_large",
@@ -275,7 +278,14 @@ class ClientSocket:
             return
         task = asyncio.create_task(self._run(rid, chat))
         self.tasks[rid] = task
-        task.add_done_callback(lambda _: self.tasks.pop(rid, None))
+        task.add_done_callback(lambda t: self._ended(rid, t))
+
+    def _ended(self, rid: str, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(rid, None)
+        # Cancelled while waiting for a runner (possibly before its first step): the
+        # request still owes the client its `done`.
+        if task.cancelled() and not self.closed:
+            self._done(rid, "cancelled", Usage(0, 0))
 
     def _cancel(self, msg: dict[str, Any]) -> None:
         rid = self._request_id(msg)
@@ -294,10 +304,6 @@ class ClientSocket:
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         try:
             stream = await self.pool.submit(chat.to_generate(completion_id))
-        except asyncio.CancelledError:
-            if not self.closed:
-                self._done(rid, "cancelled", Usage(0, 0))
-            return
         except Exception as exc:
             self.send_error(rid, openai_error_for(exc))
             return

@@ -112,7 +112,11 @@ class Gateway:
         self.process = Process(
             ["gateway", "--port", str(self.port), "--log-level", "warning", *extra]
         )
-        wait_until(self._healthy, 20, "the gateway to start")
+        try:
+            wait_until(self._healthy, 20, "the gateway to start")
+        except BaseException:
+            self.process.stop()  # never leave an orphan behind
+            raise
 
     def _healthy(self) -> bool:
         if not self.process.alive():

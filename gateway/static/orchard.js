@@ -158,6 +158,8 @@ export class OrchardClient {
     this.onError = onError ?? ((error) => console.warn("orchard:", error.message));
     /** @type {ConnectionStatus} */ this.status = "connecting";
     /** @type {WebSocket | null} */ this.socket = null;
+    /** The socket is open and, when there is a key, authenticated. */
+    this.ready = false;
     /** Requests not yet ended, in creation order; `sent` ones ride on the current socket. */
     /** @type {Map<string, {completion: Completion, frame: string, sent: boolean}>} */
     this.requests = new Map();
@@ -263,19 +265,19 @@ export class OrchardClient {
     this.setStatus("connecting");
     const socket = new WebSocket(this.url);
     this.socket = socket;
+    this.ready = false;
     let openedAt = Infinity;
     socket.onopen = () => {
       openedAt = performance.now();
-      // The gateway reads messages in order, so the rest need not wait for auth.ok.
+      // With a key, nothing else is sent before auth.ok: a refused socket carries no request.
       if (this.apiKey) socket.send(JSON.stringify({ type: "auth", api_key: this.apiKey }));
-      else this.setStatus("open");
-      if (this.poolCallbacks.size) this.send({ type: "pool.subscribe" });
-      this.flush();
+      else this.becomeReady();
     };
     socket.onmessage = (event) => this.receive(event.data);
     socket.onclose = (event) => {
       if (this.socket !== socket) return;
       this.socket = null;
+      this.ready = false;
       if (this.closed) return;
       const refusal = REFUSALS[/** @type {4004 | 4011} */ (event.code)];
       if (refusal) {
@@ -295,6 +297,14 @@ export class OrchardClient {
     };
   }
 
+  /** Connected (and authenticated): subscribe again and send what waited. @private */
+  becomeReady() {
+    this.ready = true;
+    this.setStatus("open");
+    if (this.poolCallbacks.size) this.send({ type: "pool.subscribe" });
+    this.flush();
+  }
+
   /** @private @param {ConnectionStatus} status */
   setStatus(status) {
     if (this.status === status) return;
@@ -304,7 +314,7 @@ export class OrchardClient {
 
   /** @private @returns {boolean} */
   get isOpen() {
-    return this.socket !== null && this.socket.readyState === WebSocket.OPEN;
+    return this.ready && this.socket?.readyState === WebSocket.OPEN;
   }
 
   /** @private @param {Record<string, any>} message */
@@ -388,7 +398,7 @@ export class OrchardClient {
         break;
       }
       case "auth.ok":
-        this.setStatus("open");
+        this.becomeReady();
         break;
       case "pool.state":
         for (const callback of this.poolCallbacks) callback(message);

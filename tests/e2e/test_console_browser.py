@@ -1,0 +1,434 @@
+"""The web console and the browser client (gateway/static/) in real headless Chromium, against
+a real gateway and a real runner on the built-in model.
+
+Chromium is Debian's (`/usr/bin/chromium`, installed by `just browser`), driven by Playwright;
+the browser Playwright would download is never used. Screenshots go to artifacts/.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Locator,
+    Page,
+    expect,
+    sync_playwright,
+)
+
+from tests.support import REPO, UNIT, Gateway, gateway_with_runner, wait_until
+
+MODEL = "orchard-demo"
+RUNNER = "test-runner"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = REPO / "artifacts"
+CLIENT_PAGE = "/static/orchard.js"
+"""The JS-client tests run on the gateway's origin without the console's own socket."""
+MS = 1000 * UNIT
+"""Playwright counts in milliseconds."""
+
+USAGE_LINE = re.compile(
+    r"prompt (?P<prompt>\d+)\s+completion (?P<completion>\d+)\s+cached (?P<cached>\d+)\s+"
+    r"reasoning (?P<reasoning>\d+)\s+tok/s (?P<rate>[\d,]+\.\d|n/a)\s+finish (?P<finish>\w+)"
+)
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_model_path: Path) -> Iterator[Gateway]:
+    with gateway_with_runner("--model", MODEL, "--max-concurrent", "4") as (gw, _):
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: these tests drive Debian's chromium. "
+            "Run `just browser` (as root: apt-get update && apt-get install -y chromium)."
+        )
+    expect.set_options(timeout=15 * MS)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh page at 1280 x 800 that fails the test on any script error or console error."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(15 * MS)
+    problems: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        # Chromium asks for /favicon.ico when it shows a bare script; that 404 is no fault.
+        if msg.type in ("error", "warning") and not msg.location["url"].endswith("/favicon.ico"):
+            problems.append(f"console {msg.type}: {msg.text} ({msg.location['url']})")
+
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    page.on("console", on_console)
+    yield page
+    context.close()
+    assert not problems, problems
+
+
+def open_console(page: Page, base: str) -> None:
+    served = httpx.get(f"{base}/", timeout=5)
+    kind = served.headers.get("content-type", "")
+    # Otherwise Chromium downloads the page and goto() fails with "Download is starting".
+    assert kind.startswith("text/html"), f"GET / is served as {kind!r}, not text/html"
+    page.goto(f"{base}/")
+
+
+def screenshot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / name)
+
+
+def runner_state(gateway: Gateway) -> dict[str, Any]:
+    (runner,) = [r for r in gateway.runners() if r["name"] == RUNNER]
+    return runner
+
+
+def usage_of(page: Page, message: int) -> re.Match[str]:
+    """The parsed usage line under the `message`-th answer (negative counts from the end)."""
+    text = page.locator(".message.assistant").nth(message).locator(".usage").inner_text()
+    found = USAGE_LINE.search(text)
+    assert found, f"usage line {text!r} does not match {USAGE_LINE.pattern}"
+    return found
+
+
+# Records the last answer's text length at each DOM change, and whether its usage line was
+# showing, so the test sees the stream as the page saw it rather than by polling.
+WATCH_ANSWER = """() => {
+  window.answerLengths = [];
+  const conversation = document.querySelector("#conversation");
+  new MutationObserver(() => {
+    const messages = conversation.querySelectorAll(".message.assistant");
+    const last = messages[messages.length - 1];
+    if (!last) return;
+    window.answerLengths.push({
+      length: last.querySelector(".answer").textContent.length,
+      done: !last.querySelector(".usage").hidden,
+    });
+  }).observe(conversation, { subtree: true, childList: true, characterData: true });
+}"""
+
+
+def test_console_pool_view_chat_and_stop(page: Page, gateway: Gateway) -> None:
+    open_console(page, gateway.base)
+    expect(page.locator("#connection")).to_have_attribute("data-status", "open")
+    row = check_pool_view(page, gateway)
+    first = check_streamed_answer(page, gateway, row)
+    screenshot(page, "console.png")
+    check_stop(page, gateway, row, first)
+    screenshot(page, "console-stopped.png")
+
+    # New chat: the history is gone, so the same first message costs the same prompt.
+    page.click("#new-chat")
+    expect(page.locator("#conversation .message")).to_have_count(0)
+    page.fill("#max-tokens", "4")
+    page.fill("#prompt", "Hello, orchard!")
+    page.press("#prompt", "Enter")
+    expect(page.locator(".message.assistant")).to_have_attribute("data-finish", "length")
+    assert usage_of(page, 0)["prompt"] == first["prompt"]
+
+
+def check_pool_view(page: Page, gateway: Gateway) -> Locator:
+    """The live pool view lists the runner with its numbers; returns its table row."""
+    row = page.locator(f'#runners tbody tr[data-runner-name="{RUNNER}"]')
+    expect(row).to_be_visible()
+    hardware = runner_state(gateway)["hardware"]
+    cell = row.locator("[data-col=hardware]")
+    expect(cell).to_contain_text(hardware["chip"])
+    expect(cell).to_contain_text(hardware["backend"])
+    expect(cell).to_contain_text(f"{round(hardware['memory_bytes'] / 2**30)} GiB")
+    expect(row.locator("[data-col=models]")).to_have_text(MODEL)
+    expect(row.locator("[data-col=active]")).to_have_text("0 / 4")
+    expect(row.locator("[data-col=tokens-per-second]")).to_have_text(re.compile(r"^[\d,]+\.\d$"))
+    expect(page.locator("#runner-count")).to_have_text("1")
+    expect(page.locator("#in-flight")).to_have_text("0")
+    expect(page.locator("#queue-depth")).to_have_text("0")
+    return row
+
+
+def check_streamed_answer(page: Page, gateway: Gateway, row: Locator) -> re.Match[str]:
+    """A first message: the answer streams in, then the usage line; returns the usage."""
+    page.select_option("#model", MODEL)
+    page.fill("#max-tokens", "64")
+    page.evaluate(WATCH_ANSWER)
+    page.fill("#prompt", "Hello, orchard!")
+    page.click("#send")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-finish", "length")
+    expect(answer.locator(".usage")).to_be_visible()
+    observed: list[dict[str, Any]] = page.evaluate("window.answerLengths")
+    streaming = {o["length"] for o in observed if not o["done"] and o["length"] > 0}
+    assert len(streaming) >= 2, f"the answer did not grow token by token: {observed}"
+    assert answer.locator(".answer").inner_text().strip()
+    usage = usage_of(page, -1)
+    assert usage["finish"] == "length"
+    assert int(usage["completion"]) == 64  # the built-in model never ends by itself
+    assert int(usage["prompt"]) > 0
+    assert usage["rate"] != "n/a"
+    # The runner's total follows on a later pool.state.
+    expect(row.locator("[data-col=tokens-generated]")).to_have_text(
+        f"{runner_state(gateway)['tokens_generated']:,}"
+    )
+    return usage
+
+
+def check_stop(page: Page, gateway: Gateway, row: Locator, first: re.Match[str]) -> None:
+    """A second, long message (the conversation so far goes with it), stopped mid-stream."""
+    page.fill("#max-tokens", "1800")
+    page.fill("#prompt", "Tell me more.")
+    page.click("#send")
+    expect(page.locator("#stop")).to_be_enabled()
+    expect(row.locator("[data-col=active]")).to_have_text("1 / 4")
+    expect(page.locator("#in-flight")).to_have_text("1")
+    page.wait_for_function(  # live tokens per second while it generates
+        """() => parseFloat(document.querySelector(
+            '#runners tr[data-runner-name="test-runner"] [data-col=tokens-per-second]'
+        ).textContent.replace(/,/g, "")) > 0"""
+    )
+    answer = page.locator(".message.assistant").last
+    assert answer.get_attribute("data-finish") is None, "the answer ended before Stop"
+    screenshot(page, "console-streaming.png")
+    page.click("#stop")
+    expect(answer).to_have_attribute("data-finish", "cancelled")
+    expect(answer).to_have_class(re.compile(r"\bstopped\b"))
+    expect(answer.locator(".badge")).to_have_text("stopped")
+    usage = usage_of(page, -1)
+    assert usage["finish"] == "cancelled"
+    assert 0 < int(usage["completion"]) < 1800
+    assert int(usage["prompt"]) > int(first["prompt"]) + 64  # the history was sent
+    expect(page.locator("#send")).to_be_enabled()
+    expect(page.locator("#stop")).to_be_disabled()
+    wait_until(lambda: runner_state(gateway)["active"] == 0, 10, "the runner to free its slot")
+    expect(row.locator("[data-col=active]")).to_have_text("0 / 4")
+
+
+# Two requests at once on one socket, an error, and ping, through the module's public API.
+CLIENT_SCRIPT = """async () => {
+  const { OrchardClient } = await import("/static/orchard.js");
+  const client = new OrchardClient();
+  const arrivals = [];
+  const run = async (content, maxTokens) => {
+    const completion = client.create({
+      model: "orchard-demo", messages: [{ role: "user", content }], max_tokens: maxTokens,
+    });
+    const chunks = [];
+    for await (const chunk of completion) {  // the object itself iterates its chunks
+      chunks.push(chunk);
+      arrivals.push(completion.requestId);
+    }
+    return { requestId: completion.requestId, chunks, done: await completion.usage };
+  };
+  const [a, b] = await Promise.all([run("first", 12), run("second", 20)]);
+
+  const bad = client.create({ model: "no-such-model", messages: [{ role: "user", content: "x" }] });
+  let error = null, iteratorError = null;
+  try { await bad.usage; } catch (err) { error = { name: err.name, error: err.error }; }
+  try { for await (const _ of bad.chunks) {} } catch (err) { iteratorError = err.error.code; }
+
+  const rtt = await client.ping();
+  client.close();
+  return { a, b, arrivals, error, iteratorError, rtt };
+}"""
+
+
+def check_stream(run: dict[str, Any], max_tokens: int) -> str:
+    """The chunks of one request are a well-formed OpenAI stream; returns its text."""
+    chunks = run["chunks"]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert run["done"]["finishReason"] == "length"
+    usage = run["done"]["usage"]
+    assert usage["completion_tokens"] == max_tokens
+    assert usage["total_tokens"] == usage["prompt_tokens"] + max_tokens
+    assert set(usage["prompt_tokens_details"]) == {"cached_tokens"}
+    assert set(usage["completion_tokens_details"]) == {"reasoning_tokens"}
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+
+
+def test_js_client_concurrent_requests_error_and_ping(page: Page, gateway: Gateway) -> None:
+    page.goto(f"{gateway.base}{CLIENT_PAGE}")
+    result = page.evaluate(CLIENT_SCRIPT)
+    a, b = result["a"], result["b"]
+    assert a["requestId"] != b["requestId"]
+    assert re.fullmatch(r"[0-9a-f-]{36}", a["requestId"])  # crypto.randomUUID()
+    assert a["chunks"][0]["id"] != b["chunks"][0]["id"]
+    assert check_stream(a, 12)
+    assert check_stream(b, 20)
+    # Each chunk went to its own request's iterator, and both requests streamed.
+    assert sorted(set(result["arrivals"])) == sorted([a["requestId"], b["requestId"]])
+    assert result["error"]["name"] == "OrchardError"
+    assert result["error"]["error"]["code"] == "model_not_found"
+    assert set(result["error"]["error"]) == {"message", "type", "param", "code"}
+    assert result["iteratorError"] == "model_not_found"
+    assert 0 < result["rtt"] < 5 * MS
+
+
+# A cancel sent right behind its create (a user pressing Stop at once): every request still
+# ends with exactly one `done`, whether the cancel found it queued or generating.
+CANCEL_AT_ONCE_SCRIPT = """async () => {
+  const { OrchardClient } = await import("/static/orchard.js");
+  const client = new OrchardClient();
+  await client.ping();  // connected, so create and cancel leave back to back
+  const outcomes = [];
+  for (let i = 0; i < 20; i++) {
+    const completion = client.create({
+      model: "orchard-demo", messages: [{ role: "user", content: "hi" }], max_tokens: 200,
+    });
+    completion.cancel();
+    const timeout = new Promise((resolve) => setTimeout(() => resolve("no done in 5 s"), 5000));
+    const ended = completion.usage.then((d) => d.finishReason, (e) => `error ${e.error.code}`);
+    outcomes.push(await Promise.race([ended, timeout]));
+    if (outcomes[i] !== "cancelled") break;
+  }
+  client.close();
+  return outcomes;
+}"""
+
+
+def test_js_client_cancel_right_after_create(page: Page, gateway: Gateway) -> None:
+    page.goto(f"{gateway.base}{CLIENT_PAGE}")
+    assert page.evaluate(CANCEL_AT_ONCE_SCRIPT) == ["cancelled"] * 20
+    wait_until(lambda: runner_state(gateway)["active"] == 0, 10, "the runner to free its slots")
+
+
+# The socket drops under a request: it fails with "connection lost", a request made while
+# disconnected waits and runs after the reconnect, and the pool subscription comes back.
+RECONNECT_SCRIPT = """async () => {
+  const { OrchardClient } = await import("/static/orchard.js");
+  const statuses = [];
+  const client = new OrchardClient(undefined, { onStatus: (s) => statuses.push(s) });
+  let states = 0;
+  client.subscribePool(() => { states++; });
+  const body = (maxTokens) => ({
+    model: "orchard-demo", messages: [{ role: "user", content: "hi" }], max_tokens: maxTokens,
+  });
+  const long = client.create(body(1800));
+  await long.chunks.next();  // it is streaming
+  client.socket.close();
+  const queued = client.create(body(5));
+  let lost = null;
+  try { await long.usage; } catch (err) { lost = err.error; }
+  const statesBefore = states;
+  const done = await queued.usage;
+  const deadline = Date.now() + 5000;
+  while (states === statesBefore && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  client.close();
+  return { lost, done, statuses, resubscribed: states > statesBefore };
+}"""
+
+
+def test_js_client_reconnects(page: Page, gateway: Gateway) -> None:
+    page.goto(f"{gateway.base}{CLIENT_PAGE}")
+    result = page.evaluate(RECONNECT_SCRIPT)
+    assert result["lost"]["message"] == "connection lost"
+    assert result["lost"]["code"] == "connection_lost"
+    assert result["done"]["finishReason"] == "length"
+    assert result["done"]["usage"]["completion_tokens"] == 5
+    assert result["statuses"] == ["open", "connecting", "open", "closed"]
+    assert result["resubscribed"]
+    # The gateway cancelled the request of the socket that went away.
+    wait_until(lambda: runner_state(gateway)["active"] == 0, 10, "the runner to free its slot")
+
+
+API_KEY = "console-test-key"
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway() -> Iterator[Gateway]:
+    """A gateway that wants an API key (no runner: only the socket's auth is under test)."""
+    gw = Gateway("--api-key", API_KEY)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def test_console_asks_for_the_api_key(page: Page, keyed_gateway: Gateway) -> None:
+    open_console(page, keyed_gateway.base)
+    expect(page.locator("#connection")).to_have_attribute("data-status", "refused")
+    expect(page.locator("#auth")).to_be_visible()
+    page.fill("#api-key", "wrong-key")
+    page.click("#auth button")
+    expect(page.locator("#connection")).to_have_text("refused: invalid API key")
+    screenshot(page, "console-api-key.png")
+    page.fill("#api-key", API_KEY)
+    page.click("#auth button")
+    expect(page.locator("#connection")).to_have_attribute("data-status", "open")
+    expect(page.locator("#auth")).to_be_hidden()
+    expect(page.locator("#no-runners")).to_be_visible()  # pool.state came, authenticated
+    # The key is remembered for the next visit.
+    page.reload()
+    expect(page.locator("#connection")).to_have_attribute("data-status", "open")
+    expect(page.locator("#runner-count")).to_have_text("0")
+
+
+KEYED_CLIENT_SCRIPT = """async (key) => {
+  const { OrchardClient } = await import("/static/orchard.js");
+  const good = new OrchardClient(undefined, { apiKey: key });
+  const rtt = await good.ping();
+  const goodStatus = good.status;
+  good.close();
+  const statuses = [];
+  const bad = new OrchardClient(undefined, { apiKey: "wrong", onStatus: (s) => statuses.push(s) });
+  const body = { model: "orchard-demo", messages: [{ role: "user", content: "hi" }] };
+  let first = null, later = null;
+  try { await bad.create(body).usage; } catch (err) { first = err.error; }
+  try { await bad.create(body).usage; } catch (err) { later = err.error; }
+  bad.close();
+  return { rtt, goodStatus, statuses, first, later };
+}"""
+
+
+def test_js_client_authenticates(page: Page, keyed_gateway: Gateway) -> None:
+    page.goto(f"{keyed_gateway.base}{CLIENT_PAGE}")
+    result = page.evaluate(KEYED_CLIENT_SCRIPT, API_KEY)
+    assert result["rtt"] > 0
+    assert result["goodStatus"] == "open"
+    # A wrong key is final: the request fails, and later ones at once, with no retry loop.
+    assert result["statuses"] == ["refused", "closed"]
+    assert result["first"] == {
+        "message": "invalid API key",
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+    assert result["later"] == result["first"]
+
+
+def test_console_is_served(gateway: Gateway) -> None:
+    """`/` is an HTML page a browser shows (not a download), and the module is JavaScript."""
+    page = httpx.get(f"{gateway.base}/", timeout=5)
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert "attachment" not in page.headers.get("content-disposition", "")
+    module = httpx.get(f"{gateway.base}/static/orchard.js", timeout=5)
+    assert module.headers["content-type"].startswith("text/javascript")
