@@ -114,7 +114,8 @@ async def _events(
             if out:
                 yield b"".join(out)
                 out = []
-            item = await next_item(stream, config.keepalive_interval)
+            left = config.stream_timeout - (time.monotonic() - heard)
+            item = await next_item(stream, max(0.0, min(config.keepalive_interval, left)))
             if item is not None:
                 heard = time.monotonic()
             elif time.monotonic() - heard >= config.stream_timeout:
@@ -157,7 +158,8 @@ async def _non_streaming(
         disconnect.cancel()
         if not collector.done():
             collector.cancel()
-            pool.cancel(stream)
+        if not stream.done:
+            pool.cancel(stream)  # client gone, or the runner timed out: stop generating
     if not collector.done() or collector.cancelled():
         # The client is gone; this response is never read.
         return Response(content=b"", status_code=499)

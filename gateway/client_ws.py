@@ -104,6 +104,8 @@ class ClientSocket:
         if self.closed:
             return  # the first reason stands
         self.closed = True
+        for stream in self.streams.values():
+            self.pool.cancel(stream)  # at once, not after the close handshake
         self._close_reason = (code, reason)
         self._close_now.set()
 
