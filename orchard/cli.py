@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,18 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop where available: its C transports halve the relay's per-token cost
+    (profiled: selector, write and handle dispatch were half of it on asyncio's loop)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 log_level_option = click.option(
@@ -170,7 +183,7 @@ def gateway(
         **settings,
     )
     _check_exposure(config)
-    asyncio.run(_run_gateway(config, log_level))
+    _run(_run_gateway(config, log_level))
 
 
 def _check_exposure(config: Any) -> None:
@@ -246,10 +259,18 @@ async def _drain_and_exit(server: Any) -> None:
 @click.option("--max-concurrent", default=8, show_default=True, help="Requests run at once.")
 @click.option(
     "--engine",
-    type=click.Choice(["mlx", "scripted"]),
+    type=click.Choice(["mlx", "mlx-batched", "scripted"]),
     default="mlx",
     show_default=True,
-    help="mlx: real generation; scripted: a deterministic fake for relay benchmarks and tests.",
+    help="mlx: real generation, concurrent requests interleaved token by token; "
+    "mlx-batched: concurrent requests decoded as one batch (mlx-lm BatchGenerator); "
+    "scripted: a deterministic fake for relay benchmarks and tests.",
+)
+@click.option(
+    "--max-kv-bytes",
+    type=int,
+    default=None,
+    help="mlx-batched only: KV-cache budget in bytes (default: unbounded).",
 )
 @click.option(
     "--tokens-per-second",
@@ -286,6 +307,7 @@ def runner(
     drain_timeout: float,
     liveness_timeout: float,
     token: str | None,
+    max_kv_bytes: int | None,
     log_level: str,
 ) -> None:
     """Run a runner: serve a model to a gateway over one persistent WebSocket.
@@ -293,7 +315,7 @@ def runner(
     SIGTERM drains: no new requests, those in flight finish, then it exits 0.
     """
     _setup_logging(log_level)
-    asyncio.run(
+    _run(
         _run_runner(
             gateway_url,
             model,
@@ -304,6 +326,7 @@ def runner(
             drain_timeout,
             liveness_timeout,
             token,
+            max_kv_bytes,
         )
     )
 
@@ -318,6 +341,7 @@ async def _run_runner(
     drain_timeout: float,
     liveness_timeout: float,
     token: str | None,
+    max_kv_bytes: int | None,
 ) -> None:
     from runner.client import Runner, Unauthorized
     from runner.engine.base import Engine
@@ -334,10 +358,15 @@ async def _run_runner(
     else:
         import mlx.core as mx
 
-        from runner.engine.mlx_engine import MlxEngine
-
-        eng = MlxEngine(model, max_concurrent=max_concurrent)
         backend = "gpu" if mx.default_device() == mx.gpu else "cpu"
+        if engine_kind == "mlx-batched":
+            from runner.engine.batched import BatchedMlxEngine
+
+            eng = BatchedMlxEngine(model, max_concurrent=max_concurrent, max_kv_bytes=max_kv_bytes)
+        else:
+            from runner.engine.mlx_engine import MlxEngine
+
+            eng = MlxEngine(model, max_concurrent=max_concurrent)
     run = Runner(
         gateway_url,
         eng,
@@ -387,7 +416,7 @@ def serve(
     token = runner_token or secrets.token_urlsafe(24)
     config = GatewayConfig(host=host, port=port, runner_token=token)
     _check_exposure(config)
-    asyncio.run(_serve(config, model, max_concurrent, log_level))
+    _run(_serve(config, model, max_concurrent, log_level))
 
 
 async def _serve(config: object, model: str, max_concurrent: int, log_level: str) -> None:

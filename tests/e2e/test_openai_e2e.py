@@ -19,9 +19,14 @@ from tests.support import UNIT, Gateway, Process, gateway_with_runner, sse_event
 MODEL = "orchard-demo"
 
 
-@pytest.fixture(scope="module")
-def stack(demo_model_path: Path) -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner("--model", MODEL, "--max-concurrent", "8") as stack:
+@pytest.fixture(scope="module", params=["mlx", "mlx-batched"])
+def stack(
+    demo_model_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Gateway, Process]]:
+    """Every test runs against both engines: interleaved and batched."""
+    with gateway_with_runner(
+        "--model", MODEL, "--max-concurrent", "8", "--engine", request.param
+    ) as stack:
         yield stack
 
 
