@@ -29,6 +29,8 @@ from protocol.session import GatewaySession
 log = logging.getLogger("gateway.runner_link")
 
 RUNNER_PATH = "/v1/runner/ws"
+WATCHDOG_TICK = 0.25
+"""Seconds between liveness checks: a silent runner is dropped at most this late."""
 
 
 class _Closed(Exception):
@@ -169,11 +171,16 @@ async def _watchdog(link: _Link, config: GatewayConfig) -> None:
 
     Silence, not a closed socket, is what catches a frozen (e.g. SIGSTOPped) runner.
     """
+    tick = min(config.heartbeat_interval, WATCHDOG_TICK)
+    next_beat = time.monotonic()
     while True:
-        await asyncio.sleep(config.heartbeat_interval)
-        silent = time.monotonic() - link.last_seen
+        now = time.monotonic()
+        silent = now - link.last_seen
         if silent > config.liveness_timeout:
             raise ProtocolError(
                 f"no frame for {silent:.1f} s", close_code=CloseCode.HEARTBEAT_TIMEOUT
             )
-        await link.send(encode(Heartbeat(time.time())))
+        if now >= next_beat:
+            await link.send(encode(Heartbeat(time.time())))
+            next_beat = now + config.heartbeat_interval
+        await asyncio.sleep(tick)

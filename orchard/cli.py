@@ -62,7 +62,7 @@ def main() -> None:
 )
 @click.option(
     "--liveness-timeout",
-    default=3.0,
+    default=2.5,
     show_default=True,
     help="Seconds of runner silence before it is dropped.",
 )

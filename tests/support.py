@@ -106,11 +106,11 @@ class Process:
 class Gateway:
     """A gateway process on a free port."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.process = Process(
-            ["gateway", "--port", str(self.port), "--log-level", "warning", *extra]
+            ["gateway", "--port", str(self.port), "--log-level", "warning", *extra], env=env
         )
         try:
             wait_until(self._healthy, 20, "the gateway to start")

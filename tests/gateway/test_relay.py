@@ -428,3 +428,22 @@ async def test_oversized_runner_frame_closes_only_that_runner(
         gen = await runner.next_request()
         await runner.send(FakeRunner.chunk(gen.request_id, 0, "fine", done=True))
         assert (await task).json()["choices"][0]["message"]["content"] == "fine"
+
+
+async def test_non_streaming_client_disconnect_sends_cancel(
+    runner: FakeRunner, gateway: Gateway
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    payload = orjson.dumps(body())
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    await writer.drain()
+    gen = await runner.next_request()
+    assert isinstance(gen, Generate)
+    writer.close()  # the client gives up before any answer
+    await writer.wait_closed()
+    assert await runner.next_request() == Cancel(gen.request_id)
+    await runner.send(Chunk(gen.request_id, 0, "", "", 0, Usage(3, 0), "cancelled"))
+    assert not await reader.read()  # nothing was ever sent back

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import httpx
@@ -297,3 +298,16 @@ async def test_websocket_without_a_valid_key_is_closed(
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == CloseCode.UNAUTHORIZED
     assert closed.value.rcvd.reason == reason
+
+
+def test_api_keys_from_env_and_file(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text("from-file-1\n\nfrom-file-2\n")
+    gw = Gateway("--api-key-file", str(key_file), env={"ORCHARD_API_KEYS": "env-a, env-b"})
+    try:
+        for key in ("from-file-1", "from-file-2", "env-a", "env-b"):
+            resp = httpx.get(f"{gw.base}/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert resp.status_code == 200, key
+        assert httpx.get(f"{gw.base}/v1/models").status_code == 401
+    finally:
+        gw.stop()
