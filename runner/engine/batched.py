@@ -30,13 +30,11 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-import mlx_lm
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from protocol.frames import FinishReason, ModelInfo, SamplingParams
+from protocol.frames import FinishReason, SamplingParams
 from runner.accounting import Piece
-from runner.demo_model import resolve_model
 from runner.engine.base import Output
 from runner.engine.mlx_engine import (
     MlxEngine,
@@ -84,22 +82,8 @@ class BatchedMlxEngine(MlxEngine):
         self.fallback_requests = 0
         self.peak_batch_size = 0
 
-    def _serve_loaded(self) -> None:
-        try:
-            loaded: Any = mlx_lm.load(resolve_model(self.model_name), return_config=True)
-            model, tokenizer, config = loaded
-            worker = _BatchedWorker(self, model, tokenizer, config, self._context_length)
-        except BaseException as exc:  # handed to the thread that called start()
-            self._load_error = exc
-            self._ready.set()
-            return
-        self._models = (ModelInfo(self.model_name, worker.context_length),)
-        log.info("loaded %s (context %d tokens, batched)", self.model_name, worker.context_length)
-        self._ready.set()
-        try:
-            self._loop(worker)
-        finally:
-            worker.drop_all()
+    def _make_worker(self, model: Any, tokenizer: Any, config: Any) -> _Worker:
+        return _BatchedWorker(self, model, tokenizer, config, self._context_length)
 
 
 @attrs.define(eq=False)

@@ -162,18 +162,27 @@ class MlxEngine(Engine):
             # mlx-lm annotates load() as returning a 2- or 3-tuple; return_config picks the 3.
             loaded: Any = mlx_lm.load(resolve_model(self.model_name), return_config=True)
             model, tokenizer, config = loaded
-            worker = _Worker(self, model, tokenizer, config, self._context_length)
+            worker = self._make_worker(model, tokenizer, config)
         except BaseException as exc:  # handed to the thread that called start()
             self._load_error = exc
             self._ready.set()
             return
         self._models = (ModelInfo(self.model_name, worker.context_length),)
-        log.info("loaded %s (context %d tokens)", self.model_name, worker.context_length)
+        log.info(
+            "loaded %s (context %d tokens, %s)",
+            self.model_name,
+            worker.context_length,
+            type(worker).__name__,
+        )
         self._ready.set()
         try:
             self._loop(worker)
         finally:
             worker.drop_all()
+
+    def _make_worker(self, model: Any, tokenizer: Any, config: Any) -> _Worker:
+        """The per-thread generation state; subclasses swap in their own (batched)."""
+        return _Worker(self, model, tokenizer, config, self._context_length)
 
     def _loop(self, worker: _Worker) -> None:
         while True:
