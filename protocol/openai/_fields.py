@@ -1,0 +1,177 @@
+"""Readers for JSON request fields and makers of OpenAI-worded 400s, shared by the request
+parser. A JSON null reads as None ("not given"). Private to protocol.openai."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import orjson
+
+from protocol.openai.errors import invalid_request
+
+# --- field readers: a JSON null reads as None (not given) -----------------------------------
+
+
+def _param(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _required(obj: dict[str, Any], key: str, path: str) -> Any:
+    if key not in obj:
+        param = _param(path, key)
+        raise invalid_request(
+            f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+        )
+    return obj[key]
+
+
+def _bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:
+    value = obj.get(key)
+    if value is not None and type(value) is not bool:
+        _fail_type(_param(path, key), "a boolean", value)
+    return value
+
+
+def _str(obj: dict[str, Any], key: str, path: str = "") -> str | None:
+    value = obj.get(key)
+    if value is not None and type(value) is not str:
+        _fail_type(_param(path, key), "a string", value)
+    return value
+
+
+def _int(obj: dict[str, Any], key: str, minimum: int, maximum: int, path: str = "") -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:
+        _fail_type(_param(path, key), "an integer", value)
+    _check_range(_param(path, key), "integer", value, minimum, maximum)
+    return value
+
+
+def _number(
+    obj: dict[str, Any], key: str, minimum: float, maximum: float, path: str = ""
+) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) not in (int, float):  # bool is not a number
+        _fail_type(_param(path, key), "a decimal", value)
+    _check_range(_param(path, key), "decimal", value, minimum, maximum)
+    return float(value)
+
+
+def _check_range(param: str, kind: str, value: float, minimum: float, maximum: float) -> None:
+    if value < minimum:
+        raise invalid_request(
+            f"Invalid '{param}': {kind} below minimum value. Expected a value >= {minimum}, "
+            f"but got {_show(value)} instead.",
+            param,
+            f"{kind}_below_min_value",
+        )
+    if value > maximum:
+        raise invalid_request(
+            f"Invalid '{param}': {kind} above maximum value. Expected a value <= {maximum}, "
+            f"but got {_show(value)} instead.",
+            param,
+            f"{kind}_above_max_value",
+        )
+
+
+# --- error makers ---------------------------------------------------------------------------
+
+
+def _fail_type(param: str, expected: str, value: Any) -> NoReturn:
+    raise invalid_request(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
+        param,
+        "invalid_type",
+    )
+
+
+def _fail_value(param: str, value: Any, supported: Sequence[str]) -> NoReturn:
+    quoted = [f"'{item}'" for item in supported]
+    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + ", and " + quoted[-1]
+    raise invalid_request(
+        f"Invalid value for '{param}': {_show(value)}. Supported values are: {listed}.",
+        param,
+        "invalid_value",
+    )
+
+
+def _fail_unknown(param: str) -> NoReturn:
+    param = _clip(param)
+    raise invalid_request(f"Unknown parameter: '{param}'.", param, "unknown_parameter")
+
+
+def _fail_unsupported(param: str, reason: str) -> NoReturn:
+    raise invalid_request(
+        f"Unsupported parameter: '{param}' is not supported with this server: {reason}.",
+        param,
+        "unsupported_parameter",
+    )
+
+
+def _fail_unsupported_value(param: str, value: Any, default: str) -> NoReturn:
+    raise invalid_request(
+        f"Unsupported value: '{param}' does not support {_show(value)} with this server. "
+        f"Only the default ({default}) value is supported.",
+        param,
+        "unsupported_value",
+    )
+
+
+def _fail_array_too_long(param: str, maximum: int, length: int) -> NoReturn:
+    raise invalid_request(
+        f"Invalid '{param}': array too long. Expected an array with maximum length {maximum}, "
+        f"but got an array with length {length} instead.",
+        param,
+        "array_above_max_length",
+    )
+
+
+def _fail_too_many(param: str, maximum: int, count: int) -> NoReturn:
+    raise invalid_request(
+        f"Invalid '{param}': too many properties. Expected an object with at most {maximum} "
+        f"properties, but got an object with {count} properties instead.",
+        param,
+        "object_above_max_properties",
+    )
+
+
+def _fail_too_long(param: str, maximum: int, length: int) -> NoReturn:
+    raise invalid_request(
+        f"Invalid '{param}': string too long. Expected a string with maximum length {maximum}, "
+        f"but got a string with length {length} instead.",
+        param,
+        "string_above_max_length",
+    )
+
+
+def _kind(value: Any) -> str:
+    """How OpenAI names a JSON value's type in its messages."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return "a boolean"
+    if type(value) is int:
+        return "an integer"
+    if type(value) is float:
+        return "a decimal"
+    if type(value) is str:
+        return "a string"
+    if type(value) is list:
+        return "an array"
+    return "an object"
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, clipped so a huge input is not echoed back whole."""
+    if type(value) is str:
+        return f"'{_clip(value)}'"
+    return _clip(orjson.dumps(value).decode())
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
