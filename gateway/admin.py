@@ -43,6 +43,7 @@ def runner_info(conn: RunnerConn) -> dict[str, Any]:
         "tokens_generated": conn.tokens_generated,
         "requests_served": conn.requests_served,
         "tokens_after_cancel": conn.tokens_after_cancel,
+        "kv_cache": {"bytes": conn.kv_bytes, "limit_bytes": conn.kv_limit_bytes},
     }
 
 

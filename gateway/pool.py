@@ -66,6 +66,8 @@ class RunnerConn:
         self.connected_at = time.time()
         self.tokens_generated = 0
         self.tokens_after_cancel = 0
+        self.kv_bytes: int | None = None
+        self.kv_limit_bytes: int | None = None
         self.requests_served = 0
 
     @property

@@ -163,7 +163,8 @@ async def _receive_loop(link: _Link, session: GatewaySession, pool: Pool, conn: 
                 pool.on_frame(conn, frame)
         elif isinstance(frame, Drain):
             pool.draining(conn)
-        # Heartbeats only refresh last_seen, which receive() already did.
+        elif isinstance(frame, Heartbeat):
+            conn.kv_bytes, conn.kv_limit_bytes = frame.kv_bytes, frame.kv_limit_bytes
 
 
 async def _watchdog(link: _Link, config: GatewayConfig) -> None:

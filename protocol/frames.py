@@ -180,9 +180,14 @@ class Error:
 
 @attrs.frozen
 class Heartbeat:
-    """Liveness, sent both ways; `sent_at` is the sender's wall clock (seconds)."""
+    """Liveness, sent both ways; `sent_at` is the sender's wall clock (seconds).
+
+    A runner's heartbeats also carry its KV-cache memory, for `/v1/runners`.
+    """
 
     sent_at: float
+    kv_bytes: int | None = None
+    kv_limit_bytes: int | None = None
 
 
 @attrs.frozen

@@ -248,7 +248,15 @@ class Runner:
     async def _heartbeat_loop(self, interval: float) -> None:
         """Send heartbeats; give up on a gateway that has gone silent (frozen, cut off)."""
         while True:
-            self._queue(encode(Heartbeat(time.time())))
+            self._queue(
+                encode(
+                    Heartbeat(
+                        time.time(),
+                        getattr(self.engine, "kv_bytes", None),
+                        getattr(self.engine, "max_kv_bytes", None),
+                    )
+                )
+            )
             await asyncio.sleep(interval)
             silent = time.monotonic() - self._last_heard
             if silent > self.liveness_timeout:

@@ -17,6 +17,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from tests.support import UNIT, Gateway, Process, gateway_with_runner, sse_events, wait_until
 
 MODEL = "orchard-demo"
+KV_LIMIT = 256 * 1024 * 1024
 
 
 @pytest.fixture(scope="module", params=["mlx", "mlx-batched"])
@@ -24,8 +25,9 @@ def stack(
     demo_model_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Gateway, Process]]:
     """Every test runs against both engines: interleaved and batched."""
+    extra = ["--max-kv-bytes", str(KV_LIMIT)] if request.param == "mlx-batched" else []
     with gateway_with_runner(
-        "--model", MODEL, "--max-concurrent", "8", "--engine", request.param
+        "--model", MODEL, "--max-concurrent", "8", "--engine", request.param, *extra
     ) as stack:
         yield stack
 
@@ -492,7 +494,7 @@ def test_client_disconnect_stops_generation(gateway: Gateway, reference: Referen
     assert runner()["tokens_generated"] == after  # nothing more generated
 
 
-def test_models_runners_health(gateway: Gateway) -> None:
+def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process]) -> None:
     models = httpx.get(f"{gateway.base}/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == [MODEL]
@@ -516,6 +518,7 @@ def test_models_runners_health(gateway: Gateway) -> None:
         "requests_served",
         "draining",
         "tokens_after_cancel",
+        "kv_cache",
     }
     assert info["name"] == "test-runner"
     assert info["models"] == [{"id": MODEL, "context_length": 2048}]
@@ -523,6 +526,13 @@ def test_models_runners_health(gateway: Gateway) -> None:
     assert info["draining"] is False
     assert set(info["hardware"]) == {"chip", "cpu_count", "memory_bytes", "backend", "platform"}
     assert info["hardware"]["memory_bytes"] > 0
+    if "mlx-batched" in stack[1].args:  # the batched engine accounts for its KV cache
+        wait_until(lambda: (gateway.runners()[0]["kv_cache"]["bytes"] or 0) > 0, 3, "a KV report")
+        kv = gateway.runners()[0]["kv_cache"]
+        assert kv["limit_bytes"] == KV_LIMIT
+        assert 0 < kv["bytes"] <= KV_LIMIT
+    else:
+        assert info["kv_cache"] == {"bytes": None, "limit_bytes": None}
 
     health = httpx.get(f"{gateway.base}/health").json()
     assert health == {"status": "ok", "runners": 1, "models": [MODEL]}

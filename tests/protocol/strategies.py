@@ -140,7 +140,9 @@ chunks = st.builds(
     stats=st.none() | generation_stats,
 )
 errors = st.builds(Error, request_id=optional_text, code=error_codes, message=text)
-heartbeats = st.builds(Heartbeat, sent_at=floats)
+heartbeats = st.builds(
+    Heartbeat, sent_at=floats, kv_bytes=st.none() | ints, kv_limit_bytes=st.none() | ints
+)
 drains = st.builds(Drain, reason=text)
 
 FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {

@@ -285,7 +285,15 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
             "message": "engine crashed",
         },
     ),
-    (Heartbeat(sent_at=1718000000.25), {"type": "heartbeat", "sent_at": 1718000000.25}),
+    (
+        Heartbeat(sent_at=1718000000.25, kv_bytes=4096),
+        {
+            "type": "heartbeat",
+            "sent_at": 1718000000.25,
+            "kv_bytes": 4096,
+            "kv_limit_bytes": None,
+        },
+    ),
     (Drain(), {"type": "drain", "reason": "shutting down"}),
 ]
 
