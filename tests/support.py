@@ -30,6 +30,7 @@ from protocol.frames import (
     Chunk,
     Generate,
     Hardware,
+    Heartbeat,
     Hello,
     ModelInfo,
     Usage,
@@ -211,11 +212,13 @@ class FakeRunner:
         return cls(ws, welcome)
 
     async def next_request(self) -> Generate | Cancel:
-        """The next Generate or Cancel (heartbeats skipped)."""
+        """The next Generate or Cancel; the gateway's heartbeats are answered meanwhile."""
         while True:
             frame = decode_gateway_frame(await asyncio.wait_for(self.ws.recv(), 10 * UNIT))
             if isinstance(frame, Generate | Cancel):
                 return frame
+            if isinstance(frame, Heartbeat):
+                await self.send(Heartbeat(frame.sent_at))
 
     async def send(self, frame: Any) -> None:
         await self.ws.send(encode(frame), text=True)
