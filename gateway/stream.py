@@ -34,17 +34,18 @@ class Failed:
 StreamItem = Chunk | Error | Failed
 
 
-def merge(first: Chunk, second: Chunk) -> Chunk:
-    """Two consecutive chunks of one request as one."""
+def merge(chunks: list[Chunk]) -> Chunk:
+    """Consecutive chunks of one request as one (joined once: no quadratic copying)."""
+    last = chunks[-1]
     return Chunk(
-        first.request_id,
-        second.seq,
-        first.text + second.text,
-        first.reasoning + second.reasoning,
-        first.tokens + second.tokens,
-        second.usage,
-        second.finish_reason,
-        second.stats,
+        last.request_id,
+        last.seq,
+        "".join(c.text for c in chunks),
+        "".join(c.reasoning for c in chunks),
+        sum(c.tokens for c in chunks),
+        last.usage,
+        last.finish_reason,
+        last.stats,
     )
 
 
@@ -53,6 +54,7 @@ class RequestStream:
 
     __slots__ = (
         "_items",
+        "_overflow",
         "_waiter",
         "attempts",
         "cancelled",
@@ -76,6 +78,8 @@ class RequestStream:
         self.merged = 0
         """Chunks merged because the reader fell behind."""
         self._items: collections.deque[StreamItem] = collections.deque()
+        self._overflow: list[StreamItem] = []
+        """What came after MAX_PENDING items; merged into one chunk when the reader gets there."""
         self._waiter: asyncio.Future[None] | None = None
 
     @property
@@ -85,22 +89,35 @@ class RequestStream:
     def push(self, item: StreamItem) -> None:
         if isinstance(item, Chunk):
             self.started = True
-            if item.finish_reason is not None:
-                self.done = True
-            items = self._items
-            if len(items) >= MAX_PENDING and isinstance(last := items[-1], Chunk):
-                items[-1] = merge(last, item)
-                self.merged += 1
-            else:
-                items.append(item)
+            self.done = item.finish_reason is not None
         else:
             self.done = True
+        if self._overflow or (len(self._items) >= MAX_PENDING and isinstance(item, Chunk)):
+            self._overflow.append(item)
+            self.merged += 1
+        else:
             self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _refill(self) -> None:
+        """The reader caught up: what overflowed comes back as one merged chunk."""
+        chunks: list[Chunk] = []
+        rest: list[StreamItem] = []
+        for item in self._overflow:
+            if isinstance(item, Chunk) and not rest:
+                chunks.append(item)
+            else:
+                rest.append(item)
+        self._overflow = []
+        if chunks:
+            self._items.append(merge(chunks))
+        self._items.extend(rest)
+
     async def get(self) -> StreamItem:
+        if not self._items and self._overflow:
+            self._refill()
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -111,10 +128,12 @@ class RequestStream:
 
     def get_nowait(self) -> StreamItem | None:
         """The next item if one is ready (lets writers coalesce a burst into one write)."""
+        if not self._items and self._overflow:
+            self._refill()
         return self._items.popleft() if self._items else None
 
     def pending(self) -> int:
-        return len(self._items)
+        return len(self._items) + len(self._overflow)
 
 
 async def next_item(stream: RequestStream, seconds: float) -> StreamItem | None:
