@@ -33,9 +33,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from protocol.frames import FinishReason, SamplingParams
-from runner.accounting import Piece
-from runner.engine.base import Output
+from protocol.frames import SamplingParams
 from runner.engine.mlx_engine import (
     MlxEngine,
     _close_stream,
@@ -258,25 +256,9 @@ class _BatchedWorker(_Worker):
             # The batch has already dropped the row and handed back its cache.
             self._unbatch(request, removed=True)
             request.cache = response.prompt_cache
-        if piece.stopped:
-            if response.finish_reason is None:
-                self._unbatch(request, removed=False)
-            self._finish(request, "stop", piece, tokens=1)
-        elif response.finish_reason is not None:
-            tail = request.accounting.flush()
-            piece = Piece(piece.text + tail.text, piece.reasoning)
-            reason: FinishReason = "stop" if response.finish_reason == "stop" else "length"
-            self._finish(request, reason, piece, tokens=1)
-        else:
-            self._engine._emit(
-                Output(
-                    request.request_id,
-                    piece.text,
-                    piece.reasoning,
-                    1,
-                    request.accounting.usage(),
-                )
-            )
+        if piece.stopped and response.finish_reason is None:
+            self._unbatch(request, removed=False)  # a stop string: take the row out now
+        self._deliver(request, piece, response.finish_reason)
 
     def _unbatch(self, request: _Request, *, removed: bool) -> None:
         """Take a request out of the batch; unless the batch did so, keep its cache."""

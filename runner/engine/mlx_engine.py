@@ -432,12 +432,16 @@ class _Worker:
         request.tokens.append(token)
         self._engine.tokens_generated += 1
         piece = request.accounting.feed(token, response.text)
+        self._deliver(request, piece, response.finish_reason)
+
+    def _deliver(self, request: _Request, piece: Piece, model_finish: str | None) -> None:
+        """One token's piece: emit it, or end the request (stop string, EOS, length)."""
         if piece.stopped:
             self._finish(request, "stop", piece, tokens=1)
-        elif response.finish_reason is not None:
+        elif model_finish is not None:
             tail = request.accounting.flush()
             piece = Piece(piece.text + tail.text, piece.reasoning)
-            reason: FinishReason = "stop" if response.finish_reason == "stop" else "length"
+            reason: FinishReason = "stop" if model_finish == "stop" else "length"
             self._finish(request, reason, piece, tokens=1)
         else:
             self._engine._emit(
