@@ -24,10 +24,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 
 from bench.harness import env_note, free_port, sse_run, stack, table
+from bench.plot import bar_chart
 from protocol.frames import Generate, Message, SamplingParams
 from runner.demo_model import resolve_model
 from runner.engine.base import Engine, EngineEvent, Failure, Output
@@ -214,6 +216,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "concurrency.svg"
+
+
 def main(runs: int, tokens: int) -> None:
     from runner.engine.batched import BatchedMlxEngine
     from runner.engine.mlx_engine import MlxEngine
@@ -296,6 +301,16 @@ def main(runs: int, tokens: int) -> None:
             rows,
         )
     )
+    shown = [name for name in backends if not name.startswith("engine")]
+    aggregate = {(str(r[1]), int(str(r[0]))): float(str(r[2])) for r in rows}
+    bar_chart(
+        PLOT,
+        f"Aggregate tok/s, {MODEL} on 2 CPU cores ({runs} runs, {tokens} tokens/stream)",
+        [f"{n} stream{'s' if n > 1 else ''}" for n in STREAMS],
+        {name: [aggregate[(name, n)] for n in STREAMS] for name in shown},
+        "tokens/s (all streams)",
+    )
+    print(f"\nplot: {PLOT}")
     print(
         table(
             f"late join: TTFT of a request sent while 7 streams decode ({runs} runs)",

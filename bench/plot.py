@@ -1,0 +1,60 @@
+"""A grouped bar chart as a small standalone SVG (no plotting library needed)."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+COLOURS = ("#2f6f4f", "#7fb069", "#d08c60", "#8c6bb1", "#5b8bd9")
+
+
+def bar_chart(
+    path: Path, title: str, groups: list[str], series: dict[str, list[float]], unit: str
+) -> None:
+    """Bars of each series side by side per group, values written on top."""
+    width, height, left, bottom, top = 720, 360, 70, 50, 50
+    plot_w, plot_h = width - left - 20, height - top - bottom
+    peak = max((v for values in series.values() for v in values), default=1.0) or 1.0
+    group_w = plot_w / len(groups)
+    bar_w = group_w * 0.8 / len(series)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
+        'stroke="#444"/>',
+        f'<text x="16" y="{top + plot_h / 2}" transform="rotate(-90 16 {top + plot_h / 2})" '
+        f'text-anchor="middle">{escape(unit)}</text>',
+    ]
+    for g, group in enumerate(groups):
+        x0 = left + g * group_w + group_w * 0.1
+        parts.append(
+            f'<text x="{left + (g + 0.5) * group_w}" y="{top + plot_h + 20}" '
+            f'text-anchor="middle">{escape(group)}</text>'
+        )
+        for s, (name, values) in enumerate(series.items()):
+            value = values[g]
+            h = plot_h * value / peak
+            x = x0 + s * bar_w
+            y = top + plot_h - h
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w - 2:.1f}" height="{h:.1f}" '
+                f'fill="{COLOURS[s % len(COLOURS)]}"><title>{escape(name)}: {value:.0f}</title>'
+                "</rect>"
+            )
+            parts.append(
+                f'<text x="{x + bar_w / 2 - 1:.1f}" y="{y - 4:.1f}" text-anchor="middle" '
+                f'font-size="10">{value:.0f}</text>'
+            )
+    for s, name in enumerate(series):
+        y = top + plot_h + 38
+        x = left + s * 170
+        parts.append(
+            f'<rect x="{x}" y="{y - 10}" width="12" height="12" '
+            f'fill="{COLOURS[s % len(COLOURS)]}"/>'
+            f'<text x="{x + 18}" y="{y}">{escape(name)}</text>'
+        )
+    parts.append("</svg>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts) + "\n")
