@@ -3,8 +3,11 @@ touches another stream. Hypothesis generates the input; a well-behaved stream ru
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,20 +56,21 @@ class HonestRunner:
                 if isinstance(frame, Heartbeat):  # answer the gateway's: stay alive
                     self.ws.send(encode(Heartbeat(frame.sent_at)).decode())
                 if isinstance(frame, Generate):
-                    for seq, word in enumerate(["a ", "b ", "c"]):
-                        self.ws.send(
-                            encode(
-                                Chunk(
-                                    frame.request_id,
-                                    seq,
-                                    word,
-                                    "",
-                                    1,
-                                    Usage(3, seq + 1),
-                                    "stop" if seq == 2 else None,
-                                )
-                            ).decode()
-                        )
+                    threading.Thread(target=self._answer, args=(frame,), daemon=True).start()
+        except ConnectionClosed:
+            pass
+
+    def _answer(self, frame: Generate) -> None:
+        """Answer slowly, so the answer is still streaming while hostile input arrives."""
+        try:
+            for seq, word in enumerate(["a ", "b ", "c"]):
+                final = seq == 2
+                chunk = Chunk(
+                    frame.request_id, seq, word, "", 1, Usage(3, seq + 1), "stop" if final else None
+                )
+                self.ws.send(encode(chunk).decode())
+                if not final:
+                    time.sleep(STEP)
         except ConnectionClosed:
             pass
 
@@ -79,6 +83,21 @@ def honest(gateway: Gateway) -> Iterator[HonestRunner]:
     runner = HonestRunner(gateway)
     yield runner
     runner.close()
+
+
+STEP = 0.1
+"""Seconds between the honest runner's chunks."""
+
+
+@contextlib.contextmanager
+def honest_stream_beside(gateway: Gateway) -> Iterator[None]:
+    """An honest request streams on another thread while the block sends hostile input;
+    it must come through whole."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(honest_request_works, gateway)
+        time.sleep(STEP / 2)  # its first chunk is out, the rest is still to come
+        yield
+        answer.result()
 
 
 def honest_request_works(gateway: Gateway) -> None:
@@ -133,8 +152,8 @@ def _rogue_session(
 def test_rogue_runner_frames(
     gateway: Gateway, honest: HonestRunner, payloads: list[bytes], hello_first: bool
 ) -> None:
-    rogue_session(gateway, payloads, hello_first)
-    honest_request_works(gateway)
+    with honest_stream_beside(gateway):
+        rogue_session(gateway, payloads, hello_first)
 
 
 def test_rogue_runner_writing_into_an_honest_request(
@@ -152,12 +171,13 @@ def test_rogue_runner_writing_into_an_honest_request(
 @given(body=json_values | st.binary(max_size=300))
 def test_hostile_http_bodies_get_4xx(gateway: Gateway, honest: HonestRunner, body: Any) -> None:
     content = body if isinstance(body, bytes) else orjson.dumps(body)
-    resp = httpx.post(
-        f"{gateway.base}/v1/chat/completions",
-        content=content,
-        headers={"content-type": "application/json"},
-        timeout=10 * UNIT,
-    )
+    with honest_stream_beside(gateway):
+        resp = httpx.post(
+            f"{gateway.base}/v1/chat/completions",
+            content=content,
+            headers={"content-type": "application/json"},
+            timeout=10 * UNIT,
+        )
     assert 400 <= resp.status_code < 500, resp.text
     assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
 
@@ -177,7 +197,8 @@ chat_bodies = st.fixed_dictionaries(
 @SETTINGS
 @given(body=chat_bodies)
 def test_hostile_chat_fields_never_5xx(gateway: Gateway, honest: HonestRunner, body: Any) -> None:
-    resp = httpx.post(f"{gateway.base}/v1/chat/completions", json=body, timeout=10 * UNIT)
+    with honest_stream_beside(gateway):
+        resp = httpx.post(f"{gateway.base}/v1/chat/completions", json=body, timeout=10 * UNIT)
     assert resp.status_code < 500, resp.text
 
 
@@ -198,17 +219,17 @@ def client_ws(gateway: Gateway) -> Iterator[ClientConnection]:
 def test_hostile_client_messages(
     gateway: Gateway, honest: HonestRunner, client_ws: ClientConnection, message: Any
 ) -> None:
-    client_ws.send(orjson.dumps(message).decode())
-    # Whatever came back, the socket still works and answers a ping.
-    client_ws.send('{"type": "ping"}')
-    while True:
-        reply = orjson.loads(client_ws.recv(timeout=10 * UNIT))
-        assert reply["type"] in ("error", "chunk", "done", "pong"), reply
-        if reply["type"] == "error":
-            assert 400 <= _status_of(reply["error"]) < 500
-        if reply["type"] == "pong":
-            break
-    honest_request_works(gateway)
+    with honest_stream_beside(gateway):
+        client_ws.send(orjson.dumps(message).decode())
+        # Whatever came back, the socket still works and answers a ping.
+        client_ws.send('{"type": "ping"}')
+        while True:
+            reply = orjson.loads(client_ws.recv(timeout=10 * UNIT))
+            assert reply["type"] in ("error", "chunk", "done", "pong"), reply
+            if reply["type"] == "error":
+                assert 400 <= _status_of(reply["error"]) < 500
+            if reply["type"] == "pong":
+                break
 
 
 def _status_of(error: dict[str, Any]) -> int:
