@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-from litestar import get
+from litestar import Response, get
 from litestar.datastructures import State
 
 from gateway.pool import Pool, RunnerConn
@@ -59,7 +59,16 @@ async def list_runners(state: State) -> dict[str, Any]:
 
 
 @get("/health")
-async def health(state: State) -> dict[str, Any]:
-    """Liveness of the gateway itself (200 even with no runners)."""
+async def health(state: State) -> Response[dict[str, Any]]:
+    """Liveness of the gateway itself: 200 even with no runners, 503 while it drains (so a
+    load balancer stops sending it new requests)."""
     pool: Pool = state.pool
-    return {"status": "ok", "runners": len(pool.runners), "models": sorted(pool.models())}
+    draining = pool.shutting_down
+    return Response(
+        {
+            "status": "draining" if draining else "ok",
+            "runners": len(pool.runners),
+            "models": sorted(pool.models()),
+        },
+        status_code=503 if draining else 200,
+    )

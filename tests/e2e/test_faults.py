@@ -976,6 +976,9 @@ async def test_sigterm_gateway_drains_then_runners_move_on(
         else:
             assert resp.status_code == 503, resp.text
             assert resp.json()["error"]["code"] == "shutting_down"
+            health = await fresh.get(f"{gw.base}/health")  # probes see the drain
+            assert health.status_code == 503
+            assert health.json()["status"] == "draining"
 
     await ended([in_flight], 10)
     in_flight.assert_complete(tokens)
