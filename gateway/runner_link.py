@@ -23,7 +23,7 @@ from gateway.pool import Pool, RunnerConn
 from protocol.closecodes import CloseCode
 from protocol.codec import decode_runner_frame, encode
 from protocol.errors import ProtocolError
-from protocol.frames import PROTOCOL_VERSION, Chunk, Drain, Error, Heartbeat, Hello, Welcome
+from protocol.frames import PROTOCOL_VERSION, Batch, Chunk, Drain, Error, Heartbeat, Hello, Welcome
 from protocol.session import GatewaySession
 
 log = logging.getLogger("gateway.runner_link")
@@ -156,6 +156,9 @@ async def _receive_loop(link: _Link, session: GatewaySession, pool: Pool, conn: 
         frame = session.receive(decode_runner_frame(await link.receive()))
         if isinstance(frame, Chunk):
             pool.on_frame(conn, frame)
+        elif isinstance(frame, Batch):
+            for chunk in frame.frames:
+                pool.on_frame(conn, chunk)
         elif isinstance(frame, Error):
             if frame.request_id is None:
                 log.warning("runner %s reported: %s", conn.name, frame.message)

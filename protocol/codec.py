@@ -18,7 +18,16 @@ from cattrs.preconf.orjson import make_converter
 from cattrs.strategies import configure_tagged_union
 
 from protocol.errors import FrameError
-from protocol.frames import TAGS, Chunk, FinishReason, Frame, GatewayFrame, RunnerFrame, Usage
+from protocol.frames import (
+    TAGS,
+    Batch,
+    Chunk,
+    FinishReason,
+    Frame,
+    GatewayFrame,
+    RunnerFrame,
+    Usage,
+)
 
 T = TypeVar("T")
 
@@ -127,6 +136,8 @@ def _decode(data: bytes | str, union: Any) -> Any:
         raise FrameError(f"unknown frame type {tag!r}")
     if tag == "chunk" and (chunk := _fast_chunk(obj)) is not None:
         return chunk
+    if tag == "batch" and (batch := _fast_batch(obj)) is not None:
+        return batch
     try:
         return converter.structure(obj, union)
     except Exception as exc:
@@ -141,12 +152,12 @@ _USAGE_KEYS = frozenset(("prompt_tokens", "completion_tokens", "cached_tokens", 
 _FINISH_REASONS = frozenset(get_args(FinishReason))
 
 
-def _fast_chunk(obj: dict[str, Any]) -> Chunk | None:
+def _fast_chunk(obj: dict[str, Any], keys: frozenset[str] = _CHUNK_KEYS) -> Chunk | None:
     """The per-token frame without cattrs' generic machinery (a quarter of the gateway's
     relay CPU in profiles). Only a complete, well-typed chunk without stats takes this path;
     anything else returns None and goes through the converter, which also words the errors.
     The tests check both paths agree."""
-    if obj.keys() != _CHUNK_KEYS or obj["stats"] is not None:
+    if obj.keys() != keys or obj["stats"] is not None:
         return None
     usage = obj["usage"]
     rid, seq, text, reasoning, tokens = (
@@ -178,6 +189,26 @@ def _fast_chunk(obj: dict[str, Any]) -> Chunk | None:
         return None
     reason: Any = finish  # checked against FinishReason above
     return Chunk(rid, seq, text, reasoning, tokens, Usage(*counts), reason, None)
+
+
+def _fast_batch(obj: dict[str, Any]) -> Batch | None:
+    """A batch whose chunks all take the fast path; otherwise None (the converter decides)."""
+    frames = obj.get("frames")
+    if obj.keys() != _BATCH_KEYS or type(frames) is not list:
+        return None
+    chunks = []
+    for item in frames:
+        if type(item) is not dict:
+            return None
+        chunk = _fast_chunk(item, _CHUNK_FIELDS)
+        if chunk is None:
+            return None
+        chunks.append(chunk)
+    return Batch(tuple(chunks))
+
+
+_BATCH_KEYS = frozenset(("type", "frames"))
+_CHUNK_FIELDS = _CHUNK_KEYS - {"type"}  # chunks inside a batch carry no tag
 
 
 _TAGS_BY_UNION: dict[int, frozenset[str]] = {

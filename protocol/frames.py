@@ -12,6 +12,7 @@ the class (see `protocol.codec`). A connection goes:
     gateway → runner    Cancel         (the runner answers with a final Chunk, finish "cancelled")
     either way          Heartbeat      (liveness, both directions)
     runner  → gateway   Drain          (take no new requests; in-flight ones finish)
+    runner  → gateway   Batch          (several chunks, of any requests, in one message)
 """
 
 from __future__ import annotations
@@ -197,13 +198,21 @@ class Drain:
     reason: str = "shutting down"
 
 
-RunnerFrame = Hello | Chunk | Error | Heartbeat | Drain
+@attrs.frozen
+class Batch:
+    """Chunks that were ready together, in order, as one WebSocket message: per-message costs
+    (framing, a receive, a decode) are paid once for all of them."""
+
+    frames: tuple[Chunk, ...]
+
+
+RunnerFrame = Hello | Chunk | Error | Heartbeat | Drain | Batch
 """Frames a runner sends."""
 
 GatewayFrame = Welcome | Generate | Cancel | Heartbeat
 """Frames the gateway sends."""
 
-Frame = Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat | Drain
+Frame = Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat | Drain | Batch
 
 TAGS: dict[type, str] = {
     Hello: "hello",
@@ -214,5 +223,6 @@ TAGS: dict[type, str] = {
     Error: "error",
     Heartbeat: "heartbeat",
     Drain: "drain",
+    Batch: "batch",
 }
 """The `type` value of each frame on the wire."""

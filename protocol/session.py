@@ -28,6 +28,7 @@ from protocol.closecodes import CloseCode
 from protocol.errors import ProtocolError, StateError
 from protocol.frames import (
     PROTOCOL_VERSION,
+    Batch,
     Cancel,
     Chunk,
     Drain,
@@ -88,19 +89,26 @@ class GatewaySession:
                 raise StateError("hello sent twice")
             case Drain():
                 self.state = State.DRAINING
-            case Chunk(request_id=rid, seq=seq):
-                req = self._request(rid, "chunk")
-                if seq != req.next_seq:
-                    raise StateError(f"chunk seq {seq} for {rid!r}, expected {req.next_seq}")
-                req.next_seq += 1
-                if frame.finish_reason is not None:
-                    del self._requests[rid]
+            case Chunk():
+                self._receive_chunk(frame)
+            case Batch(frames=chunks):
+                for chunk in chunks:
+                    self._receive_chunk(chunk)
             case Error(request_id=rid) if rid is not None:
                 self._request(rid, "error")
                 del self._requests[rid]
             case _:
                 pass
         return frame
+
+    def _receive_chunk(self, chunk: Chunk) -> None:
+        rid, seq = chunk.request_id, chunk.seq
+        req = self._request(rid, "chunk")
+        if seq != req.next_seq:
+            raise StateError(f"chunk seq {seq} for {rid!r}, expected {req.next_seq}")
+        req.next_seq += 1
+        if chunk.finish_reason is not None:
+            del self._requests[rid]
 
     def _accept_hello(self, hello: Hello) -> None:
         if hello.protocol_version != PROTOCOL_VERSION:

@@ -17,7 +17,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import websockets
@@ -28,7 +27,9 @@ from protocol.codec import decode_gateway_frame, encode
 from protocol.errors import ProtocolError
 from protocol.frames import (
     PROTOCOL_VERSION,
+    Batch,
     Cancel,
+    Chunk,
     Generate,
     Hardware,
     Heartbeat,
@@ -93,6 +94,7 @@ class Runner:
         self._session: RunnerSession | None = None
         self._outbox: list[bytes] = []
         self._events: collections.deque[EngineEvent] = collections.deque()
+        self._chunks: list[Chunk] = []
         self._drain_scheduled = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -307,24 +309,34 @@ class Runner:
                 self._emit(event)
         for output in pending.values():
             self._emit(output)
+        self._flush_chunks()
+
+    def _flush_chunks(self) -> None:
+        """Chunks of one wake-up, of any requests, go out as one message."""
+        chunks = self._chunks
+        if not chunks:
+            return
+        self._chunks = []
+        self._queue(encode(chunks[0] if len(chunks) == 1 else Batch(tuple(chunks))))
 
     def _emit(self, event: EngineEvent) -> None:
         session = self._session
         if session is None or not session.is_in_flight(event.request_id):
             return  # a request of a connection that is gone
         if isinstance(event, Failure):
-            frame: Any = session.error(event.request_id, event.code, event.message)
+            self._flush_chunks()  # keep order: this request's chunks go first
+            self._queue(encode(session.error(event.request_id, event.code, event.message)))
         else:
-            assert isinstance(event, Output)
-            frame = session.chunk(
-                event.request_id,
-                text=event.text,
-                reasoning=event.reasoning,
-                tokens=event.tokens,
-                usage=event.usage,
-                finish_reason=event.finish_reason,
-                stats=event.stats,
+            self._chunks.append(
+                session.chunk(
+                    event.request_id,
+                    text=event.text,
+                    reasoning=event.reasoning,
+                    tokens=event.tokens,
+                    usage=event.usage,
+                    finish_reason=event.finish_reason,
+                    stats=event.stats,
+                )
             )
-        self._queue(encode(frame))
         if isinstance(event, Failure) or event.finish_reason is not None:
             self._idle.set()

@@ -14,6 +14,7 @@ import orjson
 
 from protocol.codec import converter
 from protocol.frames import (
+    Batch,
     Cancel,
     Chunk,
     Drain,
@@ -144,6 +145,7 @@ heartbeats = st.builds(
     Heartbeat, sent_at=floats, kv_bytes=st.none() | ints, kv_limit_bytes=st.none() | ints
 )
 drains = st.builds(Drain, reason=text)
+batches = st.builds(Batch, frames=_tuples(chunks))
 
 FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Hello: hellos,
@@ -154,11 +156,12 @@ FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Error: errors,
     Heartbeat: heartbeats,
     Drain: drains,
+    Batch: batches,
 }
 """One strategy per frame class, to parametrize tests over every frame type."""
 
 runner_frames: st.SearchStrategy[RunnerFrame] = st.one_of(
-    hellos, chunks, errors, heartbeats, drains
+    hellos, chunks, errors, heartbeats, drains, batches
 )
 gateway_frames: st.SearchStrategy[GatewayFrame] = st.one_of(
     welcomes, generates, cancels, heartbeats

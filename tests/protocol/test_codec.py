@@ -12,6 +12,7 @@ from hypothesis import given
 
 from protocol.closecodes import CloseCode
 from protocol.codec import (
+    _fast_batch,
     _fast_chunk,
     converter,
     decode,
@@ -22,6 +23,7 @@ from protocol.codec import (
 from protocol.errors import FrameError, ProtocolError
 from protocol.frames import (
     TAGS,
+    Batch,
     Cancel,
     Chunk,
     Drain,
@@ -61,7 +63,7 @@ DECODERS: tuple[tuple[Decoder, frozenset[type]], ...] = (
 
 
 def test_unions_and_tags() -> None:
-    assert set(get_args(RunnerFrame)) == {Hello, Chunk, Error, Heartbeat, Drain}
+    assert set(get_args(RunnerFrame)) == {Hello, Chunk, Error, Heartbeat, Drain, Batch}
     assert set(get_args(GatewayFrame)) == {Welcome, Generate, Cancel, Heartbeat}
     assert dict(TAGS) == {
         Hello: "hello",
@@ -72,6 +74,7 @@ def test_unions_and_tags() -> None:
         Error: "error",
         Heartbeat: "heartbeat",
         Drain: "drain",
+        Batch: "batch",
     }
     assert set(FRAME_STRATEGIES) == set(TAGS)
 
@@ -295,6 +298,29 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
         },
     ),
     (Drain(), {"type": "drain", "reason": "shutting down"}),
+    (
+        Batch((Chunk("r1", 3, "a", "", 1, Usage(2, 4)),)),
+        {
+            "type": "batch",
+            "frames": [
+                {
+                    "request_id": "r1",
+                    "seq": 3,
+                    "text": "a",
+                    "reasoning": "",
+                    "tokens": 1,
+                    "usage": {
+                        "prompt_tokens": 2,
+                        "completion_tokens": 4,
+                        "cached_tokens": 0,
+                        "reasoning_tokens": 0,
+                    },
+                    "finish_reason": None,
+                    "stats": None,
+                }
+            ],
+        },
+    ),
 ]
 
 
@@ -613,3 +639,13 @@ def test_fast_chunk_path_never_accepts_what_the_converter_refuses(obj: Any) -> N
         return
     union: Any = RunnerFrame
     assert converter.structure(obj, union) == fast
+
+
+@given(strategies.batches)
+def test_fast_batch_path_agrees_with_the_converter(batch: Batch) -> None:
+    fast = _fast_batch(orjson.loads(encode(batch)))
+    if all(chunk.stats is None for chunk in batch.frames):
+        assert fast == batch
+    else:
+        assert fast is None
+    assert decode_runner_frame(encode(batch)) == batch

@@ -15,6 +15,7 @@ from protocol.codec import decode_gateway_frame, decode_runner_frame, encode
 from protocol.errors import ProtocolError, StateError
 from protocol.frames import (
     PROTOCOL_VERSION,
+    Batch,
     Cancel,
     Chunk,
     Drain,
@@ -757,3 +758,28 @@ def test_runner_drain_refuses_generate_with_an_error() -> None:
     assert session.chunk("a", text="t", reasoning="", tokens=1, usage=Usage(1, 1)).seq == 0
     with pytest.raises(StateError):
         session.drain()
+
+
+def test_gateway_checks_every_chunk_of_a_batch() -> None:
+    session = open_gateway()
+    session.send_generate(generate("a"))
+    session.send_generate(generate("b"))
+    both = Batch(
+        (
+            Chunk("a", 0, "x", "", 1, Usage(1, 1)),
+            Chunk("b", 0, "y", "", 1, Usage(1, 1)),
+            Chunk("a", 1, "z", "", 1, Usage(1, 2), "stop"),
+        )
+    )
+    assert session.receive(both) == both
+    assert session.in_flight == 1  # "a" ended inside the batch
+    with pytest.raises(StateError, match="not in flight"):
+        session.receive(Batch((Chunk("a", 2, "late", "", 1, Usage(1, 3)),)))
+    with pytest.raises(StateError, match="seq 5"):
+        open_gateway_with("c").receive(Batch((Chunk("c", 5, "gap", "", 1, Usage(1, 1)),)))
+
+
+def open_gateway_with(request_id: str) -> GatewaySession:
+    session = open_gateway()
+    session.send_generate(generate(request_id))
+    return session
