@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from runner.engine.base import EngineEvent, Failure, Output
+from protocol.frames import Generate
+from runner.demo_model import DEMO_MODEL_ID
+from runner.engine.base import Engine, EngineEvent, Failure, Output
 from tests.support import UNIT
 
 
@@ -56,3 +60,31 @@ def text_of(events: list[EngineEvent]) -> str:
 
 def final(events: list[EngineEvent]) -> Output:
     return outputs(events)[-1]
+
+
+E = TypeVar("E", bound=Engine)
+
+
+def run(engine: Engine, collector: Collector, request: Generate) -> list[EngineEvent]:
+    """Submit one request and wait for all its events."""
+    engine.submit(request)
+    return collector.wait(request.request_id)
+
+
+@contextlib.contextmanager
+def engine_starter(make: Callable[..., E]) -> Iterator[Callable[..., tuple[E, Collector]]]:
+    """A `start(**options)` that builds and starts engines; all are closed on exit."""
+    engines: list[E] = []
+
+    def start(**options: Any) -> tuple[E, Collector]:
+        collector = Collector()
+        engine = make(DEMO_MODEL_ID, **options)
+        engine.start(collector)
+        engines.append(engine)
+        return engine, collector
+
+    try:
+        yield start
+    finally:
+        for engine in engines:
+            engine.close()

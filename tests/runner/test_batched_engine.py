@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,7 @@ from protocol.frames import Generate, LogitBias, Message, ModelInfo, SamplingPar
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.batched import BatchedMlxEngine
-from tests.runner.collect import Collector, final, outputs, text_of
+from tests.runner.collect import Collector, engine_starter, final, outputs, run, text_of
 from tests.runner.test_mlx_engine import GREEDY, Reference, ask, reference
 from tests.support import UNIT
 
@@ -38,23 +37,8 @@ PROMPTS = [
 
 @pytest.fixture
 def start_engine(demo_model_path: Path) -> Iterator[StartEngine]:
-    engines: list[BatchedMlxEngine] = []
-
-    def start(**options: Any) -> tuple[BatchedMlxEngine, Collector]:
-        collector = Collector()
-        engine = BatchedMlxEngine(DEMO_MODEL_ID, **options)
-        engine.start(collector)
-        engines.append(engine)
-        return engine, collector
-
-    yield start
-    for engine in engines:
-        engine.close()
-
-
-def run(engine: BatchedMlxEngine, collector: Collector, request: Generate) -> list[EngineEvent]:
-    engine.submit(request)
-    return collector.wait(request.request_id)
+    with engine_starter(BatchedMlxEngine) as start:
+        yield start
 
 
 def test_models_and_idle(start_engine: StartEngine) -> None:

@@ -14,7 +14,15 @@ from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import mlx_engine
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.mlx_engine import MlxEngine
-from tests.runner.collect import Collector, final, is_terminal, outputs, text_of
+from tests.runner.collect import (
+    Collector,
+    engine_starter,
+    final,
+    is_terminal,
+    outputs,
+    run,
+    text_of,
+)
 from tests.support import UNIT
 
 
@@ -63,26 +71,11 @@ StartEngine = Callable[..., tuple[MlxEngine, Collector]]
 
 @pytest.fixture
 def start_engine(demo_model_path: Path) -> Iterator[StartEngine]:
-    engines: list[MlxEngine] = []
-
-    def start(**options: Any) -> tuple[MlxEngine, Collector]:
-        collector = Collector()
-        engine = MlxEngine(DEMO_MODEL_ID, **options)
-        engine.start(collector)
-        engines.append(engine)
-        return engine, collector
-
-    yield start
-    for engine in engines:
-        engine.close()
+    with engine_starter(MlxEngine) as start:
+        yield start
 
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def run(engine: MlxEngine, collector: Collector, request: Generate) -> list[EngineEvent]:
-    engine.submit(request)
-    return collector.wait(request.request_id)
 
 
 def test_models(start_engine: StartEngine) -> None:
