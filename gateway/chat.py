@@ -11,19 +11,18 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from litestar import Request, Response, post
 from litestar.datastructures import State
-from litestar.response import Stream
 
 from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.openapi import ChatCompletionsOperation
 from gateway.pool import Pool
+from gateway.sse import SseRelay, SseResponse
 from gateway.stream import Failed, RequestStream, StreamItem, next_item
 from protocol.frames import Chunk, Usage
 from protocol.openai.errors import invalid_request
@@ -41,9 +40,6 @@ def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
             "integer_above_max_value",
         )
     return chat
-
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @post("/v1/chat/completions", status_code=200, operation_class=ChatCompletionsOperation)
@@ -82,65 +78,7 @@ async def _streaming(
         include_usage=chat.include_usage,
         continuous_usage_stats=chat.continuous_usage_stats,
     )
-    return Stream(
-        _events(pool, stream, writer, first, config),
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
-    )
-
-
-async def _events(
-    pool: Pool,
-    stream: RequestStream,
-    writer: ChunkWriter,
-    first: StreamItem | None,
-    config: GatewayConfig,
-) -> AsyncIterator[bytes]:
-    """SSE bytes for one request; every ready chunk is coalesced into one write."""
-    item = first
-    heard = time.monotonic()
-    role_usage = None
-    if isinstance(first, Chunk):
-        u = first.usage
-        role_usage = Usage(u.prompt_tokens, 0, u.cached_tokens, 0)
-    out = [writer.role(role_usage)]
-    try:
-        while True:
-            while item is not None:
-                if _render(writer, item, out):
-                    yield b"".join(out)
-                    return
-                item = stream.get_nowait()
-            if out:
-                yield b"".join(out)
-                out = []
-            left = config.stream_timeout - (time.monotonic() - heard)
-            item = await next_item(stream, max(0.0, min(config.keepalive_interval, left)))
-            if item is not None:
-                heard = time.monotonic()
-            elif time.monotonic() - heard >= config.stream_timeout:
-                item = Failed(StreamTimeout(config.stream_timeout))
-            else:
-                yield b": keep-alive\n\n"
-    finally:
-        if not stream.done:
-            pool.cancel(stream)  # the client went away mid-stream
-
-
-def _render(writer: ChunkWriter, item: StreamItem, out: list[bytes]) -> bool:
-    """Append the SSE events for one item; True when the stream is over."""
-    if isinstance(item, Chunk):
-        if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
-            out.append(writer.delta(item.text, item.reasoning, item.usage))
-        if item.finish_reason is None:
-            return False
-        out.append(writer.finish(item.finish_reason, item.usage))
-        if writer.include_usage:
-            out.append(writer.usage_chunk(item.usage))
-    else:
-        out.append(writer.error(openai_error_for(item)))
-    out.append(writer.done())
-    return True
+    return SseResponse(SseRelay(pool.cancel, stream, writer, first, config))
 
 
 async def _non_streaming(

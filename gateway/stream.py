@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -62,6 +63,7 @@ class RequestStream:
         "generate",
         "merged",
         "runner",
+        "sink",
         "started",
     )
 
@@ -81,6 +83,9 @@ class RequestStream:
         self._overflow: list[StreamItem] = []
         """What came after MAX_PENDING items; merged into one chunk when the reader gets there."""
         self._waiter: asyncio.Future[None] | None = None
+        self.sink: Callable[[StreamItem], bool] | None = None
+        """Takes items as they arrive, while nothing is queued (see gateway.sse); returns
+        False to have an item queued instead (its client is not reading)."""
 
     @property
     def request_id(self) -> str:
@@ -92,6 +97,9 @@ class RequestStream:
             self.done = item.finish_reason is not None
         else:
             self.done = True
+        sink = self.sink
+        if sink is not None and not self._items and not self._overflow and sink(item):
+            return
         if self._overflow or (len(self._items) >= MAX_PENDING and isinstance(item, Chunk)):
             self._overflow.append(item)
             self.merged += 1
