@@ -34,6 +34,7 @@ from gateway.errors import (
     RunnerLost,
     ShuttingDown,
 )
+from gateway.memory import IdleTrimmer
 from gateway.stream import Failed, RequestStream
 from protocol.codec import encode
 from protocol.frames import Chunk, Error, Generate, Hello
@@ -109,6 +110,8 @@ class Pool:
         self._runner_ids = itertools.count(1)
         self._background: set[asyncio.Future[None]] = set()
         self._idle = asyncio.Event()
+        self.trimmer = IdleTrimmer()
+        """Hands freed memory back to the OS once a load of streams is over."""
 
     # --- membership -------------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class Pool:
 
     def _assign(self, conn: RunnerConn, stream: RequestStream) -> None:
         conn.session.send_generate(stream.generate)
+        self.trimmer.busy(self.in_flight() + 1)
         conn.streams[stream.request_id] = stream
         stream.runner = conn
         stream.attempts += 1
@@ -320,7 +324,10 @@ class Pool:
             await conn.close(1001, "gateway going away")
 
     def _check_idle(self) -> None:
-        if self.shutting_down and not self.in_flight():
+        if self.in_flight():
+            return
+        self.trimmer.idle()
+        if self.shutting_down:
             self._idle.set()
 
     def _spawn(self, work: Awaitable[None]) -> None:

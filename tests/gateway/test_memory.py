@@ -1,0 +1,50 @@
+"""Returning freed memory to the OS once a load of streams is over."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from gateway.memory import IdleTrimmer, release_free_memory
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_release_works_here() -> None:
+    assert release_free_memory()
+
+
+async def test_a_big_load_is_trimmed_after_the_idle_delay() -> None:
+    trimmer = IdleTrimmer(delay=0.05, min_streams=4)
+    for n in range(1, 6):
+        trimmer.busy(n)
+    trimmer.idle()
+    await asyncio.sleep(0.02)
+    assert trimmer.trims == 0  # not before the delay
+    await asyncio.sleep(0.08)
+    assert trimmer.trims == 1
+    trimmer.idle()  # nothing new ran: no second trim
+    await asyncio.sleep(0.08)
+    assert trimmer.trims == 1
+
+
+async def test_a_small_load_is_not_trimmed() -> None:
+    trimmer = IdleTrimmer(delay=0.01, min_streams=4)
+    trimmer.busy(3)
+    trimmer.idle()
+    await asyncio.sleep(0.05)
+    assert trimmer.trims == 0
+
+
+async def test_a_new_stream_puts_the_trim_off() -> None:
+    trimmer = IdleTrimmer(delay=0.05, min_streams=2)
+    trimmer.busy(2)
+    trimmer.idle()
+    await asyncio.sleep(0.03)
+    trimmer.busy(1)  # a closed loop of requests never pays for a trim
+    await asyncio.sleep(0.05)
+    assert trimmer.trims == 0
+    trimmer.idle()
+    await asyncio.sleep(0.08)
+    assert trimmer.trims == 1
