@@ -707,7 +707,7 @@ def profile(seconds: float, streams: int, rate: float, tokens: int = 256) -> Non
                     "raw",
                     "-o",
                     str(raw),
-                    "--nonblocking",
+                    *(["--native"] if os.environ.get("SPY_NATIVE") else ["--nonblocking"]),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
