@@ -1,26 +1,38 @@
 """A scripted Engine: deterministic output and exact usage with no model, for fault and load tests.
 
-Each request runs on a thread of its own and emits one token at a time: first
-`reasoning_tokens` reasoning tokens "think0 ", "think1 ", ..., then content tokens from `text`
-("tok0 ", "tok1 ", ... by default, indexed from 0 over all tokens), paced at `tokens_per_second`
-(0: as fast as possible), until one of:
+Each request emits one token at a time: first `reasoning_tokens` reasoning tokens "think0 ",
+"think1 ", ..., then content tokens from `text` ("tok0 ", "tok1 ", ... by default, indexed from
+0 over all tokens), until one of:
 
 - `max_tokens` tokens (`default_max_tokens` when the request has none): finish "length";
 - `eos_after` tokens, if set and smaller: finish "stop", like a model ending on its own;
 - a stop string completing in the content: finish "stop", the text before it kept;
-- `cancel`: finish "cancelled" with the usage of the tokens really emitted;
+- `cancel`: finish "cancelled" at the next round, with the usage of the tokens really emitted;
 - `fail_after` tokens, if set: a Failure "internal_error".
 
 A request for a model not in `models` fails with "model_not_found", one whose prompt reaches
-`context_length` with "context_length_exceeded". Usage: `prompt_tokens` is
+`context_length` with "context_length_exceeded". At most `max_concurrent` requests hold a slot;
+the others wait in submission order. Usage: `prompt_tokens` is
 `scripted_prompt_tokens(messages)`, `completion_tokens` the tokens emitted, `reasoning_tokens`
 the reasoning ones among them, `cached_tokens` 0.
+
+One scheduler thread serves every request in rounds, like a batched engine's decode step, where
+all rows get their token at once: a round emits the tokens due by then, of all requests, back to
+back. That keeps the fake cheap at thousands of streams and lets the runner send one `batch`
+frame per round. Pacing: with `tokens_per_second` R > 0, token i of a request is due at
+`started + (i+1)/R`, `started` being when it got its slot; rounds are at least `min_step` seconds
+apart, so a token is late by at most `min_step` (plus the round's own work). With R = 0 each
+round emits one token for every running request and the next round follows at once.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from protocol.frames import (
@@ -34,6 +46,8 @@ from protocol.frames import (
 )
 from runner.accounting import StopMatcher
 from runner.engine.base import Engine, EngineEvent, Failure, Output, Sink
+
+log = logging.getLogger("runner.engine.scripted")
 
 TextFunction = Callable[[Generate, int], str]
 
@@ -53,7 +67,9 @@ class ScriptedEngine(Engine):
     """A fake engine following the `Engine` event contract exactly (see the module docstring).
 
     Counters, for tests: `tokens_generated`, `active_requests`, `peak_active_requests`,
-    `requests_finished` (terminal events of any kind).
+    `requests_finished` (terminal events of any kind). Only the scheduler thread writes them,
+    as it computes a round and before the round's events reach the sink, so every event of one
+    round sees the same values.
     """
 
     def __init__(
@@ -69,10 +85,14 @@ class ScriptedEngine(Engine):
         fail_after: int | None = None,
         text: TextFunction = default_text,
         close_timeout: float = 10.0,
+        min_step: float = 0.001,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
+        if min_step < 0:
+            raise ValueError(f"min_step must not be negative, not {min_step}")
         self._models = tuple(ModelInfo(name, context_length) for name in models)
+        self._model_ids = frozenset(models)
         self.tokens_per_second = tokens_per_second
         self.max_concurrent = max_concurrent
         self.default_max_tokens = default_max_tokens
@@ -80,13 +100,24 @@ class ScriptedEngine(Engine):
         self.reasoning_tokens = reasoning_tokens
         self.eos_after = eos_after
         self.fail_after = fail_after
+        self.min_step = min_step
         self._text = text
         self._close_timeout = close_timeout
         self._sink: Sink | None = None
+        self._thread: threading.Thread | None = None
+
+        # Shared with submit/cancel/close, under the lock.
         self._lock = threading.Condition()
-        self._cancelled: dict[str, threading.Event] = {}
-        self._threads: set[threading.Thread] = set()
-        self._closing = threading.Event()
+        self._inbox: list[tuple[Generate, float]] = []
+        self._cancels: list[str] = []
+        self._closing = False
+
+        # The scheduler thread's own state.
+        self._requests: dict[str, _Stream] = {}  # waiting or running, by id
+        self._waiting: deque[_Stream] = deque()  # cancelled ones are skipped (lazy deletion)
+        self._running: dict[_Stream, None] = {}  # an ordered set: admission order
+        self._due: list[tuple[float, int, _Stream]] = []  # paced: heap of next token times
+        self._seq = itertools.count()  # heap tie-break: streams do not compare
 
         self.tokens_generated = 0
         self.active_requests = 0
@@ -98,165 +129,266 @@ class ScriptedEngine(Engine):
         return self._models
 
     def start(self, sink: Sink) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine is already started")
         self._sink = sink
+        self._thread = threading.Thread(target=self._serve, name="scripted-engine", daemon=True)
+        self._thread.start()
 
     def submit(self, request: Generate) -> None:
         if self._sink is None:
             raise RuntimeError("submit before start")
-        cancelled = threading.Event()
-        thread = threading.Thread(
-            target=self._run,
-            args=(request, time.perf_counter(), cancelled),
-            name=f"scripted:{request.request_id}",
-            daemon=True,
-        )
         with self._lock:
-            if self._closing.is_set():
-                closed = True
-            else:
-                closed = False
-                self._cancelled[request.request_id] = cancelled
-                self._threads.add(thread)
+            closed = self._closing
+            if not closed:
+                self._inbox.append((request, time.perf_counter()))
+                self._lock.notify()
         if closed:
             self._emit(Failure(request.request_id, "internal_error", "the engine is closed"))
-            return
-        thread.start()
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
-            event = self._cancelled.get(request_id)
-            if event is not None:
-                event.set()
-                self._lock.notify_all()
+            self._cancels.append(request_id)
+            self._lock.notify()
 
     def close(self) -> None:
         with self._lock:
-            self._closing.set()
-            self._lock.notify_all()
-            threads = list(self._threads)
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(self._close_timeout)
+            self._closing = True
+            self._lock.notify()
+        thread = self._thread
+        # From inside the sink (the scheduler thread) the loop ends when the sink returns.
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._close_timeout)
 
-    def _emit(self, event: EngineEvent) -> None:
-        assert self._sink is not None
-        self._sink(event)
+    # The scheduler thread.
 
-    def _run(self, request: Generate, submitted_at: float, cancelled: threading.Event) -> None:
-        try:
-            self._serve(request, submitted_at, cancelled)
-        finally:
+    def _serve(self) -> None:
+        last_round = float("-inf")
+        while True:
             with self._lock:
-                self._cancelled.pop(request.request_id, None)
-                self._threads.discard(threading.current_thread())
+                while True:
+                    if self._closing:
+                        return
+                    now = time.perf_counter()
+                    wake_at = self._next_round_at(last_round)
+                    if wake_at is not None and now >= wake_at:
+                        break
+                    self._lock.wait(None if wake_at is None else wake_at - now)
+                inbox, self._inbox = self._inbox, []
+                cancels, self._cancels = self._cancels, []
+            last_round = now
+            events = self._round(now, inbox, cancels)
+            for event in events:
+                if self._closing:
+                    return  # close drops running requests without events
+                self._emit(event)
+            if self.tokens_per_second <= 0:
+                time.sleep(0)  # let the runner's event loop take the GIL between rounds
 
-    def _count(self, *, tokens: int = 0, finished: int = 0) -> None:
-        # Request threads update these together; += on an attribute is not atomic.
-        with self._lock:
-            self.tokens_generated += tokens
-            self.requests_finished += finished
+    def _next_round_at(self, last_round: float) -> float | None:
+        """When the next round is due (under the lock); None: nothing to do until notified."""
+        if self.tokens_per_second <= 0:
+            return last_round if self._inbox or self._cancels or self._running else None
+        if self._inbox or self._cancels:
+            due = last_round
+        elif self._due:
+            due = self._due[0][0]
+        else:
+            return None
+        return max(due, last_round + self.min_step)
 
-    def _fail(self, request: Generate, code: ErrorCode, message: str) -> None:
-        self._count(finished=1)
-        self._emit(Failure(request.request_id, code, message))
+    def _round(
+        self, now: float, inbox: list[tuple[Generate, float]], cancels: list[str]
+    ) -> list[EngineEvent]:
+        events: list[EngineEvent] = []
+        for request, submitted_at in inbox:
+            self._intake(request, submitted_at, events)
+        for request_id in cancels:
+            stream = self._requests.get(request_id)
+            if stream is not None:
+                self._finish(stream, "cancelled", stream.matcher.flush(), events, now=now)
+        self._admit(now)
+        if self.tokens_per_second > 0:
+            due = self._due
+            while due and due[0][0] <= now:
+                _, _, stream = heapq.heappop(due)
+                if stream.done:
+                    continue
+                self._step(stream, now, events)
+                if not stream.done:
+                    self._schedule(stream)
+        else:
+            for stream in list(self._running):
+                self._step(stream, now, events)
+        self._admit(now)  # slots freed in this round start their requests' clocks now
+        return events
 
-    def _serve(self, request: Generate, submitted_at: float, cancelled: threading.Event) -> None:
+    def _intake(self, request: Generate, submitted_at: float, events: list[EngineEvent]) -> None:
         prompt_tokens = scripted_prompt_tokens(request.messages)
-        if request.model not in {model.id for model in self._models}:
-            self._fail(request, "model_not_found", f"This runner does not serve {request.model}.")
-            return
-        if prompt_tokens >= self.context_length:
+        if request.model not in self._model_ids:
             self._fail(
-                request,
+                request.request_id,
+                "model_not_found",
+                f"This runner does not serve {request.model}.",
+                events,
+            )
+        elif prompt_tokens >= self.context_length:
+            self._fail(
+                request.request_id,
                 "context_length_exceeded",
                 f"The context length is {self.context_length} tokens; the messages take "
                 f"{prompt_tokens}.",
+                events,
             )
-            return
-        if not self._acquire_slot(cancelled):
-            if not self._closing.is_set():
-                self._finish(
-                    request, _Progress(prompt_tokens, submitted_at), "cancelled", "", tokens=0
-                )
-            return
-        try:
-            self._generate(request, _Progress(prompt_tokens, submitted_at), cancelled)
-        finally:
-            with self._lock:
-                self.active_requests -= 1
-                self._lock.notify_all()
+        else:
+            max_tokens = request.max_tokens or self.default_max_tokens
+            if self.eos_after is not None:
+                max_tokens = min(max_tokens, self.eos_after)
+            stream = _Stream(request, _Progress(prompt_tokens, submitted_at), max_tokens)
+            self._requests[request.request_id] = stream
+            self._waiting.append(stream)
 
-    def _acquire_slot(self, cancelled: threading.Event) -> bool:
-        """Wait for one of the `max_concurrent` slots; False when cancelled or closing first."""
-        with self._lock:
-            while self.active_requests >= self.max_concurrent:
-                if cancelled.is_set() or self._closing.is_set():
-                    return False
-                self._lock.wait()
-            if cancelled.is_set() or self._closing.is_set():
-                return False
+    def _admit(self, now: float) -> None:
+        """Give free slots to waiting requests, first come first served."""
+        while self._waiting and self.active_requests < self.max_concurrent:
+            stream = self._waiting.popleft()
+            if stream.done:
+                continue
+            stream.running = True
+            stream.started = now
+            self._running[stream] = None
             self.active_requests += 1
             self.peak_active_requests = max(self.peak_active_requests, self.active_requests)
-            return True
-
-    def _generate(self, request: Generate, progress: _Progress, cancelled: threading.Event) -> None:
-        max_tokens = request.max_tokens or self.default_max_tokens
-        if self.eos_after is not None:
-            max_tokens = min(max_tokens, self.eos_after)
-        matcher = StopMatcher(request.stop)
-        started = time.perf_counter()
-        for index in range(max_tokens):
             if self.tokens_per_second > 0:
-                due = started + (index + 1) / self.tokens_per_second
-                # Waiting on the event, not sleeping, so that cancel takes effect at once.
-                cancelled.wait(max(0.0, due - time.perf_counter()))
-            if self._closing.is_set():
-                return
-            if cancelled.is_set():
-                self._finish(request, progress, "cancelled", matcher.flush(), tokens=0)
-                return
-            if self.fail_after is not None and index >= self.fail_after:
-                self._fail(request, "internal_error", f"scripted failure after {index} tokens")
-                return
-            progress.add_token(reasoning=index < self.reasoning_tokens)
-            self._count(tokens=1)
-            if index < self.reasoning_tokens:
-                text, reasoning = "", f"think{index} "
-            else:
-                text, reasoning = matcher.feed(self._text(request, index)), ""
-            if matcher.stopped:
-                self._finish(request, progress, "stop", text, tokens=1)
-                return
-            if index == max_tokens - 1:
-                reason: FinishReason = "stop" if max_tokens == self.eos_after else "length"
-                self._finish(
-                    request, progress, reason, text + matcher.flush(), tokens=1, reasoning=reasoning
+                self._schedule(stream)
+
+    def _schedule(self, stream: _Stream) -> None:
+        due = stream.started + (stream.index + 1) / self.tokens_per_second
+        heapq.heappush(self._due, (due, next(self._seq), stream))
+
+    def _step(self, stream: _Stream, now: float, events: list[EngineEvent]) -> None:
+        """Emit the next token of a running request, or end it."""
+        index = stream.index
+        if self.fail_after is not None and index >= self.fail_after:
+            self._forget(stream)
+            self._fail(
+                stream.request.request_id,
+                "internal_error",
+                f"scripted failure after {index} tokens",
+                events,
+            )
+            return
+        if index >= stream.max_tokens:  # max_tokens 0: nothing to generate
+            reason = self._limit_reason(stream)
+            self._finish(stream, reason, stream.matcher.flush(), events, now=now)
+            return
+        if index < self.reasoning_tokens:
+            text, reasoning = "", f"think{index} "
+        else:
+            try:
+                piece = self._text(stream.request, index)
+            except Exception as exc:
+                log.exception("scripted text function failed for %s", stream.request.request_id)
+                self._forget(stream)
+                self._fail(
+                    stream.request.request_id,
+                    "internal_error",
+                    f"{type(exc).__name__}: {exc}",
+                    events,
                 )
                 return
-            self._emit(Output(request.request_id, text, reasoning, 1, progress.usage()))
+            text, reasoning = stream.matcher.feed(piece), ""
+        stream.index += 1
+        stream.progress.add_token(now, reasoning=index < self.reasoning_tokens)
+        self.tokens_generated += 1
+        if stream.matcher.stopped:
+            self._finish(stream, "stop", text, events, now=now, tokens=1)
+        elif stream.index == stream.max_tokens:
+            reason = self._limit_reason(stream)
+            text += stream.matcher.flush()
+            self._finish(stream, reason, text, events, now=now, tokens=1, reasoning=reasoning)
+        else:
+            usage = stream.progress.usage()
+            events.append(Output(stream.request.request_id, text, reasoning, 1, usage))
+
+    def _limit_reason(self, stream: _Stream) -> FinishReason:
+        return "stop" if stream.max_tokens == self.eos_after else "length"
 
     def _finish(
         self,
-        request: Generate,
-        progress: _Progress,
+        stream: _Stream,
         reason: FinishReason,
         text: str,
+        events: list[EngineEvent],
         *,
-        tokens: int,
+        now: float,
+        tokens: int = 0,
         reasoning: str = "",
     ) -> None:
-        self._count(finished=1)
-        self._emit(
+        self._forget(stream)
+        self.requests_finished += 1
+        progress = stream.progress
+        events.append(
             Output(
-                request.request_id,
+                stream.request.request_id,
                 text,
                 reasoning,
                 tokens,
                 progress.usage(),
                 finish_reason=reason,
-                stats=progress.stats(),
+                stats=progress.stats(now),
             )
         )
+
+    def _fail(
+        self, request_id: str, code: ErrorCode, message: str, events: list[EngineEvent]
+    ) -> None:
+        self.requests_finished += 1
+        events.append(Failure(request_id, code, message))
+
+    def _forget(self, stream: _Stream) -> None:
+        """Mark a request done and free its slot; its heap or queue entry is skipped later."""
+        stream.done = True
+        request_id = stream.request.request_id
+        if self._requests.get(request_id) is stream:
+            del self._requests[request_id]
+        if stream.running:
+            del self._running[stream]
+            self.active_requests -= 1
+
+    def _emit(self, event: EngineEvent) -> None:
+        assert self._sink is not None
+        try:
+            self._sink(event)
+        except Exception:
+            # A broken sink must not take the scheduler (and every request) down.
+            log.exception("engine sink failed on %r", event)
+
+
+class _Stream:
+    """One request's place in the script, owned by the scheduler thread."""
+
+    __slots__ = (
+        "done",
+        "index",
+        "matcher",
+        "max_tokens",
+        "progress",
+        "request",
+        "running",
+        "started",
+    )
+
+    def __init__(self, request: Generate, progress: _Progress, max_tokens: int) -> None:
+        self.request = request
+        self.progress = progress
+        self.max_tokens = max_tokens
+        self.matcher = StopMatcher(request.stop)
+        self.index = 0
+        """Tokens emitted so far."""
+        self.started = 0.0
+        self.running = False
+        self.done = False
 
 
 class _Progress:
@@ -269,9 +401,9 @@ class _Progress:
         self._submitted_at = submitted_at
         self._first_token_at: float | None = None
 
-    def add_token(self, *, reasoning: bool) -> None:
+    def add_token(self, now: float, *, reasoning: bool) -> None:
         if self._first_token_at is None:
-            self._first_token_at = time.perf_counter()
+            self._first_token_at = now
         self.completion_tokens += 1
         self.reasoning_tokens += reasoning
 
@@ -282,11 +414,11 @@ class _Progress:
             reasoning_tokens=self.reasoning_tokens,
         )
 
-    def stats(self) -> GenerationStats:
+    def stats(self, now: float) -> GenerationStats:
         first = self._first_token_at
         if first is None:
             return GenerationStats(0.0, 0.0, 0, 0.0)
-        elapsed = time.perf_counter() - first
+        elapsed = now - first
         decoded = self.completion_tokens - 1
         return GenerationStats(
             prompt_tps=0.0,

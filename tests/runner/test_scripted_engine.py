@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -11,8 +12,8 @@ import pytest
 from protocol.frames import Generate, Message, ModelInfo, Usage
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.scripted import ScriptedEngine, scripted_prompt_tokens
-from tests.runner.collect import Collector, final, outputs, text_of
-from tests.support import UNIT
+from tests.runner.collect import Collector, final, is_terminal, outputs, text_of
+from tests.support import UNIT, wait_until
 
 MESSAGES = (Message("system", "Be brief."), Message("user", "Hello there, engine"))
 
@@ -44,6 +45,25 @@ def start(engines: list[ScriptedEngine], collector: Collector, **options: Any) -
 def run(engine: ScriptedEngine, collector: Collector, request: Generate) -> list[EngineEvent]:
     engine.submit(request)
     return collector.wait(request.request_id)
+
+
+def hold_scheduler(
+    engine: ScriptedEngine, collector: Collector, then: Callable[[EngineEvent], None]
+) -> threading.Event:
+    """Block the scheduler thread inside the sink on a one-token "gate" request until the
+    returned event is set, so that requests submitted meanwhile all join in the same round.
+    Later events go to `then`."""
+    gate = threading.Event()
+
+    def on_event(event: EngineEvent) -> None:
+        if event.request_id == "gate":
+            gate.wait(5 * UNIT)
+        else:
+            then(event)
+
+    collector.on_event = on_event
+    run(engine, collector, ask("gate", max_tokens=1))
+    return gate
 
 
 def test_prompt_tokens_are_documented() -> None:
@@ -97,7 +117,9 @@ def test_stop_strings(engines: list[ScriptedEngine], collector: Collector) -> No
 
 
 def test_cancel_mid_generation(engines: list[ScriptedEngine], collector: Collector) -> None:
-    engine = start(engines, collector, tokens_per_second=200)
+    # As fast as possible: each round is one token, so a cancel from the sink after the third
+    # token lands before the fourth.
+    engine = start(engines, collector)
 
     def cancel_after_three(event: EngineEvent) -> None:
         if isinstance(event, Output) and event.usage.completion_tokens == 3:
@@ -108,15 +130,52 @@ def test_cancel_mid_generation(engines: list[ScriptedEngine], collector: Collect
     last = final(events)
     assert last.finish_reason == "cancelled"
     assert last.usage.completion_tokens == sum(o.tokens for o in outputs(events)) == 3
+    assert engine.tokens_generated == 3
+    assert engine.active_requests == 0
+
+
+def test_cancel_takes_effect_before_the_next_paced_token(
+    engines: list[ScriptedEngine], collector: Collector
+) -> None:
+    # Tokens every 0.2 s: the cancel must not wait for the next one to come due.
+    engine = start(engines, collector, tokens_per_second=5)
+    cancelled_at: list[float] = []
+
+    def cancel_after_one(event: EngineEvent) -> None:
+        if isinstance(event, Output) and event.usage.completion_tokens == 1:
+            cancelled_at.append(time.perf_counter())
+            engine.cancel("r1")
+
+    collector.on_event = cancel_after_one
+    events = run(engine, collector, ask("r1", max_tokens=10))
+    ended_at = time.perf_counter()
+    last = final(events)
+    assert (last.finish_reason, last.usage.completion_tokens) == ("cancelled", 1)
+    assert ended_at - cancelled_at[0] < 0.1 * UNIT
+
+
+def test_cancel_of_unknown_or_finished_requests_is_ignored(
+    engines: list[ScriptedEngine], collector: Collector
+) -> None:
+    engine = start(engines, collector)
+    engine.cancel("nobody")
+    events = run(engine, collector, ask("r1", max_tokens=3))
+    engine.cancel("r1")
+    assert final(run(engine, collector, ask("r2", max_tokens=3))).finish_reason == "length"
+    assert collector.events["r1"] == events
+    assert "nobody" not in collector.events
+    assert engine.requests_finished == 2
 
 
 def test_queue_and_cancel_while_queued(engines: list[ScriptedEngine], collector: Collector) -> None:
-    engine = start(engines, collector, tokens_per_second=500, max_concurrent=2)
+    engine = start(engines, collector, tokens_per_second=50, max_concurrent=2)
     for i in range(4):
         engine.submit(ask(f"r{i}", max_tokens=10))
     engine.submit(ask("queued", max_tokens=10))
     engine.cancel("queued")
     last = final(collector.wait("queued"))
+    # Cancelled in its waiting place, not when a slot came free (r0 takes 0.2 s).
+    assert not any(is_terminal(event) for event in collector.events["r0"])
     assert last.finish_reason == "cancelled"
     assert last.usage == Usage(prompt_tokens=7, completion_tokens=0)
     for i in range(4):
@@ -124,6 +183,77 @@ def test_queue_and_cancel_while_queued(engines: list[ScriptedEngine], collector:
     assert engine.peak_active_requests == 2
     assert engine.tokens_generated == 40
     assert engine.requests_finished == 5
+    assert engine.active_requests == 0
+
+
+def test_slots_are_first_come_first_served_and_rounds_step_every_request(
+    engines: list[ScriptedEngine], collector: Collector
+) -> None:
+    engine = start(engines, collector, max_concurrent=2)
+    order: list[str] = []
+    gate = hold_scheduler(engine, collector, lambda event: order.append(event.request_id))
+    lengths = {"a": 1, "b": 3, "c": 2, "d": 2, "e": 1}
+    for request_id, tokens in lengths.items():
+        engine.submit(ask(request_id, max_tokens=tokens))
+    gate.set()
+    for request_id, tokens in lengths.items():
+        assert final(collector.wait(request_id)).usage.completion_tokens == tokens
+    # Rounds: a b | b c | b c | d e | d. A freed slot goes to the longest waiting request.
+    assert "".join(order) == "abbcbcded"
+    assert engine.peak_active_requests == 2
+
+
+def test_one_thread_serves_every_request(
+    engines: list[ScriptedEngine], collector: Collector
+) -> None:
+    before = threading.active_count()
+    engine = start(engines, collector, tokens_per_second=200)
+    senders: set[int] = set()
+    collector.on_event = lambda event: senders.add(threading.get_ident())
+    for i in range(100):
+        engine.submit(ask(f"r{i}", max_tokens=5))
+    during = threading.active_count()
+    for i in range(100):
+        assert final(collector.wait(f"r{i}")).usage.completion_tokens == 5
+    assert during == before + 1
+    assert len(senders) == 1
+    assert threading.get_ident() not in senders
+
+
+def test_paced_requests_share_rounds(engines: list[ScriptedEngine], collector: Collector) -> None:
+    rate, tokens, count = 100, 20, 50
+    engine = start(engines, collector, tokens_per_second=rate)
+    seen: list[int] = []  # tokens_generated as each token is delivered: one value per round
+    gate = hold_scheduler(engine, collector, lambda event: seen.append(engine.tokens_generated))
+    started = time.monotonic()
+    for i in range(count):
+        engine.submit(ask(f"r{i}", max_tokens=tokens))
+    gate.set()
+    for i in range(count):
+        assert final(collector.wait(f"r{i}")).usage.completion_tokens == tokens
+    elapsed = time.monotonic() - started
+    # All streams side by side (serialized they would take count times as long)...
+    assert tokens / rate <= elapsed < tokens / rate + 0.5 * UNIT
+    # ...and token i of every stream in one round, like a batched decode step.
+    assert len(seen) == count * tokens
+    assert len(set(seen)) <= tokens
+
+
+def test_min_step_batches_rounds(engines: list[ScriptedEngine], collector: Collector) -> None:
+    rate, min_step = 100, 0.05
+    engine = start(engines, collector, tokens_per_second=rate, min_step=min_step)
+    arrivals: list[tuple[float, int]] = []
+    collector.on_event = lambda event: arrivals.append(
+        (time.perf_counter(), engine.tokens_generated)
+    )
+    submitted = time.perf_counter()
+    events = run(engine, collector, ask("r1", max_tokens=10))
+    assert final(events).usage.completion_tokens == 10
+    for i, (at, _) in enumerate(arrivals):
+        due = submitted + (i + 1) / rate
+        assert due <= at < due + min_step + 0.05 * UNIT
+    # Due every 10 ms, but rounds at least 50 ms apart: about five tokens per round.
+    assert len({seen for _, seen in arrivals}) <= 3
 
 
 def test_pacing(engines: list[ScriptedEngine], collector: Collector) -> None:
@@ -153,14 +283,91 @@ def test_failures(engines: list[ScriptedEngine], collector: Collector) -> None:
     assert events[-1].code == "internal_error"
 
 
+def test_text_function_errors_fail_the_request(
+    engines: list[ScriptedEngine], collector: Collector
+) -> None:
+    def text(request: Generate, index: int) -> str:
+        if index == 1:
+            raise ValueError("no second token")
+        return "x"
+
+    engine = start(engines, collector, text=text)
+    events = run(engine, collector, ask("r1"))
+    assert events[1:] == [Failure("r1", "internal_error", "ValueError: no second token")]
+    assert final(run(engine, collector, ask("r2", max_tokens=1))).finish_reason == "length"
+
+
+def test_eos_at_once(engines: list[ScriptedEngine], collector: Collector) -> None:
+    engine = start(engines, collector, eos_after=0)
+    (event,) = run(engine, collector, ask("r1"))
+    assert isinstance(event, Output)
+    assert (event.text, event.finish_reason, event.usage.completion_tokens) == ("", "stop", 0)
+
+
 def test_close_drops_running_requests(engines: list[ScriptedEngine], collector: Collector) -> None:
     engine = start(engines, collector, tokens_per_second=100)
     engine.submit(ask("r1", max_tokens=1000))
     time.sleep(0.05)
+    closing = time.monotonic()
     engine.close()
+    assert time.monotonic() - closing < 0.5 * UNIT
+    engine.close()  # idempotent
     count = len(collector.events["r1"])
     assert all(isinstance(e, Output) and e.finish_reason is None for e in collector.events["r1"])
     time.sleep(0.05)
     assert len(collector.events["r1"]) == count
-    engine.submit(ask("r2"))
-    assert collector.events["r2"] == [Failure("r2", "internal_error", "the engine is closed")]
+
+
+def test_close_under_unpaced_load(engines: list[ScriptedEngine], collector: Collector) -> None:
+    before = threading.active_count()
+    engine = start(engines, collector, max_concurrent=8)
+    for i in range(50):
+        engine.submit(ask(f"r{i}", max_tokens=100_000))
+    time.sleep(0.05)
+    closing = time.monotonic()
+    engine.close()
+    assert time.monotonic() - closing < 0.5 * UNIT
+    assert threading.active_count() == before
+    count = sum(len(events) for events in collector.events.values())
+    assert count > 0
+    time.sleep(0.05)
+    assert sum(len(events) for events in collector.events.values()) == count
+
+
+def test_close_from_inside_the_sink(engines: list[ScriptedEngine], collector: Collector) -> None:
+    before = threading.active_count()
+    engine = start(engines, collector)
+    returned: list[float] = []
+
+    def close_after_two(event: EngineEvent) -> None:
+        if isinstance(event, Output) and event.usage.completion_tokens == 2:
+            closing = time.monotonic()
+            engine.close()
+            returned.append(time.monotonic() - closing)
+
+    collector.on_event = close_after_two
+    engine.submit(ask("r1", max_tokens=1000))
+    wait_until(lambda: bool(returned), 2, "close() to return inside the sink")
+    assert returned[0] < 0.5 * UNIT
+    wait_until(lambda: threading.active_count() == before, 2, "the scheduler thread to end")
+    assert [e.usage.completion_tokens for e in outputs_so_far(collector, "r1")] == [1, 2]
+    engine.close()
+
+
+def test_submit_after_close(engines: list[ScriptedEngine], collector: Collector) -> None:
+    engine = start(engines, collector)
+    engine.close()
+    engine.submit(ask("r1"))
+    # At once, from the submitting thread: no scheduler is left to answer.
+    assert collector.events["r1"] == [Failure("r1", "internal_error", "the engine is closed")]
+
+
+def test_submit_before_start() -> None:
+    with pytest.raises(RuntimeError):
+        ScriptedEngine().submit(ask("r1"))
+
+
+def outputs_so_far(collector: Collector, request_id: str) -> list[Output]:
+    events = collector.events[request_id]
+    assert all(isinstance(e, Output) and e.finish_reason is None for e in events), events
+    return [e for e in events if isinstance(e, Output)]
