@@ -1,7 +1,7 @@
 """Scenario "paced": how many 50 tok/s streams one gateway carries before clients notice.
 
 Four scripted runners pace every stream at RATE tok/s (a 20 ms beat, like a mid-sized model
-on one Mac). The number of concurrent SSE streams doubles (50, 100, 200, …) until the p99
+on one Mac). The number of concurrent SSE streams grows (50, 100, 150, 200, 300, …) until the p99
 inter-token gap seen by clients passes LIMIT_S (twice the beat); the last level under the
 limit is the answer. Load and figures as in bench.relay (closed loop over raw sockets in
 several load processes; stream starts spread over half a second so the beats are not in
@@ -22,7 +22,7 @@ from bench.harness import env_note, stack, table
 
 RATE = 50.0
 LIMIT_S = 0.040
-LEVELS = (50, 100, 200, 400, 800, 1600, 3200)
+LEVELS = (50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600)
 MODEL = "paced"
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from runner.client import GATHER_MIN_REQUESTS, GATHER_S
+
 DEMO_MODEL = "orchard-demo"
 
 
@@ -279,6 +281,20 @@ async def _drain_and_exit(server: Any) -> None:
     help="Scripted engine only: pace per stream (0 = as fast as possible).",
 )
 @click.option(
+    "--step-ms",
+    default=1.0,
+    show_default=True,
+    help="Scripted engine only: tokens due within one step go out together, like a "
+    "batched engine's decode step (a token is late by at most this).",
+)
+@click.option(
+    "--gather-ms",
+    default=GATHER_S * 1000,
+    show_default=True,
+    help=f"With {GATHER_MIN_REQUESTS} or more requests in flight, gather chunks this long "
+    "into one frame to the gateway (fewer, larger frames; 0 sends each burst at once).",
+)
+@click.option(
     "--drain-timeout",
     default=30.0,
     show_default=True,
@@ -304,6 +320,8 @@ def runner(
     max_concurrent: int,
     engine: str,
     tokens_per_second: float,
+    step_ms: float,
+    gather_ms: float,
     drain_timeout: float,
     liveness_timeout: float,
     token: str | None,
@@ -327,6 +345,8 @@ def runner(
             liveness_timeout,
             token,
             max_kv_bytes,
+            step_ms / 1000,
+            gather_ms / 1000,
         )
     )
 
@@ -342,6 +362,8 @@ async def _run_runner(
     liveness_timeout: float,
     token: str | None,
     max_kv_bytes: int | None,
+    step: float = 0.001,
+    gather: float = GATHER_S,
 ) -> None:
     from runner.client import Runner, Unauthorized
     from runner.engine.base import Engine
@@ -352,7 +374,10 @@ async def _run_runner(
         from runner.engine.scripted import ScriptedEngine
 
         eng = ScriptedEngine(
-            models=(model,), tokens_per_second=tokens_per_second, max_concurrent=max_concurrent
+            models=(model,),
+            tokens_per_second=tokens_per_second,
+            max_concurrent=max_concurrent,
+            min_step=step,
         )
         backend = "none"
     else:
@@ -376,6 +401,7 @@ async def _run_runner(
         drain_timeout=drain_timeout,
         liveness_timeout=liveness_timeout,
         token=token or None,
+        gather=gather,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

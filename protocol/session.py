@@ -175,6 +175,10 @@ class RunnerSession:
     def in_flight(self) -> list[str]:
         return list(self._requests)
 
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._requests)
+
     def receive(self, frame: GatewayFrame) -> Error | None:
         """Check a frame from the gateway.
 

@@ -1,0 +1,104 @@
+"""The runner's transport against a stand-in gateway (a websockets server speaking the
+protocol): how chunks of many requests are packed into frames."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import websockets
+from websockets.asyncio.server import ServerConnection, serve
+
+from protocol.codec import decode_runner_frame, encode
+from protocol.frames import (
+    PROTOCOL_VERSION,
+    Batch,
+    Chunk,
+    Generate,
+    Hello,
+    Message,
+    Welcome,
+)
+from runner.client import GATHER_MIN_REQUESTS, Runner
+from runner.engine.scripted import ScriptedEngine
+from runner.hardware import detect
+
+TOKENS = 20
+RATE = 100.0
+
+
+async def serve_requests(
+    requests: int, gather: float, spacing: float = 0.003
+) -> tuple[Runner, dict[str, list[Chunk]], float]:
+    """Send `requests` paced requests `spacing` s apart to a real Runner; its chunks per
+    request, and the seconds until the last one finished."""
+    chunks: dict[str, list[Chunk]] = {}
+    finished: set[str] = set()
+    all_done = asyncio.Event()
+
+    async def gateway(ws: ServerConnection) -> None:
+        assert isinstance(decode_runner_frame(await ws.recv()), Hello)
+        await ws.send(encode(Welcome("runner-1", PROTOCOL_VERSION, 30.0)).decode())
+        for i in range(requests):
+            generate = Generate(f"r{i}", "scripted", (Message("user", "hi"),), TOKENS)
+            await ws.send(encode(generate).decode())
+            await asyncio.sleep(spacing)
+        with contextlib.suppress(websockets.ConnectionClosed):  # the runner left
+            async for data in ws:
+                frame = decode_runner_frame(data)
+                for chunk in frame.frames if isinstance(frame, Batch) else (frame,):
+                    if not isinstance(chunk, Chunk):
+                        continue
+                    chunks.setdefault(chunk.request_id, []).append(chunk)
+                    if chunk.finish_reason is not None:
+                        finished.add(chunk.request_id)
+                if len(finished) == requests:
+                    all_done.set()
+
+    engine = ScriptedEngine(("scripted",), RATE, max_concurrent=requests)
+    async with serve(gateway, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        runner = Runner(
+            f"http://127.0.0.1:{port}",
+            engine,
+            name="test",
+            max_concurrent=requests,
+            hardware=detect("none"),
+            gather=gather,
+        )
+        task = asyncio.create_task(runner.run())
+        started = time.perf_counter()
+        await asyncio.wait_for(all_done.wait(), 20)
+        took = time.perf_counter() - started
+        runner.stop()
+        await asyncio.wait_for(task, 10)
+    return runner, chunks, took
+
+
+def check_exact(chunks: dict[str, list[Chunk]], requests: int) -> None:
+    assert sorted(chunks) == sorted(f"r{i}" for i in range(requests))
+    for got in chunks.values():
+        assert "".join(c.text for c in got) == "".join(f"tok{n} " for n in range(TOKENS))
+        assert sum(c.tokens for c in got) == TOKENS
+        assert got[-1].finish_reason == "length"
+        assert got[-1].usage.completion_tokens == TOKENS
+        assert [c.seq for c in got] == list(range(len(got)))
+
+
+async def test_many_requests_share_frames_when_gathered() -> None:
+    n = GATHER_MIN_REQUESTS * 2
+    gathered, chunks, _ = await serve_requests(n, gather=0.02)
+    check_exact(chunks, n)
+    apart, chunks, _ = await serve_requests(n, gather=0.0)
+    check_exact(chunks, n)
+    assert gathered.chunks_sent < apart.chunks_sent  # a request's tokens merged
+    assert gathered.frames_sent * 2 <= apart.frames_sent
+    assert gathered.chunks_sent / gathered.frames_sent >= 4
+
+
+async def test_few_requests_are_never_held_back() -> None:
+    n = GATHER_MIN_REQUESTS // 4
+    _, chunks, took = await serve_requests(n, gather=1.0)
+    check_exact(chunks, n)
+    assert took < 0.8  # 20 tokens at 100 tok/s take 0.2 s; one 1 s gather would show
