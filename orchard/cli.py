@@ -261,11 +261,11 @@ async def _drain_and_exit(server: Any) -> None:
 @click.option("--max-concurrent", default=8, show_default=True, help="Requests run at once.")
 @click.option(
     "--engine",
-    type=click.Choice(["mlx", "mlx-batched", "scripted"]),
-    default="mlx",
+    type=click.Choice(["mlx-batched", "mlx", "scripted"]),
+    default="mlx-batched",
     show_default=True,
-    help="mlx: real generation, concurrent requests interleaved token by token; "
-    "mlx-batched: concurrent requests decoded as one batch (mlx-lm BatchGenerator); "
+    help="mlx-batched: concurrent requests decoded as one batch (mlx-lm BatchGenerator); "
+    "mlx: concurrent requests interleaved token by token, each on its own stream_generate; "
     "scripted: a deterministic fake for relay benchmarks and tests.",
 )
 @click.option(
