@@ -307,29 +307,19 @@ class Runner:
         sends fewer, larger frames; a lone token still goes out at once.
         """
         self._drain_scheduled = False  # before draining: a later event schedules anew
-        pending: dict[str, Output] = {}
+        pending: dict[str, list[Output]] = {}
         while self._events:
             event = self._events.popleft()
             rid = event.request_id
-            prev = pending.get(rid)
-            if isinstance(event, Output) and prev is not None:
-                pending[rid] = Output(
-                    rid,
-                    prev.text + event.text,
-                    prev.reasoning + event.reasoning,
-                    prev.tokens + event.tokens,
-                    event.usage,
-                    event.finish_reason,
-                    event.stats,
-                )
-            elif isinstance(event, Output):
-                pending[rid] = event
-            else:
-                if prev is not None:
-                    self._emit(pending.pop(rid))
-                self._emit(event)
-        for output in pending.values():
-            self._emit(output)
+            if isinstance(event, Output):
+                pending.setdefault(rid, []).append(event)
+                continue
+            piled = pending.pop(rid, None)
+            if piled is not None:
+                self._emit(_merged(piled))
+            self._emit(event)
+        for piled in pending.values():
+            self._emit(_merged(piled))
         self._flush_chunks()
 
     def _flush_chunks(self) -> None:
@@ -363,3 +353,19 @@ class Runner:
             )
         if isinstance(event, Failure) or event.finish_reason is not None:
             self._idle.set()
+
+
+def _merged(outputs: list[Output]) -> Output:
+    """Consecutive outputs of one request as one (strings joined once)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    return Output(
+        last.request_id,
+        "".join(o.text for o in outputs),
+        "".join(o.reasoning for o in outputs),
+        sum(o.tokens for o in outputs),
+        last.usage,
+        last.finish_reason,
+        last.stats,
+    )

@@ -182,8 +182,8 @@ class ScriptedEngine(Engine):
                 if self._closing:
                     return  # close drops running requests without events
                 self._emit(event)
-            if self.tokens_per_second <= 0:
-                time.sleep(0)  # let the runner's event loop take the GIL between rounds
+            # With R = 0 the next round follows at once: Python's GIL switch interval hands
+            # the runner's event loop its turn, which then sends what piled up, merged.
 
     def _next_round_at(self, last_round: float) -> float | None:
         """When the next round is due (under the lock); None: nothing to do until notified."""
