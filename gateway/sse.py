@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
+from types import CoroutineType
 from typing import Any
 
 from litestar import Request, Response
@@ -179,7 +180,7 @@ class SseRelay:
         assert self._send is not None
         self._written = self._loop.time()
         pending = self._send({"type": "http.response.body", "body": body, "more_body": not last})
-        if isinstance(pending, Coroutine):
+        if isinstance(pending, CoroutineType):  # not the Coroutine ABC: that check is slow
             try:
                 waiting = pending.send(None)
             except StopIteration:

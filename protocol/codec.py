@@ -179,16 +179,23 @@ def _fast_chunk(obj: dict[str, Any], keys: frozenset[str] = _CHUNK_KEYS) -> Chun
         or (finish is not None and (type(finish) is not str or finish not in _FINISH_REASONS))
     ):
         return None
-    counts = (
+    prompt, completion, cached, thought = (
         usage["prompt_tokens"],
         usage["completion_tokens"],
         usage["cached_tokens"],
         usage["reasoning_tokens"],
     )
-    if any(type(n) is not int for n in counts):
+    if (
+        type(prompt) is not int
+        or type(completion) is not int
+        or type(cached) is not int
+        or type(thought) is not int
+    ):
         return None
     reason: Any = finish  # checked against FinishReason above
-    return Chunk(rid, seq, text, reasoning, tokens, Usage(*counts), reason, None)
+    return Chunk(
+        rid, seq, text, reasoning, tokens, Usage(prompt, completion, cached, thought), reason, None
+    )
 
 
 def _fast_batch(obj: dict[str, Any]) -> Batch | None:
