@@ -28,7 +28,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
-from gateway.stream import Failed, RequestStream, next_item
+from gateway.stream import Failed, RequestStream, StreamItem
 from protocol.closecodes import CloseCode
 from protocol.frames import Chunk, FinishReason, Usage
 from protocol.openai.errors import OpenAIError, invalid_request
@@ -287,7 +287,7 @@ class ClientSocket:
         # Cancelled while waiting for a runner (possibly before its first step): the
         # request still owes the client its `done`.
         if task.cancelled() and not self.closed:
-            self._done(rid, "cancelled", Usage(0, 0))
+            self.send_done(rid, "cancelled", Usage(0, 0))
 
     def _cancel(self, msg: dict[str, Any]) -> None:
         rid = self._request_id(msg)
@@ -319,38 +319,22 @@ class ClientSocket:
             prefix=b'{"type":"chunk","request_id":' + orjson.dumps(rid) + b',"chunk":',
             suffix=b"}",
         )
+        relay = _Relay(self, rid, writer, self.config.stream_timeout)
         try:
-            await self._relay(rid, stream, writer)
+            while not relay.over and (item := stream.get_nowait()) is not None:
+                relay.on_item(item)
+            if not relay.over:
+                stream.sink = relay.on_item  # from now on chunks arrive without a task switch
+                relay.arm()
+                await relay.ended
         finally:
+            stream.sink = None
+            relay.disarm()
             del self.streams[rid]
             if not stream.done:
                 self.pool.cancel(stream)
 
-    async def _relay(self, rid: str, stream: RequestStream, writer: ChunkWriter) -> None:
-        started = False
-        timeout = self.config.stream_timeout
-        while True:
-            item = await next_item(stream, timeout)
-            if item is None:
-                item = Failed(StreamTimeout(timeout))
-            if not isinstance(item, Chunk):
-                self.send_error(rid, openai_error_for(item))
-                return
-            if not started:
-                started = True
-                u = item.usage
-                self.send(writer.role(Usage(u.prompt_tokens, 0, u.cached_tokens, 0)))
-            if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
-                self.send(writer.delta(item.text, item.reasoning, item.usage))
-            if item.finish_reason is not None:
-                if item.finish_reason != "cancelled":
-                    self.send(writer.finish(item.finish_reason, item.usage))
-                if writer.include_usage:
-                    self.send(writer.usage_chunk(item.usage))
-                self._done(rid, item.finish_reason, item.usage)
-                return
-
-    def _done(self, rid: str, finish_reason: FinishReason, usage: Usage) -> None:
+    def send_done(self, rid: str, finish_reason: FinishReason, usage: Usage) -> None:
         self.send_obj(
             {
                 "type": "done",
@@ -384,6 +368,87 @@ class ClientSocket:
                 }
             )
             await asyncio.sleep(POOL_STATE_INTERVAL)
+
+
+class _Relay:
+    """Renders one request's chunks into its socket's outbox as they arrive.
+
+    It is the request's `RequestStream.sink`, called from the runner link's receive loop:
+    the socket's writer task is the only task a token wakes. One timer per request ends it
+    after `stream_timeout` without a frame.
+    """
+
+    __slots__ = (
+        "_heard",
+        "_loop",
+        "_started",
+        "_timer",
+        "client",
+        "ended",
+        "over",
+        "rid",
+        "timeout",
+        "writer",
+    )
+
+    def __init__(self, client: ClientSocket, rid: str, writer: ChunkWriter, timeout: float) -> None:
+        self.client = client
+        self.rid = rid
+        self.writer = writer
+        self.timeout = timeout
+        self.over = False
+        """The request's last message (`done` or `error`) has been queued."""
+        self._loop = asyncio.get_running_loop()
+        self.ended: asyncio.Future[None] = self._loop.create_future()
+        self._heard = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._started = False
+
+    def on_item(self, item: StreamItem) -> bool:
+        self._heard = self._loop.time()
+        if self._render(item):
+            self.over = True
+            self.disarm()
+            if not self.ended.done():
+                self.ended.set_result(None)
+        return True  # the outbox takes everything (a socket that falls behind is closed)
+
+    def _render(self, item: StreamItem) -> bool:
+        """Queue the messages for one item; True when the request is over."""
+        client, writer = self.client, self.writer
+        if not isinstance(item, Chunk):
+            client.send_error(self.rid, openai_error_for(item))
+            return True
+        if not self._started:
+            self._started = True
+            u = item.usage
+            client.send(writer.role(Usage(u.prompt_tokens, 0, u.cached_tokens, 0)))
+        if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
+            client.send(writer.delta(item.text, item.reasoning, item.usage))
+        if item.finish_reason is None:
+            return False
+        if item.finish_reason != "cancelled":
+            client.send(writer.finish(item.finish_reason, item.usage))
+        if writer.include_usage:
+            client.send(writer.usage_chunk(item.usage))
+        client.send_done(self.rid, item.finish_reason, item.usage)
+        return True
+
+    def arm(self) -> None:
+        self._timer = self._loop.call_later(self.timeout, self._tick)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self) -> None:
+        self._timer = None
+        silent = self._loop.time() - self._heard
+        if silent < self.timeout:
+            self._timer = self._loop.call_later(self.timeout - silent, self._tick)
+            return
+        self.on_item(Failed(StreamTimeout(self.timeout)))
 
 
 @websocket(CLIENT_WS_PATH)
