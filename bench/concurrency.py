@@ -4,7 +4,7 @@ Backends, each kept up for the whole scenario and measured in alternation, run b
 
 - `engine rr` / `engine batched`: `MlxEngine` (round robin) and `BatchedMlxEngine` driven
   in this process (no relay: what the engine alone can do);
-- `orchard rr` (and `orchard batched` once `orchard runner --engine mlx-batched` exists): a
+- `orchard rr` / `orchard batched` (`orchard runner --engine mlx` / `mlx-batched`): a
   gateway and one runner process, streamed over SSE;
 - `mlx_lm.server`: `python -m mlx_lm server --model DIR`, streamed over SSE.
 
@@ -155,16 +155,6 @@ def mlx_lm_server(model_dir: str, max_streams: int) -> Iterator[str]:
             proc.kill()
 
 
-def _cli_has_batched_engine() -> bool:
-    help_text = subprocess.run(
-        [sys.executable, "-m", "orchard", "runner", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return "mlx-batched" in help_text
-
-
 def _round(one: OneStream, streams: int, tokens: int, tag: str) -> tuple[float, list[Result]]:
     """`streams` concurrent streams; (aggregate tok/s, per-stream results)."""
     results: list[Result | None] = [None] * streams
@@ -233,26 +223,10 @@ def main(runs: int, tokens: int) -> None:
         batched = EngineClient(BatchedMlxEngine(MODEL, max_streams, prefix_cache_size=0))
         stack_.callback(batched.close)
         backends["engine batched"] = batched.run
-        base, _, _ = stack_.enter_context(
-            stack([["--model", MODEL, "--max-concurrent", str(max_streams)]])
-        )
-        backends["orchard rr"] = _http(base, MODEL)
-        if _cli_has_batched_engine():
-            base_b, _, _ = stack_.enter_context(
-                stack(
-                    [
-                        [
-                            "--model",
-                            MODEL,
-                            "--max-concurrent",
-                            str(max_streams),
-                            "--engine",
-                            "mlx-batched",
-                        ]
-                    ]
-                )
-            )
-            backends["orchard batched"] = _http(base_b, MODEL)
+        for name, engine in (("orchard rr", "mlx"), ("orchard batched", "mlx-batched")):
+            runner = ["--model", MODEL, "--max-concurrent", str(max_streams), "--engine", engine]
+            base, _, _ = stack_.enter_context(stack([runner]))
+            backends[name] = _http(base, MODEL)
         server = stack_.enter_context(mlx_lm_server(model_dir, max_streams))
         # mlx_lm.server names the model by the path it was given.
         backends["mlx_lm.server"] = _http(server, model_dir)
