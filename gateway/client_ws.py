@@ -464,9 +464,13 @@ async def client_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
         await socket.close(CloseCode.TRY_AGAIN_LATER, "too many open sockets")
         return
     open_sockets.append(None)
+    pool: Pool = state.pool
+    pool.trimmer.busy(len(open_sockets))
     try:
-        await ClientSocket(socket, state.pool).run()
+        await ClientSocket(socket, pool).run()
     except Exception:  # a bug here must not take the server down; it must be seen
         log.exception("client socket failed")
     finally:
         open_sockets.pop()
+        if not open_sockets and not pool.in_flight():
+            pool.trimmer.idle()  # a crowd of sockets left: give their memory back
