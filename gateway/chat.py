@@ -70,6 +70,8 @@ async def _streaming(
         first = Failed(StreamTimeout(config.stream_timeout))
     if first is not None and not isinstance(first, Chunk):
         # Nothing sent yet: a failure before the first token is a proper HTTP error.
+        if not stream.done:
+            pool.cancel(stream)  # timed out: the runner may still be working on it
         raise openai_error_for(first)
     writer = ChunkWriter(
         id=completion_id,

@@ -156,11 +156,16 @@ class SseRelay:
             await asyncio.wait((self.done, disconnect), return_when=asyncio.FIRST_COMPLETED)
         finally:
             disconnect.cancel()
-            self._detach()
-            if self._task is not None and not self._task.done():
-                self._task.cancel()
-            if not self.stream.done:
-                self.cancel(self.stream)  # the client went away, or the runner timed out
+            self.close()
+
+    def close(self) -> None:
+        """Stop relaying; the request is cancelled on its runner unless it ended. Idempotent,
+        and also called when the response fails before its body starts."""
+        self._detach()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if not self.stream.done and not self.stream.cancelled:
+            self.cancel(self.stream)  # the client went away, or the runner timed out
 
     def _on_item(self, item: StreamItem) -> bool:
         """`RequestStream.sink`: write the item now; False (queue it) while a send waits."""
@@ -267,6 +272,12 @@ class _RelayASGIResponse(ASGIResponse):
     def __init__(self, relay: SseRelay, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.relay = relay
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.relay.close()  # e.g. the client left before the headers went out
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         await self.relay.run(send, receive)

@@ -447,3 +447,27 @@ async def test_non_streaming_client_disconnect_sends_cancel(
     assert await runner.next_request() == Cancel(gen.request_id)
     await runner.send(Chunk(gen.request_id, 0, "", "", 0, Usage(3, 0), "cancelled"))
     assert not await reader.read()  # nothing was ever sent back
+
+
+async def test_timeout_before_the_first_token_is_504_and_cancels() -> None:
+    # --stream-timeout below --first-token-wait: nothing was sent, so the client gets a 504,
+    # and the runner, still holding the request, is told to stop.
+    gw = Gateway("--stream-timeout", "0.5", "--first-token-wait", "5")
+    try:
+        fake = await FakeRunner.connect(gw)
+        try:
+            async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
+                post = asyncio.ensure_future(
+                    http.post("/v1/chat/completions", json=body(stream=True))
+                )
+                gen = await asyncio.wait_for(fake.next_request(), 5 * UNIT)
+                assert isinstance(gen, Generate)
+                resp = await post
+                assert resp.status_code == 504
+                assert resp.json()["error"]["code"] == "timeout"
+                frame = await asyncio.wait_for(fake.next_request(), 5 * UNIT)
+                assert frame == Cancel(gen.request_id)
+        finally:
+            await fake.close()
+    finally:
+        gw.stop()

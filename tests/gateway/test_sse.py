@@ -11,7 +11,7 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.errors import RunnerLost
-from gateway.sse import KEEPALIVE, SseRelay
+from gateway.sse import KEEPALIVE, SseRelay, _RelayASGIResponse
 from gateway.stream import MAX_PENDING, Failed, RequestStream
 from protocol.frames import Chunk, Generate, Message, Usage
 from protocol.openai.response import ChunkWriter
@@ -78,8 +78,12 @@ class Setup:
         self.writer = ChunkWriter(id="chatcmpl-x", created=1, model="m")
         self.config = GatewayConfig(**config)
 
+    def cancel(self, stream: RequestStream) -> None:
+        stream.cancelled = True  # as Pool.cancel does
+        self.cancelled.append(stream)
+
     def relay(self, first: Chunk | None) -> SseRelay:
-        return SseRelay(self.cancelled.append, self.stream, self.writer, first, self.config)
+        return SseRelay(self.cancel, self.stream, self.writer, first, self.config)
 
     def start(self, relay: SseRelay) -> asyncio.Task[None]:
         return asyncio.ensure_future(relay.run(self.client.send, self.client.receive))
@@ -214,3 +218,28 @@ async def test_cancelling_the_response_task_cancels_the_request() -> None:
         await task
     assert s.cancelled == [s.stream]
     assert s.stream.sink is None
+
+
+async def test_a_response_that_fails_before_its_body_cancels_the_request() -> None:
+    s = Setup()
+    response = _RelayASGIResponse(s.relay(chunk(0)), media_type="text/event-stream")
+
+    async def send(message: Any) -> None:
+        assert message["type"] == "http.response.start"
+        raise ConnectionResetError("the client left before the headers")
+
+    with pytest.raises(ConnectionResetError):
+        await response({"type": "http"}, s.client.receive, send)
+    assert s.cancelled == [s.stream]
+    assert s.client.bodies == []
+
+
+async def test_closing_twice_cancels_once() -> None:
+    s = Setup()
+    relay = s.relay(chunk(0))
+    task = s.start(relay)
+    await settle()
+    s.client.gone.set()
+    await asyncio.wait_for(task, 1)
+    relay.close()
+    assert s.cancelled == [s.stream]
