@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import CoroutineType
 from typing import Any
 
@@ -31,6 +31,7 @@ from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Send, TypeEncodersMap
 
 from gateway.config import GatewayConfig
+from gateway.eager import run_eagerly
 from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.stream import Failed, RequestStream, StreamItem
@@ -57,36 +58,6 @@ def render(writer: ChunkWriter, item: StreamItem, out: list[bytes]) -> bool:
         out.append(writer.error(openai_error_for(item)))
     out.append(writer.done())
     return True
-
-
-class _Resume(Awaitable[None]):
-    """Await the rest of a coroutine that was started by hand and suspended on `waiting`.
-
-    Yields what the coroutine yields and sends back what it is sent, so the task awaiting
-    this drives it exactly as if it had awaited the coroutine from the start.
-    """
-
-    __slots__ = ("_coro", "_waiting")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any) -> None:
-        self._coro = coro
-        self._waiting = waiting
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        waiting = self._waiting
-        while True:
-            try:
-                value = yield waiting
-            except BaseException as exc:  # cancellation included: the coroutine decides
-                try:
-                    waiting = self._coro.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    waiting = self._coro.send(value)
-                except StopIteration:
-                    return
 
 
 class SseRelay:
@@ -184,18 +155,18 @@ class SseRelay:
         """Send `body`; completes here unless the client's buffer is full."""
         assert self._send is not None
         self._written = self._loop.time()
+        pending: Awaitable[None] | None
         pending = self._send({"type": "http.response.body", "body": body, "more_body": not last})
         if isinstance(pending, CoroutineType):  # not the Coroutine ABC: that check is slow
             try:
-                waiting = pending.send(None)
-            except StopIteration:
-                if last:
-                    self._end()
-                return
+                pending = run_eagerly(pending)
             except Exception as exc:  # the client's connection failed
                 self._gone(exc)
                 return
-            pending = _Resume(pending, waiting)
+            if pending is None:
+                if last:
+                    self._end()
+                return
         self._busy = True
         self.sends_suspended += 1
         self._task = self._loop.create_task(self._finish_send(pending, last))
