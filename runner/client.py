@@ -114,6 +114,8 @@ class Runner:
         latency per token, small beside a model step at that load. 0 sends every burst."""
         self.frames_sent = 0
         self.chunks_sent = 0
+        self.most_queued = 0
+        """Most frames that waited for the gateway at once (for tests)."""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def hello(self) -> Hello:
@@ -254,6 +256,7 @@ class Runner:
             await self._wake.wait()
             self._wake.clear()
             batch, self._outbox = self._outbox, []
+            self.most_queued = max(self.most_queued, len(batch))
             for data in batch:
                 await ws.send(data, text=True)
             self._sent.set()

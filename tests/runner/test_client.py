@@ -20,6 +20,7 @@ from protocol.frames import (
     Message,
     Welcome,
 )
+from protocol.session import GatewaySession
 from runner.client import GATHER_MIN_REQUESTS, Runner
 from runner.engine.scripted import ScriptedEngine
 from runner.hardware import detect
@@ -102,3 +103,56 @@ async def test_few_requests_are_never_held_back() -> None:
     _, chunks, took = await serve_requests(n, gather=1.0)
     check_exact(chunks, n)
     assert took < 0.8  # 20 tokens at 100 tok/s take 0.2 s; one 1 s gather would show
+
+
+async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
+    # Big tokens and a stand-in gateway that reads nothing for a while: sends wait for
+    # the socket, frames queue behind them, and every request's chunks still arrive
+    # complete and in order (the session refuses a gap or a repeat).
+    big = "x" * 32_768
+    requests, tokens = 4, 400
+    session_frames: list[Chunk] = []
+    all_in = asyncio.Event()
+
+    async def gateway(ws: ServerConnection) -> None:
+        hello = decode_runner_frame(await ws.recv())
+        assert isinstance(hello, Hello)
+        session = GatewaySession()
+        session.receive(hello)
+        await ws.send(encode(Welcome("runner-1", PROTOCOL_VERSION, 30.0)).decode())
+        for i in range(requests):
+            generate = Generate(f"r{i}", "scripted", (Message("user", "hi"),), tokens)
+            session.send_generate(generate)
+            await ws.send(encode(generate).decode())
+        await asyncio.sleep(0.2)  # read nothing: the runner's sends back up
+        ended = 0
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for data in ws:
+                await asyncio.sleep(0.002)  # then read slowly, while the runner produces
+                frame = session.receive(decode_runner_frame(data))
+                for chunk in frame.frames if isinstance(frame, Batch) else (frame,):
+                    if isinstance(chunk, Chunk):
+                        session_frames.append(chunk)
+                        ended += chunk.finish_reason is not None
+                if ended == requests:
+                    all_in.set()
+
+    engine = ScriptedEngine(("scripted",), 1000.0, max_concurrent=requests, text=lambda r, i: big)
+    async with serve(gateway, "127.0.0.1", 0, max_size=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        runner = Runner(
+            f"http://127.0.0.1:{port}",
+            engine,
+            name="test",
+            max_concurrent=requests,
+            hardware=detect("none"),
+        )
+        task = asyncio.create_task(runner.run())
+        await asyncio.wait_for(all_in.wait(), 15)
+        runner.stop()
+        await asyncio.wait_for(task, 10)
+    assert runner.most_queued > 1  # frames really queued behind the stalled gateway
+    for i in range(requests):
+        mine = [c for c in session_frames if c.request_id == f"r{i}"]
+        assert sum(c.tokens for c in mine) == tokens
+        assert "".join(c.text for c in mine) == big * tokens
