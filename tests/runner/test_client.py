@@ -8,7 +8,7 @@ import contextlib
 import time
 
 import websockets
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection, serve
 
 from protocol.codec import decode_runner_frame, encode
 from protocol.frames import (
@@ -21,12 +21,27 @@ from protocol.frames import (
     Welcome,
 )
 from protocol.session import GatewaySession
-from runner.client import GATHER_MIN_REQUESTS, Runner
+from runner.client import GATHER_MIN_REQUESTS, GATHER_S, Runner
 from runner.engine.scripted import ScriptedEngine
 from runner.hardware import detect
 
 TOKENS = 20
 RATE = 100.0
+
+
+def runner_for(
+    server: Server, engine: ScriptedEngine, slots: int, gather: float = GATHER_S
+) -> Runner:
+    """A real Runner pointed at a stand-in gateway."""
+    port = server.sockets[0].getsockname()[1]
+    return Runner(
+        f"http://127.0.0.1:{port}",
+        engine,
+        name="test",
+        max_concurrent=slots,
+        hardware=detect("none"),
+        gather=gather,
+    )
 
 
 async def serve_requests(
@@ -59,15 +74,7 @@ async def serve_requests(
 
     engine = ScriptedEngine(("scripted",), RATE, max_concurrent=requests)
     async with serve(gateway, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        runner = Runner(
-            f"http://127.0.0.1:{port}",
-            engine,
-            name="test",
-            max_concurrent=requests,
-            hardware=detect("none"),
-            gather=gather,
-        )
+        runner = runner_for(server, engine, requests, gather=gather)
         task = asyncio.create_task(runner.run())
         started = time.perf_counter()
         await asyncio.wait_for(all_done.wait(), 20)
@@ -139,14 +146,7 @@ async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
 
     engine = ScriptedEngine(("scripted",), 1000.0, max_concurrent=requests, text=lambda r, i: big)
     async with serve(gateway, "127.0.0.1", 0, max_size=None) as server:
-        port = server.sockets[0].getsockname()[1]
-        runner = Runner(
-            f"http://127.0.0.1:{port}",
-            engine,
-            name="test",
-            max_concurrent=requests,
-            hardware=detect("none"),
-        )
+        runner = runner_for(server, engine, requests)
         task = asyncio.create_task(runner.run())
         await asyncio.wait_for(all_in.wait(), 15)
         runner.stop()
