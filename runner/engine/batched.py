@@ -15,6 +15,10 @@ Requests the batch cannot serve exactly run on the round-robin path of `MlxEngin
 Everything else (greedy, sampled without a seed, logit_bias, penalties) is batched. Requests
 with the same sampling settings share one sampler object, so the batch samples in one call.
 
+An error while handling one row's token fails that request alone. An error inside the batch's
+own step (the forward pass) leaves the batch in an unknown state: every row of it fails, and
+a fresh batch serves what comes next.
+
 KV memory: `kv_bytes` is the bytes held by KV caches now (batch, round-robin requests and the
 prefix cache); with `max_kv_bytes` set, a request only starts when the worst case of every
 running request (prompt + max_tokens each, rows padded to the longest as `BatchKVCache` lays
@@ -236,7 +240,14 @@ class _BatchedWorker(_Worker):
                 continue
             if running.first_token_at is None:
                 running.first_token_at = now
-            self._on_token(running, response)
+            try:
+                self._on_token(running, response)
+            except Exception as exc:
+                # One row's failure (detokenizer, accounting) ends that request only; the
+                # other rows of this step still get their tokens.
+                if running.request_id in self._active:
+                    self._unbatch(running, removed=response.finish_reason is not None)
+                    self._fail(running, exc)
 
     def _on_token(self, request: _Request, response: Any) -> None:
         row = self._rows[request.request_id]

@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from protocol.frames import Generate, LogitBias, Message, ModelInfo, SamplingParams, Usage
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import EngineEvent, Failure, Output
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import BatchedMlxEngine, _BatchedWorker
 from tests.runner.collect import Collector, engine_starter, final, outputs, run, text_of
 from tests.runner.test_mlx_engine import GREEDY, Reference, ask, reference
 from tests.support import UNIT
@@ -339,3 +340,39 @@ def test_close_drops_running_requests(start_engine: StartEngine) -> None:
     engine.close()
     engine.submit(ask("r2"))
     assert collector.events["r2"] == [Failure("r2", "internal_error", "the engine is closed")]
+
+
+class _RowFailingWorker(_BatchedWorker):
+    """Raises while handling the third token of request "boom"."""
+
+    def _on_token(self, request: Any, response: Any) -> None:
+        if request.request_id == "boom" and len(request.tokens) == 2:
+            raise RuntimeError("injected row failure")
+        super()._on_token(request, response)
+
+
+class _RowFailingEngine(BatchedMlxEngine):
+    def _make_worker(self, model: Any, tokenizer: Any, config: Any) -> _BatchedWorker:
+        return _RowFailingWorker(self, model, tokenizer, config, self._context_length)
+
+
+def test_a_failing_row_fails_only_its_request(reference: Reference) -> None:
+    with engine_starter(_RowFailingEngine) as start:
+        engine, collector = start(max_concurrent=4)
+        others = [ask(f"r{i}", PROMPTS[i], max_tokens=12, sampling=GREEDY) for i in range(2)]
+        engine.submit(ask("boom", PROMPTS[2], max_tokens=12, sampling=GREEDY))
+        for request in others:
+            engine.submit(request)
+        boom = collector.wait("boom")
+        assert [type(e) for e in boom] == [Output, Output, Failure]
+        failure = boom[-1]
+        assert isinstance(failure, Failure)
+        assert failure.code == "internal_error"
+        assert "injected row failure" in failure.message
+        for request in others:  # the rows beside it lost nothing
+            events = collector.wait(request.request_id)
+            assert [o.text for o in outputs(events)] == reference.greedy(request)[1]
+        after = ask("after", PROMPTS[3], max_tokens=6, sampling=GREEDY)
+        assert [o.text for o in outputs(run(engine, collector, after))] == (
+            reference.greedy(after)[1]
+        )
