@@ -324,7 +324,11 @@ class _Worker:
     def step_all(self) -> None:
         """One token for every running request."""
         for request in list(self._active.values()):
-            self._step(request)
+            try:
+                self._step(request)
+            except Exception as exc:  # handling its token failed: that request ends, alone
+                if request.request_id in self._active:
+                    self._fail(request, exc)
 
     def drop_all(self) -> None:
         """Stop everything without events (engine closing)."""

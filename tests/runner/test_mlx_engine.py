@@ -414,3 +414,34 @@ def test_close_drops_running_requests(start_engine: StartEngine) -> None:
     assert collector.events["r2"] == [Failure("r2", "internal_error", "the engine is closed")]
     time.sleep(0.05)
     assert len(collector.events["r1"]) == count
+
+
+class _RowFailingWorker(mlx_engine._Worker):
+    """Raises while handling the third token of request "boom"."""
+
+    def _deliver(self, request: Any, piece: Any, model_finish: str | None) -> None:
+        if request.request_id == "boom" and len(request.tokens) == 3:
+            raise RuntimeError("injected failure")
+        super()._deliver(request, piece, model_finish)
+
+
+class _RowFailingEngine(MlxEngine):
+    def _make_worker(self, model: Any, tokenizer: Any, config: Any) -> mlx_engine._Worker:
+        return _RowFailingWorker(self, model, tokenizer, config, self._context_length)
+
+
+def test_a_failing_request_ends_alone(reference: Reference) -> None:
+    with engine_starter(_RowFailingEngine) as start:
+        engine, collector = start(max_concurrent=4)
+        others = [ask(f"r{i}", f"Question {i}?", max_tokens=12, sampling=GREEDY) for i in range(2)]
+        engine.submit(ask("boom", "Explode?", max_tokens=12, sampling=GREEDY))
+        for request in others:
+            engine.submit(request)
+        boom = collector.wait("boom")
+        assert [type(e) for e in boom] == [Output, Output, Failure]
+        failure = boom[-1]
+        assert isinstance(failure, Failure)
+        assert (failure.code, "injected failure" in failure.message) == ("internal_error", True)
+        for request in others:
+            events = collector.wait(request.request_id)
+            assert [o.text for o in outputs(events)] == reference.greedy(request)[1]
