@@ -10,6 +10,7 @@ without a finish_reason, then exactly one terminal event: an `Output` with a fin
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable
 
 import attrs
@@ -51,6 +52,18 @@ class Failure:
 
 EngineEvent = Output | Failure
 Sink = Callable[[EngineEvent], None]
+
+log = logging.getLogger("runner.engine")
+
+
+def emit(sink: Sink | None, event: EngineEvent) -> None:
+    """Hand an event to the sink from an engine's own thread. A broken sink is logged, never
+    raised: it must not take that thread (and every request on it) down."""
+    assert sink is not None
+    try:
+        sink(event)
+    except Exception:
+        log.exception("engine sink failed on %r", event)
 
 
 class Engine(abc.ABC):

@@ -42,7 +42,7 @@ from protocol.frames import (
 )
 from runner.accounting import Piece, RequestAccounting, prompt_opens_reasoning
 from runner.demo_model import resolve_model
-from runner.engine.base import Engine, EngineEvent, Failure, Output, Sink
+from runner.engine.base import Engine, EngineEvent, Failure, Output, Sink, emit
 from runner.engine.sampling import make_logits_processors, make_sampler_for
 
 log = logging.getLogger("runner.engine")
@@ -142,12 +142,7 @@ class MlxEngine(Engine):
                 log.warning("generation thread still busy %.0fs after close", self._close_timeout)
 
     def _emit(self, event: EngineEvent) -> None:
-        assert self._sink is not None
-        try:
-            self._sink(event)
-        except Exception:
-            # A broken sink must not take the generation thread (and every request) down.
-            log.exception("engine sink failed on %r", event)
+        emit(self._sink, event)
 
     def _serve(self) -> None:
         try:

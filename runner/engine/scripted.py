@@ -45,7 +45,7 @@ from protocol.frames import (
     Usage,
 )
 from runner.accounting import StopMatcher
-from runner.engine.base import Engine, EngineEvent, Failure, Output, Sink
+from runner.engine.base import Engine, EngineEvent, Failure, Output, Sink, emit
 
 log = logging.getLogger("runner.engine.scripted")
 
@@ -357,12 +357,7 @@ class ScriptedEngine(Engine):
             self.active_requests -= 1
 
     def _emit(self, event: EngineEvent) -> None:
-        assert self._sink is not None
-        try:
-            self._sink(event)
-        except Exception:
-            # A broken sink must not take the scheduler (and every request) down.
-            log.exception("engine sink failed on %r", event)
+        emit(self._sink, event)
 
 
 class _Stream:

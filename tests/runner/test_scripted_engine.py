@@ -371,3 +371,19 @@ def outputs_so_far(collector: Collector, request_id: str) -> list[Output]:
     events = collector.events[request_id]
     assert all(isinstance(e, Output) and e.finish_reason is None for e in events), events
     return [e for e in events if isinstance(e, Output)]
+
+
+def test_a_raising_sink_does_not_stop_the_engine(engines: list[ScriptedEngine]) -> None:
+    collector = Collector()
+
+    def sink(event: EngineEvent) -> None:
+        if event.request_id == "bad":
+            raise RuntimeError("the transport broke")
+        collector(event)
+
+    engine = ScriptedEngine(default_max_tokens=3)
+    engines.append(engine)
+    engine.start(sink)
+    engine.submit(ask("bad"))
+    engine.submit(ask("good"))
+    assert text_of(collector.wait("good")) == "tok0 tok1 tok2 "
