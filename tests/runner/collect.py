@@ -88,3 +88,29 @@ def engine_starter(make: Callable[..., E]) -> Iterator[Callable[..., tuple[E, Co
     finally:
         for engine in engines:
             engine.close()
+
+
+def check_failure_stays_alone(
+    engine: Engine,
+    collector: Collector,
+    boom: Generate,
+    others: list[Generate],
+    *,
+    message: str,
+    expected_texts: Callable[[Generate], list[str]],
+) -> None:
+    """Submit `boom` (made to fail at its third token) beside `others`: it ends with one
+    internal_error Failure after two outputs, and the others lose nothing."""
+    engine.submit(boom)
+    for request in others:
+        engine.submit(request)
+    events = collector.wait(boom.request_id)
+    assert [type(e) for e in events] == [Output, Output, Failure]
+    failure = events[-1]
+    assert isinstance(failure, Failure)
+    assert failure.code == "internal_error"
+    assert message in failure.message
+    for request in others:
+        assert [o.text for o in outputs(collector.wait(request.request_id))] == (
+            expected_texts(request)
+        )

@@ -16,6 +16,7 @@ from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.mlx_engine import MlxEngine
 from tests.runner.collect import (
     Collector,
+    check_failure_stays_alone,
     engine_starter,
     final,
     is_terminal,
@@ -434,14 +435,12 @@ def test_a_failing_request_ends_alone(reference: Reference) -> None:
     with engine_starter(_RowFailingEngine) as start:
         engine, collector = start(max_concurrent=4)
         others = [ask(f"r{i}", f"Question {i}?", max_tokens=12, sampling=GREEDY) for i in range(2)]
-        engine.submit(ask("boom", "Explode?", max_tokens=12, sampling=GREEDY))
-        for request in others:
-            engine.submit(request)
-        boom = collector.wait("boom")
-        assert [type(e) for e in boom] == [Output, Output, Failure]
-        failure = boom[-1]
-        assert isinstance(failure, Failure)
-        assert (failure.code, "injected failure" in failure.message) == ("internal_error", True)
-        for request in others:
-            events = collector.wait(request.request_id)
-            assert [o.text for o in outputs(events)] == reference.greedy(request)[1]
+        boom = ask("boom", "Explode?", max_tokens=12, sampling=GREEDY)
+        check_failure_stays_alone(
+            engine,
+            collector,
+            boom,
+            others,
+            message="injected failure",
+            expected_texts=lambda request: reference.greedy(request)[1],
+        )
