@@ -116,7 +116,8 @@ class StopMatcher:
     could still grow into a stop string. When a stop string completes, `feed` returns the text
     before it and `stopped` becomes true; the stop string and anything after it are dropped
     (OpenAI semantics), and later calls return nothing. With several stop strings the one that
-    starts first in the text wins. `flush` returns the held-back text once generation ends for
+    completes first wins (the longer one on a tie), however the text was split into pieces:
+    generation would have stopped there. `flush` returns the held-back text once generation ends for
     another reason.
     """
 
@@ -132,11 +133,15 @@ class StopMatcher:
         if not self._stops:
             return text
         buffer = self._held + text
-        hits = [index for stop in self._stops if (index := buffer.find(stop)) >= 0]
+        # (end, start) of each stop's first occurrence: the stop that completes first wins,
+        # as it would have had the text come a character at a time; on a tie, the longer one.
+        hits = [
+            (index + len(stop), index) for stop in self._stops if (index := buffer.find(stop)) >= 0
+        ]
         if hits:
             self.stopped = True
             self._held = ""
-            return buffer[: min(hits)]
+            return buffer[: min(hits)[1]]
         keep = self._partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]

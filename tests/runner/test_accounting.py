@@ -167,9 +167,17 @@ def test_streamed_matching_equals_matching_the_whole_text(
     parts = [text[a:b] for a, b in itertools.pairwise(bounds)]
     matcher = StopMatcher(stops)
     emitted = "".join(matcher.feed(part) for part in parts) + matcher.flush()
-    hits = [i for stop in stops if (i := text.find(stop)) >= 0]
-    assert emitted == (text[: min(hits)] if hits else text)
+    # The stop that completes first wins, as if the text came a character at a time.
+    hits = [(i + len(stop), i) for stop in stops if (i := text.find(stop)) >= 0]
+    assert emitted == (text[: min(hits)[1]] if hits else text)
     assert matcher.stopped == bool(hits)
+
+
+def test_the_stop_that_completes_first_wins_however_the_text_is_split() -> None:
+    for parts in (["bc", "cac"], ["bcc", "ac"], ["b", "c", "c"]):
+        matcher = StopMatcher(["bcc", "c"])
+        emitted = "".join(matcher.feed(part) for part in parts) + matcher.flush()
+        assert emitted == "b"
 
 
 def test_usage_counts_every_token() -> None:
