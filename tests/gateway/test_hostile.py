@@ -42,7 +42,12 @@ class HonestRunner:
     """A protocol-correct runner on its own thread: answers every request with "a b c"."""
 
     def __init__(self, gateway: Gateway) -> None:
-        self.ws = connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", legacy=True)
+        # legacy=True: connected now, not in a `with`. No keepalive pings: websockets' sync
+        # ping thread draws from the global `random`, which hypothesis reports as flaky when
+        # it happens during a draw (it did, once, in CI).
+        self.ws = connect(
+            f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", legacy=True, ping_interval=None
+        )
         hello = Hello(PROTOCOL_VERSION, "honest", (ModelInfo("honest-model", 4096),), 8, HARDWARE)
         self.ws.send(encode(hello).decode())
         decode_gateway_frame(self.ws.recv())
@@ -122,7 +127,9 @@ def rogue_session(gateway: Gateway, payloads: Sequence[bytes | str], hello_first
 def _rogue_session(
     gateway: Gateway, payloads: Sequence[bytes | str], hello_first: bool
 ) -> ConnectionClosed | None:
-    with connect(f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", open_timeout=5) as ws:
+    with connect(
+        f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", open_timeout=5, ping_interval=None
+    ) as ws:
         try:
             if hello_first:
                 hello = Hello(
@@ -204,7 +211,8 @@ def test_hostile_chat_fields_never_5xx(gateway: Gateway, honest: HonestRunner, b
 
 @pytest.fixture(scope="module")
 def client_ws(gateway: Gateway) -> Iterator[ClientConnection]:
-    with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws", max_size=None) as ws:
+    # No keepalive pings, as for the honest runner.
+    with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws", max_size=None, ping_interval=None) as ws:
         yield ws
 
 
