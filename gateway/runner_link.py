@@ -23,12 +23,21 @@ from gateway.pool import Pool, RunnerConn
 from protocol.closecodes import CloseCode
 from protocol.codec import decode_runner_frame, encode
 from protocol.errors import ProtocolError
-from protocol.frames import PROTOCOL_VERSION, Batch, Chunk, Drain, Error, Heartbeat, Hello, Welcome
+from protocol.frames import (
+    PROTOCOL_VERSION,
+    RUNNER_PATH,
+    Batch,
+    Chunk,
+    Drain,
+    Error,
+    Heartbeat,
+    Hello,
+    Welcome,
+)
 from protocol.session import GatewaySession
 
 log = logging.getLogger("gateway.runner_link")
 
-RUNNER_PATH = "/v1/runner/ws"
 WATCHDOG_TICK = 0.25
 """Seconds between liveness checks: a silent runner is dropped at most this late."""
 

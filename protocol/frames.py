@@ -24,6 +24,9 @@ import attrs
 PROTOCOL_VERSION = 1
 """Bumped on any change a peer of the previous version could not handle."""
 
+RUNNER_PATH = "/v1/runner/ws"
+"""Where on the gateway runners open their WebSocket."""
+
 FinishReason = Literal["stop", "length", "cancelled"]
 
 ErrorCode = Literal[

@@ -27,6 +27,7 @@ from protocol.codec import decode_gateway_frame, encode
 from protocol.errors import ProtocolError
 from protocol.frames import (
     PROTOCOL_VERSION,
+    RUNNER_PATH,
     Batch,
     Cancel,
     Chunk,
@@ -41,7 +42,6 @@ from runner.engine.base import Engine, EngineEvent, Failure, Output
 
 log = logging.getLogger("runner.client")
 
-RUNNER_PATH = "/v1/runner/ws"
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 BACKOFF_MIN = 0.1
 """Seconds before the first reconnection attempt; doubles per failure up to BACKOFF_MAX."""
