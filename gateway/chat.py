@@ -25,20 +25,13 @@ from gateway.pool import Pool
 from gateway.sse import SseRelay, SseResponse
 from gateway.stream import Failed, RequestStream, StreamItem, next_item
 from protocol.frames import Chunk, Usage
-from protocol.openai.errors import invalid_request
-from protocol.openai.request import ChatRequest, parse_chat_request
+from protocol.openai.request import ChatRequest, check_max_tokens, parse_chat_request
 from protocol.openai.response import ChunkWriter, completion
 
 
 def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
     """Gateway-configured limits on top of the API's own validation."""
-    if chat.max_tokens is not None and chat.max_tokens > config.max_tokens_limit:
-        raise invalid_request(
-            f"max_tokens is {chat.max_tokens}; this gateway allows at most "
-            f"{config.max_tokens_limit}.",
-            "max_tokens",
-            "integer_above_max_value",
-        )
+    check_max_tokens(chat, config.max_tokens_limit)
     return chat
 
 

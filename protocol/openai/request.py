@@ -202,6 +202,20 @@ def parse_chat_object(data: Any) -> ChatRequest:
     )
 
 
+def check_max_tokens(chat: ChatRequest, limit: int) -> None:
+    """Refuse a completion bound over the gateway's ceiling (`--max-tokens-limit`).
+
+    Apart from `parse_chat_object` because the ceiling is the gateway's setting, not the API's;
+    every endpoint that takes a chat request applies it after parsing.
+    """
+    if chat.max_tokens is not None and chat.max_tokens > limit:
+        raise invalid_request(
+            f"max_tokens is {chat.max_tokens}; this gateway allows at most {limit}.",
+            "max_tokens",
+            "integer_above_max_value",
+        )
+
+
 # --- messages -------------------------------------------------------------------------------
 
 

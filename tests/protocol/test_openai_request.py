@@ -20,6 +20,7 @@ from protocol.openai.request import (
     MAX_PROMPT_CHARS,
     MAX_STOP_CHARS,
     ChatRequest,
+    check_max_tokens,
     parse_chat_request,
 )
 from tests.protocol.strategies import json_values, text
@@ -217,6 +218,28 @@ def test_null_means_not_given(field: str) -> None:
 )
 def test_max_tokens(fields: dict[str, Any], max_tokens: int) -> None:
     assert parse(request(**fields)).max_tokens == max_tokens
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"max_tokens": 100}, {"max_completion_tokens": 100}, {"max_tokens": 1}]
+)
+def test_max_tokens_within_the_gateway_ceiling(fields: dict[str, Any]) -> None:
+    check_max_tokens(parse(request(**fields)), 100)
+
+
+@pytest.mark.parametrize("fields", [{"max_tokens": 101}, {"max_completion_tokens": 101}])
+def test_max_tokens_over_the_gateway_ceiling(fields: dict[str, Any]) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        check_max_tokens(parse(request(**fields)), 100)
+    assert caught.value.status == 400
+    assert caught.value.body() == {
+        "error": {
+            "message": "max_tokens is 101; this gateway allows at most 100.",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": "integer_above_max_value",
+        }
+    }
 
 
 @pytest.mark.parametrize(("top_k", "expected"), [(-1, 0), (0, 0), (1, 1), (50, 50)])
