@@ -8,13 +8,10 @@ names the offending path.
 
 from __future__ import annotations
 
-import math
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Any, TypeVar, get_args
 
 import cattrs
 import orjson
-from cattrs.errors import IterableValidationError, IterableValidationNote
-from cattrs.preconf.orjson import make_converter
 from cattrs.strategies import configure_tagged_union
 
 from protocol.errors import FrameError
@@ -28,73 +25,13 @@ from protocol.frames import (
     RunnerFrame,
     Usage,
 )
+from protocol.strict import make_strict_converter
 
 T = TypeVar("T")
 
 
-def _strict_int(value: Any, _: type) -> int:
-    if type(value) is not int:
-        raise TypeError(f"expected an integer, got {type(value).__name__}")
-    return value
-
-
-def _strict_float(value: Any, _: type) -> float:
-    if type(value) not in (int, float):
-        raise TypeError(f"expected a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError("expected a finite number")
-    return float(value)
-
-
-def _strict_str(value: Any, _: type) -> str:
-    if type(value) is not str:
-        raise TypeError(f"expected a string, got {type(value).__name__}")
-    return value
-
-
-def _strict_bool(value: Any, _: type) -> bool:
-    if type(value) is not bool:
-        raise TypeError(f"expected a boolean, got {type(value).__name__}")
-    return value
-
-
-def _is_homogeneous_tuple(cl: Any) -> bool:
-    args = get_args(cl)
-    return get_origin(cl) is tuple and len(args) == 2 and args[1] is Ellipsis
-
-
 def _make_converter() -> cattrs.Converter:
-    conv = make_converter(forbid_extra_keys=True)
-    conv.register_structure_hook(int, _strict_int)
-    conv.register_structure_hook(float, _strict_float)
-    conv.register_structure_hook(str, _strict_str)
-    conv.register_structure_hook(bool, _strict_bool)
-
-    def tuple_hook_factory(cl: Any) -> Any:
-        item_type = get_args(cl)[0]
-        item_hook = conv.get_structure_hook(item_type)
-
-        def structure_tuple(value: Any, _: type) -> tuple[Any, ...]:
-            if type(value) is not list:
-                raise TypeError(f"expected an array, got {type(value).__name__}")
-            items, errors = [], []
-            for i, item in enumerate(value):
-                try:
-                    items.append(item_hook(item, item_type))
-                except Exception as exc:
-                    # The index note makes transform_error say `messages[1].role`.
-                    exc.__notes__ = [
-                        *getattr(exc, "__notes__", []),
-                        IterableValidationNote(f"Structuring {cl} @ index {i}", i, item_type),
-                    ]
-                    errors.append(exc)
-            if errors:
-                raise IterableValidationError(f"While structuring {cl}", errors, cl)
-            return tuple(items)
-
-        return structure_tuple
-
-    conv.register_structure_hook_factory(_is_homogeneous_tuple, tuple_hook_factory)
+    conv = make_strict_converter()
 
     def tag_of(cl: type) -> str:
         return TAGS[cl]
