@@ -365,8 +365,9 @@ async def _run_runner(
     step: float = 0.001,
     gather: float = GATHER_S,
 ) -> None:
-    from runner.client import Runner, Unauthorized
+    from runner.client import Runner
     from runner.engine.base import Engine
+    from runner.errors import Unauthorized
     from runner.hardware import detect
 
     eng: Engine

@@ -39,6 +39,20 @@ from protocol.frames import (
 )
 from protocol.session import RunnerSession
 from runner.engine.base import Engine, EngineEvent, Failure, Output
+from runner.errors import GatewaySilent, Unauthorized
+
+# GatewaySilent and Unauthorized live in runner.errors; they are still importable from here.
+__all__ = [
+    "BACKOFF_MAX",
+    "BACKOFF_MIN",
+    "GATHER_MIN_REQUESTS",
+    "GATHER_S",
+    "MAX_FRAME_BYTES",
+    "GatewaySilent",
+    "Runner",
+    "Unauthorized",
+    "runner_url",
+]
 
 log = logging.getLogger("runner.client")
 
@@ -56,14 +70,6 @@ GATHER_MIN_REQUESTS = 16
 # let this logger go below INFO, whatever --log-level says.
 _WS_LOG = logging.getLogger("runner.websockets")
 _WS_LOG.setLevel(logging.INFO)
-
-
-class Unauthorized(Exception):
-    """The gateway refused this runner's credentials; retrying would not help."""
-
-
-class GatewaySilent(Exception):
-    """No frame from the gateway for longer than the liveness timeout."""
 
 
 def runner_url(gateway: str) -> str:

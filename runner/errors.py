@@ -1,0 +1,57 @@
+"""The runner package's errors, all under one base.
+
+    RunnerError                    anything the runner raises on purpose
+    ├── Unauthorized               the gateway refused this runner's credentials
+    ├── GatewaySilent              no frame from the gateway for the liveness timeout
+    └── EngineError                an engine could not do what it was asked
+        ├── EngineStateError       a call the engine's state forbids (submit before start,
+        │                          start twice); also a RuntimeError
+        ├── ModelLoadError         `start` could not load a model; the loader's error is
+        │                          its __cause__
+        └── RequestError           one request this engine cannot serve; it ends that request
+                                   with a Failure of its `code`, never reaching the caller
+
+The transport (runner.client) raises `Unauthorized` out of `Runner.run`; `GatewaySilent`
+only ends one connection, which is then made again. Engines raise `EngineStateError` and
+`ModelLoadError` to their caller; `RequestError` is raised and caught on an engine's own
+thread and turned into a `Failure` event.
+"""
+
+from __future__ import annotations
+
+from protocol.frames import ErrorCode
+
+
+class RunnerError(Exception):
+    """Base of every error the runner package raises on purpose."""
+
+
+class Unauthorized(RunnerError):
+    """The gateway refused this runner's credentials; retrying would not help."""
+
+
+class GatewaySilent(RunnerError):
+    """No frame from the gateway for longer than the liveness timeout."""
+
+
+class EngineError(RunnerError):
+    """An engine could not do what it was asked."""
+
+
+class EngineStateError(EngineError, RuntimeError):
+    """A call the engine's state does not allow: `submit` before `start`, `start` twice.
+
+    Also a RuntimeError, which is what a caller misusing an object usually catches.
+    """
+
+
+class ModelLoadError(EngineError):
+    """`Engine.start` could not load a model (missing files, unknown architecture...)."""
+
+
+class RequestError(EngineError):
+    """A request this engine cannot serve; it ends with a Failure of `code`."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: ErrorCode = code
