@@ -30,8 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import threading
-import time
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -45,7 +44,8 @@ from protocol.frames import (
     Usage,
 )
 from runner.accounting import StopMatcher
-from runner.engine.base import Engine, EngineEvent, Failure, Output, Sink, emit
+from runner.engine.base import EngineEvent, Failure, Output
+from runner.engine.threaded import Submit, ThreadedEngine
 
 log = logging.getLogger("runner.engine.scripted")
 
@@ -63,7 +63,7 @@ def default_text(request: Generate, index: int) -> str:
     return f"tok{index} "
 
 
-class ScriptedEngine(Engine):
+class ScriptedEngine(ThreadedEngine):
     """A fake engine following the `Engine` event contract exactly (see the module docstring).
 
     Counters, for tests: `tokens_generated`, `active_requests`, `peak_active_requests`,
@@ -91,6 +91,7 @@ class ScriptedEngine(Engine):
             raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
         if min_step < 0:
             raise ValueError(f"min_step must not be negative, not {min_step}")
+        super().__init__(thread_name="scripted-engine", close_timeout=close_timeout)
         self._models = tuple(ModelInfo(name, context_length) for name in models)
         self._model_ids = frozenset(models)
         self.tokens_per_second = tokens_per_second
@@ -102,17 +103,9 @@ class ScriptedEngine(Engine):
         self.fail_after = fail_after
         self.min_step = min_step
         self._text = text
-        self._close_timeout = close_timeout
-        self._sink: Sink | None = None
-        self._thread: threading.Thread | None = None
-
-        # Shared with submit/cancel/close, under the lock.
-        self._lock = threading.Condition()
-        self._inbox: list[tuple[Generate, float]] = []
-        self._cancels: list[str] = []
-        self._closing = False
 
         # The scheduler thread's own state.
+        self._last_round = -math.inf
         self._requests: dict[str, _Stream] = {}  # waiting or running, by id
         self._waiting: deque[_Stream] = deque()  # cancelled ones are skipped (lazy deletion)
         self._running: dict[_Stream, None] = {}  # an ordered set: admission order
@@ -124,72 +117,14 @@ class ScriptedEngine(Engine):
         self.peak_active_requests = 0
         self.requests_finished = 0
 
-    @property
-    def models(self) -> tuple[ModelInfo, ...]:
-        return self._models
+    # The scheduler thread: one round per step.
 
-    def start(self, sink: Sink) -> None:
-        if self._thread is not None:
-            raise RuntimeError("the engine is already started")
-        self._sink = sink
-        self._thread = threading.Thread(target=self._serve, name="scripted-engine", daemon=True)
-        self._thread.start()
-
-    def submit(self, request: Generate) -> None:
-        if self._sink is None:
-            raise RuntimeError("submit before start")
-        with self._lock:
-            closed = self._closing
-            if not closed:
-                self._inbox.append((request, time.perf_counter()))
-                self._lock.notify()
-        if closed:
-            self._emit(Failure(request.request_id, "internal_error", "the engine is closed"))
-
-    def cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._cancels.append(request_id)
-            self._lock.notify()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closing = True
-            self._lock.notify()
-        thread = self._thread
-        # From inside the sink (the scheduler thread) the loop ends when the sink returns.
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self._close_timeout)
-
-    # The scheduler thread.
-
-    def _serve(self) -> None:
-        last_round = float("-inf")
-        while True:
-            with self._lock:
-                while True:
-                    if self._closing:
-                        return
-                    now = time.perf_counter()
-                    wake_at = self._next_round_at(last_round)
-                    if wake_at is not None and now >= wake_at:
-                        break
-                    self._lock.wait(None if wake_at is None else wake_at - now)
-                inbox, self._inbox = self._inbox, []
-                cancels, self._cancels = self._cancels, []
-            last_round = now
-            events = self._round(now, inbox, cancels)
-            for event in events:
-                if self._closing:
-                    return  # close drops running requests without events
-                self._emit(event)
-            # With R = 0 the next round follows at once: Python's GIL switch interval hands
-            # the runner's event loop its turn, which then sends what piled up, merged.
-
-    def _next_round_at(self, last_round: float) -> float | None:
-        """When the next round is due (under the lock); None: nothing to do until notified."""
+    def _next_step_at(self, pending: bool) -> float | None:
+        """When the next round is due; None: nothing to do until notified."""
+        last_round = self._last_round
         if self.tokens_per_second <= 0:
-            return last_round if self._inbox or self._cancels or self._running else None
-        if self._inbox or self._cancels:
+            return last_round if pending or self._running else None
+        if pending:
             due = last_round
         elif self._due:
             due = self._due[0][0]
@@ -197,9 +132,16 @@ class ScriptedEngine(Engine):
             return None
         return max(due, last_round + self.min_step)
 
-    def _round(
-        self, now: float, inbox: list[tuple[Generate, float]], cancels: list[str]
-    ) -> list[EngineEvent]:
+    def _step(self, now: float, submits: list[Submit], cancels: list[str]) -> None:
+        self._last_round = now
+        for event in self._round(now, submits, cancels):
+            if self._closing:
+                return  # close drops running requests without events
+            self._emit(event)
+        # With R = 0 the next round follows at once: Python's GIL switch interval hands
+        # the runner's event loop its turn, which then sends what piled up, merged.
+
+    def _round(self, now: float, inbox: list[Submit], cancels: list[str]) -> list[EngineEvent]:
         events: list[EngineEvent] = []
         for request, submitted_at in inbox:
             self._intake(request, submitted_at, events)
@@ -214,12 +156,12 @@ class ScriptedEngine(Engine):
                 _, _, stream = heapq.heappop(due)
                 if stream.done:
                     continue
-                self._step(stream, now, events)
+                self._advance(stream, now, events)
                 if not stream.done:
                     self._schedule(stream)
         else:
             for stream in list(self._running):
-                self._step(stream, now, events)
+                self._advance(stream, now, events)
         self._admit(now)  # slots freed in this round start their requests' clocks now
         return events
 
@@ -266,7 +208,7 @@ class ScriptedEngine(Engine):
         due = stream.started + (stream.index + 1) / self.tokens_per_second
         heapq.heappush(self._due, (due, next(self._seq), stream))
 
-    def _step(self, stream: _Stream, now: float, events: list[EngineEvent]) -> None:
+    def _advance(self, stream: _Stream, now: float, events: list[EngineEvent]) -> None:
         """Emit the next token of a running request, or end it."""
         index = stream.index
         if self.fail_after is not None and index >= self.fail_after:
@@ -355,9 +297,6 @@ class ScriptedEngine(Engine):
         if stream.running:
             del self._running[stream]
             self.active_requests -= 1
-
-    def _emit(self, event: EngineEvent) -> None:
-        emit(self._sink, event)
 
 
 class _Stream:
