@@ -7,7 +7,7 @@ the session what it did with `bind` and `ended`, and about its auth timer with
 
     ClientSession
         AWAIT_AUTH --auth, right key-----------------> OPEN     Reply auth.ok
-        AWAIT_AUTH --auth, wrong key-----------------> CLOSED   CloseSocket 4004 invalid API key
+        AWAIT_AUTH --auth, wrong or no key-----------> CLOSED   CloseSocket 4004 invalid API key
         AWAIT_AUTH --any other type------------------> CLOSED   CloseSocket 4004 authenticate first
         AWAIT_AUTH --auth_timed_out()----------------> CLOSED   CloseSocket 4004 no auth message…
         AWAIT_AUTH, OPEN --close()-------------------> CLOSED   (the bound handles, to stop)
