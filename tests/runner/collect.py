@@ -8,7 +8,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import pytest
+
 from protocol.frames import Generate
+from runner.accounting import Piece, RequestAccounting
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, EngineEvent, Failure, Output
 from tests.support import UNIT
@@ -114,3 +117,17 @@ def check_failure_stays_alone(
         assert [o.text for o in outputs(collector.wait(request.request_id))] == (
             expected_texts(request)
         )
+
+
+def fail_third_token(monkeypatch: pytest.MonkeyPatch, prompt_tokens: int, message: str) -> None:
+    """Make the mlx engines fail while handling the third generated token of the request whose
+    prompt is `prompt_tokens` long (through `RequestAccounting`, which both decoders feed)."""
+    real = RequestAccounting.feed
+
+    def feed(self: RequestAccounting, token_id: int, text: str) -> Piece:
+        piece = real(self, token_id, text)
+        if self.prompt_tokens == prompt_tokens and self.completion_tokens == 3:
+            raise RuntimeError(message)
+        return piece
+
+    monkeypatch.setattr(RequestAccounting, "feed", feed)

@@ -8,18 +8,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from protocol.frames import Generate, LogitBias, Message, ModelInfo, SamplingParams, Usage
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import EngineEvent, Failure, Output
-from runner.engine.batched import BatchedMlxEngine, _BatchedWorker
+from runner.engine.batched import BatchedMlxEngine
 from tests.runner.collect import (
     Collector,
     check_failure_stays_alone,
     engine_starter,
+    fail_third_token,
     final,
     outputs,
     run,
@@ -350,34 +350,23 @@ def test_close_drops_running_requests(start_engine: StartEngine) -> None:
     assert collector.events["r2"] == [Failure("r2", "internal_error", "the engine is closed")]
 
 
-class _RowFailingWorker(_BatchedWorker):
-    """Raises while handling the third token of request "boom"."""
-
-    def _on_token(self, request: Any, response: Any) -> None:
-        if request.request_id == "boom" and len(request.tokens) == 2:
-            raise RuntimeError("injected row failure")
-        super()._on_token(request, response)
-
-
-class _RowFailingEngine(BatchedMlxEngine):
-    def _make_worker(self, model: Any, tokenizer: Any, config: Any) -> _BatchedWorker:
-        return _RowFailingWorker(self, model, tokenizer, config, self._context_length)
-
-
-def test_a_failing_row_fails_only_its_request(reference: Reference) -> None:
-    with engine_starter(_RowFailingEngine) as start:
-        engine, collector = start(max_concurrent=4)
-        others = [ask(f"r{i}", PROMPTS[i], max_tokens=12, sampling=GREEDY) for i in range(2)]
-        boom = ask("boom", PROMPTS[2], max_tokens=12, sampling=GREEDY)
-        check_failure_stays_alone(
-            engine,
-            collector,
-            boom,
-            others,
-            message="injected row failure",
-            expected_texts=lambda request: reference.greedy(request)[1],
-        )
-        after = ask("after", PROMPTS[3], max_tokens=6, sampling=GREEDY)
-        assert [o.text for o in outputs(run(engine, collector, after))] == (
-            reference.greedy(after)[1]
-        )
+def test_a_failing_row_fails_only_its_request(
+    start_engine: StartEngine, reference: Reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    others = [ask(f"r{i}", PROMPTS[i], max_tokens=12, sampling=GREEDY) for i in range(2)]
+    boom = ask("boom", PROMPTS[2], max_tokens=12, sampling=GREEDY)
+    boom_prompt = len(reference.prompt(boom))
+    assert all(len(reference.prompt(other)) != boom_prompt for other in others)
+    fail_third_token(monkeypatch, boom_prompt, "injected row failure")
+    engine, collector = start_engine(max_concurrent=4)
+    check_failure_stays_alone(
+        engine,
+        collector,
+        boom,
+        others,
+        message="injected row failure",
+        expected_texts=lambda request: reference.greedy(request)[1],
+    )
+    assert engine.batched_requests == 3
+    after = ask("after", PROMPTS[3], max_tokens=6, sampling=GREEDY)
+    assert [o.text for o in outputs(run(engine, collector, after))] == reference.greedy(after)[1]

@@ -11,13 +11,15 @@ import pytest
 
 from protocol.frames import Generate, LogitBias, Message, ModelInfo, SamplingParams, Usage
 from runner.demo_model import DEMO_MODEL_ID
-from runner.engine import mlx_engine
+from runner.engine import interleaved
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.mlx_engine import MlxEngine
+from runner.errors import ModelLoadError
 from tests.runner.collect import (
     Collector,
     check_failure_stays_alone,
     engine_starter,
+    fail_third_token,
     final,
     is_terminal,
     outputs,
@@ -384,7 +386,7 @@ def test_an_error_fails_one_request_only(
                 raise RuntimeError("boom")
             yield response
 
-    monkeypatch.setattr(mlx_engine, "stream_generate", broken_for_13)
+    monkeypatch.setattr(interleaved, "stream_generate", broken_for_13)
     engine, collector = start_engine()
     engine.submit(ask("bad", max_tokens=13))
     engine.submit(ask("good", max_tokens=20))
@@ -398,8 +400,10 @@ def test_an_error_fails_one_request_only(
 
 def test_load_error_is_raised_by_start(tmp_path: Path) -> None:
     engine = MlxEngine(str(tmp_path))  # a directory with no model in it
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ModelLoadError) as raised:
         engine.start(Collector())
+    assert isinstance(raised.value.__cause__, FileNotFoundError)
+    assert str(raised.value) == f"FileNotFoundError: {raised.value.__cause__}"
 
 
 def test_close_drops_running_requests(start_engine: StartEngine) -> None:
@@ -417,30 +421,20 @@ def test_close_drops_running_requests(start_engine: StartEngine) -> None:
     assert len(collector.events["r1"]) == count
 
 
-class _RowFailingWorker(mlx_engine._Worker):
-    """Raises while handling the third token of request "boom"."""
-
-    def _deliver(self, request: Any, piece: Any, model_finish: str | None) -> None:
-        if request.request_id == "boom" and len(request.tokens) == 3:
-            raise RuntimeError("injected failure")
-        super()._deliver(request, piece, model_finish)
-
-
-class _RowFailingEngine(MlxEngine):
-    def _make_worker(self, model: Any, tokenizer: Any, config: Any) -> mlx_engine._Worker:
-        return _RowFailingWorker(self, model, tokenizer, config, self._context_length)
-
-
-def test_a_failing_request_ends_alone(reference: Reference) -> None:
-    with engine_starter(_RowFailingEngine) as start:
-        engine, collector = start(max_concurrent=4)
-        others = [ask(f"r{i}", f"Question {i}?", max_tokens=12, sampling=GREEDY) for i in range(2)]
-        boom = ask("boom", "Explode?", max_tokens=12, sampling=GREEDY)
-        check_failure_stays_alone(
-            engine,
-            collector,
-            boom,
-            others,
-            message="injected failure",
-            expected_texts=lambda request: reference.greedy(request)[1],
-        )
+def test_a_failing_request_ends_alone(
+    start_engine: StartEngine, reference: Reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    others = [ask(f"r{i}", f"Question {i}?", max_tokens=12, sampling=GREEDY) for i in range(2)]
+    boom = ask("boom", "Explode at the third token, please?", max_tokens=12, sampling=GREEDY)
+    boom_prompt = len(reference.prompt(boom))
+    assert all(len(reference.prompt(other)) != boom_prompt for other in others)
+    fail_third_token(monkeypatch, boom_prompt, "injected failure")
+    engine, collector = start_engine(max_concurrent=4)
+    check_failure_stays_alone(
+        engine,
+        collector,
+        boom,
+        others,
+        message="injected failure",
+        expected_texts=lambda request: reference.greedy(request)[1],
+    )

@@ -1,0 +1,188 @@
+"""Batched decoding: the running requests are rows of one mlx-lm `BatchGenerator`.
+
+`step` is one `BatchGenerator.next()`: one forward pass decodes a token for every row, and
+prompts inserted since the last step are prefilled in the same call, so a late request
+starts its prefill at the next step. Each row is detokenized here, as `stream_generate` does,
+and its token goes to `Generation.token`.
+
+Requests with the same sampling settings share one sampler object, so the batch samples them
+in one call. A sampled row's draws then depend on what runs alongside it: requests with a
+seed must not come here (see `batched.needs_own_stream`).
+
+An error while handling one row's token fails that request alone. An error inside the batch's
+own step (the forward pass) leaves the batch in an unknown state: every row of it fails, and a
+fresh batch serves what comes next.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import attrs
+from mlx_lm.generate import BatchGenerator
+
+from protocol.frames import SamplingParams
+from runner.engine.generation import Generation
+from runner.engine.mlx_model import Request
+from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
+
+log = logging.getLogger("runner.engine.batched")
+
+
+@attrs.define(eq=False)
+class _Row:
+    """A request's place in the batch."""
+
+    request: Request
+    uid: int
+    detokenizer: Any
+
+
+class BatchDecoder:
+    """Runs requests as the rows of one `BatchGenerator` (see the module docstring)."""
+
+    def __init__(
+        self,
+        generation: Generation,
+        *,
+        max_concurrent: int,
+        prefill_batch_size: int,
+        prefill_step_size: int,
+    ) -> None:
+        self._generation = generation
+        self._model = generation.model
+        self._eos = generation.model.eos_token_ids
+        self._max_concurrent = max_concurrent
+        self._prefill_batch_size = min(prefill_batch_size, max_concurrent)
+        self._prefill_step_size = prefill_step_size
+        self._samplers: dict[tuple[float, float, float, int], Sampler] = {}
+        self._rows: dict[str, _Row] = {}
+        self._by_uid: dict[int, _Row] = {}
+        # mlx-lm's BatchGenerator is untyped.
+        self._batch: Any = self._new_batch()
+
+    def _new_batch(self) -> BatchGenerator:
+        return BatchGenerator(
+            self._model.model,
+            max_tokens=self._model.context_length,
+            stop_tokens=[[t] for t in sorted(self._eos)],
+            completion_batch_size=self._max_concurrent,
+            prefill_batch_size=self._prefill_batch_size,
+            prefill_step_size=self._prefill_step_size,
+        )
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def requests(self) -> list[Request]:
+        """The requests in the batch, in the order they joined."""
+        return [row.request for row in self._rows.values()]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the batch's KV caches (rows waiting for prefill included)."""
+        return int(self._batch.prompt_cache_nbytes)
+
+    def start(self, request: Request) -> None:
+        """Insert a request: its prompt is prefilled in the next step."""
+        cache, reused = self._generation.take_cache(request)
+        params = request.generate.sampling
+        # The batch's token context is the whole prompt (all_tokens + the suffix), so the
+        # penalties skip all of it.
+        processors = make_logits_processors(params, len(request.prompt))
+        request.first_step_at = time.perf_counter()
+        (uid,) = self._batch.insert(
+            [request.prompt[reused:]],
+            max_tokens=[request.max_tokens],
+            caches=[cache],
+            all_tokens=[list(request.prompt[:reused])],
+            samplers=[self._shared_sampler(params)],
+            logits_processors=[processors],
+        )
+        row = _Row(request, uid, self._model.tokenizer.detokenizer)
+        self._rows[request.request_id] = row
+        self._by_uid[uid] = row
+
+    def _shared_sampler(self, params: SamplingParams) -> Sampler:
+        """One sampler object per distinct setting: the batch then samples in one call."""
+        key = (params.temperature, params.top_p, params.min_p, params.top_k)
+        if params.temperature <= 0:
+            key = (0.0, 0.0, 0.0, 0)
+        sampler = self._samplers.get(key)
+        if sampler is None:
+            sampler = self._samplers[key] = make_sampler_for(params, self._model.vocab_size)
+        return sampler
+
+    def step(self) -> None:
+        """One batch step: decode a token for every row, prefill what joined."""
+        generation = self._generation
+        try:
+            _, responses = self._batch.next()
+        except Exception as exc:
+            self._fail_batch(exc)
+            return
+        now = time.perf_counter()
+        eos = self._eos
+        by_uid = self._by_uid
+        for response in responses:
+            row = by_uid.get(response.uid)
+            if row is None:
+                continue
+            request = row.request
+            if request.first_token_at is None:
+                request.first_token_at = now
+            try:
+                finish = response.finish_reason
+                if finish is not None:
+                    # The batch has dropped the row already and hands back its cache.
+                    del self._rows[request.request_id], by_uid[row.uid]
+                    request.cache = response.prompt_cache
+                token = int(response.token)
+                detokenizer = row.detokenizer
+                # As stream_generate: an end-of-sequence token adds no text; the last token
+                # flushes.
+                if token in eos:
+                    detokenizer.finalize()
+                else:
+                    detokenizer.add_token(token)
+                    if finish is not None:
+                        detokenizer.finalize()
+                generation.token(request, token, detokenizer.last_segment, finish)
+            except Exception as exc:
+                # One row's failure (detokenizer, accounting) ends that request only; the
+                # other rows of this step still get their tokens.
+                if generation.is_running(request):
+                    generation.fail(request, exc)
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """The batch's own step failed: its state is unknown, so fail every row of it and
+        start a fresh batch."""
+        log.exception("batch step failed")
+        failed = [row.request for row in self._rows.values()]
+        self._rows.clear()
+        self._by_uid.clear()
+        self._batch.close()
+        self._batch = self._new_batch()
+        for request in failed:
+            self._generation.fail(request, exc)
+
+    def release(self, request: Request) -> None:
+        """Take a request's row out of the batch (if still there), keeping its KV cache."""
+        row = self._rows.pop(request.request_id, None)
+        if row is None:
+            return
+        del self._by_uid[row.uid]
+        try:
+            caches = self._batch.remove([row.uid], return_prompt_caches=True)
+        except Exception:
+            # A row with nothing prefilled yet has no cache to extract; drop it without one.
+            self._batch.remove([row.uid])
+            caches = {}
+        request.cache, _ = caches.get(row.uid, (None, None))
+
+    def drop_all(self) -> None:
+        self._rows.clear()
+        self._by_uid.clear()
+        self._batch.close()

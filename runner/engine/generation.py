@@ -1,0 +1,266 @@
+"""What the mlx engines' generation thread shares, whichever way it decodes.
+
+`Generation` holds the requests (waiting for a slot, then running), the prefix cache and the
+model, and does everything around decoding: intake, slots, cancel, routing each generated
+token through the request's accounting, ending requests (emitting, keeping their KV cache)
+and their stats. How running requests advance is a `Stepping` strategy's business:
+
+- `interleaved.InterleavedDecoder`: one `mlx_lm.stream_generate` per request, round robin;
+- `batched.BatchedStepping`: one mlx-lm `BatchGenerator` for most requests, plus an
+  interleaved decoder for those the batch cannot serve exactly.
+
+A strategy places each admitted request on a `Decoder`, which feeds its tokens back through
+`Generation.token`. When a request ends, for whatever reason, `Generation` calls its decoder's
+`release`, which stops running it and leaves its KV cache in `Request.cache`.
+
+Everything here runs on the generation thread and is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from protocol.frames import FinishReason, Generate, GenerationStats
+from runner.accounting import Piece
+from runner.engine.base import Failure, Output, Sink, emit
+from runner.engine.mlx_model import MlxModel, Request
+from runner.engine.prefix_cache import PrefixCache
+from runner.errors import RequestError
+
+log = logging.getLogger("runner.engine")
+
+
+class Counters(Protocol):
+    """The counters the generation thread keeps (plain attributes of the engine)."""
+
+    tokens_generated: int
+    requests_finished: int
+    """Terminal events of any kind."""
+    active_requests: int
+    waiting_requests: int
+    peak_active_requests: int
+    prefix_cache_hits: int
+    recent_tokens: collections.deque[tuple[str, tuple[int, ...]]]
+    """The generated token ids of the last few requests that finished."""
+
+
+class Decoder(Protocol):
+    """Runs requests, feeding each generated token to `Generation.token`."""
+
+    def start(self, request: Request) -> None:
+        """Start running a request that was given a slot."""
+
+    def release(self, request: Request) -> None:
+        """Stop running `request`, leaving its KV cache (if it can be kept) in
+        `request.cache`. Called once the request has ended; unknown requests are ignored."""
+
+
+class Stepping(Protocol):
+    """A decoding strategy: where admitted requests run and how they advance."""
+
+    def check(self, request: Request) -> None:
+        """At intake: raise `RequestError` if `request` can never run here."""
+
+    def place(self, request: Request) -> Decoder | None:
+        """The decoder to start `request` on now, or None: it must wait (memory)."""
+
+    def step(self) -> None:
+        """Advance every running request by one token (prefilling new ones as needed)."""
+
+    def drop_all(self) -> None:
+        """Stop running everything, without events (the engine is closing)."""
+
+
+class Generation:
+    """The generation thread's requests and model (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: MlxModel,
+        *,
+        sink: Sink,
+        counters: Counters,
+        max_concurrent: int,
+        prefix_cache: PrefixCache,
+    ) -> None:
+        self.model = model
+        self.max_concurrent = max_concurrent
+        self.prefix_cache = prefix_cache
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.active: dict[str, Request] = {}
+        """Running requests, in the order they got their slots."""
+        self._sink = sink
+        self._counters = counters
+
+    @property
+    def busy(self) -> bool:
+        """Requests are running or waiting for a slot: keep stepping."""
+        return bool(self.active or self.waiting)
+
+    def is_running(self, request: Request) -> bool:
+        return self.active.get(request.request_id) is request
+
+    def intake(
+        self, generate: Generate, submitted_at: float, check: Callable[[Request], None]
+    ) -> None:
+        """Template and validate a new request (`check`: the strategy's own limits), then
+        queue it for a slot; an invalid one ends at once with a Failure."""
+        request_id = generate.request_id
+        if request_id in self.active or any(r.request_id == request_id for r in self.waiting):
+            # The protocol layer guarantees fresh ids; a Failure here would end the live one.
+            log.error("ignoring a second request with id %s", request_id)
+            return
+        try:
+            request = self.model.prepare(generate, submitted_at)
+            check(request)
+        except RequestError as exc:
+            self._reject(request_id, exc)
+            return
+        except Exception as exc:
+            log.exception("request %s could not be prepared", request_id)
+            self._reject(request_id, RequestError("internal_error", f"{type(exc).__name__}: {exc}"))
+            return
+        self.waiting.append(request)
+        self._counters.waiting_requests = len(self.waiting)
+
+    def _reject(self, request_id: str, error: RequestError) -> None:
+        self._counters.requests_finished += 1
+        emit(self._sink, Failure(request_id, error.code, str(error)))
+
+    def cancel(self, request_id: str) -> None:
+        """End a request with finish "cancelled"; unknown or finished ids are ignored."""
+        request = self.active.get(request_id)
+        if request is not None:
+            self.finish(request, "cancelled", request.accounting.flush(), tokens=0)
+            return
+        for queued in self.waiting:
+            if queued.request_id == request_id:
+                self.waiting.remove(queued)
+                self._counters.waiting_requests = len(self.waiting)
+                self.finish(queued, "cancelled", Piece("", ""), tokens=0)
+                return
+
+    def admit(self, place: Callable[[Request], Decoder | None]) -> None:
+        """Start waiting requests, in order, while slots are free and `place` finds them a
+        decoder."""
+        counters = self._counters
+        while self.waiting and len(self.active) < self.max_concurrent:
+            request = self.waiting[0]
+            decoder = place(request)
+            if decoder is None:
+                break
+            self.waiting.popleft()
+            self.active[request.request_id] = request
+            request.decoder = decoder
+            try:
+                decoder.start(request)
+            except Exception as exc:
+                self.fail(request, exc)
+        counters.waiting_requests = len(self.waiting)
+        counters.active_requests = len(self.active)
+        counters.peak_active_requests = max(counters.peak_active_requests, len(self.active))
+
+    def take_cache(self, request: Request) -> tuple[list[Any], int]:
+        """The KV cache to start `request` from: the prefix cache's longest match for its
+        prompt or a fresh one, and how many prompt tokens it holds already."""
+        cache, reused = self.prefix_cache.take(request.prompt)
+        if cache is None:
+            cache = make_prompt_cache(self.model.model)
+        else:
+            self._counters.prefix_cache_hits += 1
+        request.accounting.cached_tokens = reused
+        request.prefill_tokens = len(request.prompt) - reused
+        return cache, reused
+
+    def token(self, request: Request, token: int, text: str, model_finish: str | None) -> None:
+        """One generated token of a running request and its text: emit it, or end the
+        request (stop string, end of sequence, length). The hot path: keep it lean."""
+        request.tokens.append(token)
+        self._counters.tokens_generated += 1
+        piece = request.accounting.feed(token, text)
+        if piece.stopped:
+            self.finish(request, "stop", piece, tokens=1)
+        elif model_finish is not None:
+            tail = request.accounting.flush()
+            piece = Piece(piece.text + tail.text, piece.reasoning)
+            reason: FinishReason = "stop" if model_finish == "stop" else "length"
+            self.finish(request, reason, piece, tokens=1)
+        else:
+            emit(
+                self._sink,
+                Output(
+                    request.request_id, piece.text, piece.reasoning, 1, request.accounting.usage()
+                ),
+            )
+
+    def finish(self, request: Request, reason: FinishReason, piece: Piece, *, tokens: int) -> None:
+        """End a request with its terminal Output, then keep its KV cache for later prompts."""
+        now = time.perf_counter()
+        self._forget(request)
+        self._counters.recent_tokens.append((request.request_id, tuple(request.tokens)))
+        emit(
+            self._sink,
+            Output(
+                request.request_id,
+                piece.text,
+                piece.reasoning,
+                tokens,
+                request.accounting.usage(),
+                finish_reason=reason,
+                stats=self._stats(request, now),
+            ),
+        )
+        self._release(request)
+        if request.cache is not None:
+            self.prefix_cache.put(request.prompt + request.tokens, request.cache)
+            request.cache = None
+
+    def fail(self, request: Request, exc: Exception) -> None:
+        """End a request with a Failure "internal_error"; its KV cache is dropped."""
+        log.exception("request %s failed", request.request_id, exc_info=exc)
+        self._forget(request)
+        emit(
+            self._sink,
+            Failure(request.request_id, "internal_error", f"{type(exc).__name__}: {exc}"),
+        )
+        self._release(request)
+        request.cache = None  # its state is unknown after an error
+
+    def drop_all(self) -> None:
+        """Forget every request without events (the engine is closing)."""
+        self.active.clear()
+        self.waiting.clear()
+
+    def _forget(self, request: Request) -> None:
+        self.active.pop(request.request_id, None)
+        self._counters.active_requests = len(self.active)
+        self._counters.requests_finished += 1
+
+    @staticmethod
+    def _release(request: Request) -> None:
+        decoder, request.decoder = request.decoder, None
+        if decoder is not None:
+            decoder.release(request)
+
+    @staticmethod
+    def _stats(request: Request, now: float) -> GenerationStats:
+        """Speeds of this request; zeros for what did not happen (no token, one token)."""
+        first = request.first_token_at
+        if first is None or request.first_step_at is None:
+            return GenerationStats(0.0, 0.0, int(mx.get_peak_memory()), 0.0)
+        prompt_time = first - request.first_step_at
+        decode_time = now - first
+        decoded = request.accounting.completion_tokens - 1
+        return GenerationStats(
+            prompt_tps=request.prefill_tokens / prompt_time if prompt_time > 0 else 0.0,
+            generation_tps=decoded / decode_time if decoded > 0 and decode_time > 0 else 0.0,
+            peak_memory_bytes=int(mx.get_peak_memory()),
+            time_to_first_token=first - request.submitted_at,
+        )

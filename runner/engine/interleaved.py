@@ -1,0 +1,121 @@
+"""Interleaved decoding: each request runs its own `mlx_lm.stream_generate`, round robin.
+
+Every step advances each running request by one token, in the order they started. A request
+starts from the prefix cache's longest match for its prompt, so it prefills only the rest;
+`stream_generate` extends that cache in place, and `Generation` keeps it when the request ends.
+
+Each request is exactly what a lone `stream_generate` on its prompt would give, with its own
+sampler and logits processors; the cost is one forward pass per request per token.
+`InterleavedDecoder` is both a `Decoder` and a whole `Stepping` strategy (MlxEngine's), and the
+batched strategy's decoder for requests that must not be batched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from mlx_lm.generate import stream_generate
+
+from runner.engine.generation import Decoder, Generation
+from runner.engine.mlx_model import Request
+from runner.engine.sampling import make_logits_processors, make_sampler_for
+
+log = logging.getLogger("runner.engine")
+
+
+class InterleavedDecoder:
+    """Runs requests on their own `stream_generate`, a token each per `step`."""
+
+    def __init__(self, generation: Generation) -> None:
+        self._generation = generation
+        self._streams: dict[str, tuple[Request, Iterator[Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def requests(self) -> list[Request]:
+        """The requests running here, in the order they started."""
+        return [request for request, _ in self._streams.values()]
+
+    def nbytes(self) -> int:
+        """Bytes held by the running requests' KV caches."""
+        return sum(
+            sum(c.nbytes for c in request.cache)
+            for request, _ in self._streams.values()
+            if request.cache is not None
+        )
+
+    # Stepping: every request can run here, at once.
+
+    def check(self, request: Request) -> None:
+        pass
+
+    def place(self, request: Request) -> Decoder:
+        return self
+
+    def start(self, request: Request) -> None:
+        model = self._generation.model
+        cache, reused = self._generation.take_cache(request)
+        request.cache = cache
+        suffix = request.prompt[reused:]
+        params = request.generate.sampling
+        self._streams[request.request_id] = (
+            request,
+            stream_generate(
+                model.model,
+                model.tokenizer,
+                suffix,
+                max_tokens=request.max_tokens,
+                sampler=make_sampler_for(params, model.vocab_size),
+                # None, not [], when there are none: mlx-lm then skips the token bookkeeping.
+                logits_processors=make_logits_processors(params, len(suffix)) or None,
+                prompt_cache=cache,
+            ),
+        )
+
+    def step(self) -> None:
+        """One token for every running request."""
+        generation = self._generation
+        for request, stream in list(self._streams.values()):
+            try:
+                self._advance(request, stream)
+            except Exception as exc:  # handling its token failed: that request ends, alone
+                if generation.is_running(request):
+                    generation.fail(request, exc)
+
+    def _advance(self, request: Request, stream: Iterator[Any]) -> None:
+        if request.first_step_at is None:
+            request.first_step_at = time.perf_counter()
+        try:
+            response = next(stream)
+        except StopIteration:
+            # stream_generate always ends with a finish_reason; this would be an mlx-lm change.
+            self._generation.finish(request, "length", request.accounting.flush(), tokens=0)
+            return
+        if request.first_token_at is None:
+            request.first_token_at = time.perf_counter()
+        self._generation.token(request, int(response.token), response.text, response.finish_reason)
+
+    def release(self, request: Request) -> None:
+        entry = self._streams.pop(request.request_id, None)
+        if entry is not None:
+            _close(request, entry[1])
+
+    def drop_all(self) -> None:
+        for request, stream in self._streams.values():
+            _close(request, stream)
+        self._streams.clear()
+
+
+def _close(request: Request, stream: Iterator[Any]) -> None:
+    """Close the generator here, on the generation thread, not whenever it is collected."""
+    close = getattr(stream, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception:
+        log.exception("closing the generation stream of %s", request.request_id)
