@@ -14,6 +14,7 @@ answers an HTTP client). Every kind of error this API answers is made by one fun
     429     rate_limit_error        queue_full                 queue_full()
     500     server_error            null                       server_error()
     503     server_error            service_unavailable        unavailable()
+    (any)   (by the runner's code)  (the runner's code)        runner_error()
 
 The OpenAI SDK picks its exception class from the status alone, and retries 408, 409, 429
 and 5xx honouring `Retry-After`; `retry_after` (seconds) is for the HTTP layer to send.
@@ -22,6 +23,8 @@ and 5xx honouring `Retry-After`; `retry_after` (seconds) is for the HTTP layer t
 from __future__ import annotations
 
 from typing import Any
+
+from protocol.frames import Error
 
 
 class OpenAIError(Exception):
@@ -132,3 +135,17 @@ def unavailable(message: str, retry_after: float | None = None) -> OpenAIError:
     return OpenAIError(
         503, message, "server_error", None, "service_unavailable", retry_after=retry_after
     )
+
+
+def runner_error(frame: Error) -> OpenAIError:
+    """A runner's Error frame, as the HTTP status its code means."""
+    match frame.code:
+        case "context_length_exceeded":
+            return context_length_exceeded(frame.message)
+        case "invalid_request":
+            return invalid_request(frame.message)
+        case "model_not_found":
+            return OpenAIError(404, frame.message, "invalid_request_error", None, frame.code)
+        case "over_capacity":
+            return unavailable(frame.message, retry_after=1.0)
+    return OpenAIError(500, frame.message, "server_error", None, frame.code)

@@ -1,23 +1,17 @@
-"""Build OpenAI Chat Completions responses: SSE chunks and the non-streaming body.
+"""Build OpenAI Chat Completions objects: stream chunks and the non-streaming body.
 
 The shapes follow openapi.yaml (CreateChatCompletionStreamResponse,
-CreateChatCompletionResponse, CompletionUsage). A streamed response is:
-
-    role chunk        delta {"role": "assistant", "content": ""}
-    delta chunks      delta {"reasoning_content"?, "content"?}, only the non-empty keys
-    finish chunk      delta {}, finish_reason set
-    usage chunk       choices [] and the whole request's usage (include_usage only)
-    data: [DONE]
-
-Every chunk has id, object, created, model and one choice {index 0, delta, logprobs null,
-finish_reason}; with include_usage every chunk also has "usage": null (the usage so far
-with continuous_usage_stats), without it no usage key. `system_fingerprint` and
-`service_tier` are left out: both are optional, and the spec types the fingerprint as a
-string, which we have none of. Reasoning text goes in `reasoning_content` (vLLM, exo).
+CreateChatCompletionResponse, CompletionUsage); the order chunks go in is
+`protocol.openai.stream`'s. Every chunk has id, object, created, model and one choice
+{index 0, delta, logprobs null, finish_reason}; with include_usage every chunk also has
+"usage": null (the usage so far with continuous_usage_stats), without it no usage key.
+`system_fingerprint` and `service_tier` are left out: both are optional, and the spec types
+the fingerprint as a string, which we have none of. Reasoning text goes in
+`reasoning_content` (vLLM, exo).
 
 The internal finish reason "cancelled" is not an OpenAI value; it is sent as "stop" (the text
-ended where the client or the gateway asked it to). A cancelled stream has usually lost its
-client, so this matters for logs and tests more than for users.
+ended where the client or the gateway asked it to); the browser socket's `done` message says
+"cancelled".
 """
 
 from __future__ import annotations
@@ -27,11 +21,9 @@ from typing import Any
 import orjson
 
 from protocol.frames import FinishReason, Usage
-from protocol.openai.errors import OpenAIError
 
 _FINISH_REASONS: dict[str, str] = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
-_DONE = b"data: [DONE]\n\n"
 _ROLE_DELTA = b'{"role":"assistant","content":""}'
 _NO_FINISH = b',"logprobs":null,"finish_reason":null}]'
 
@@ -53,7 +45,8 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
 
 
 class ChunkWriter:
-    """Renders the SSE events of one streamed chat completion.
+    """Renders the chunk objects of one streamed chat completion (the order they go in is
+    `protocol.openai.stream.CompletionStream`'s).
 
     The parts of a chunk that never change (id, created, model) are serialized once, so
     each token costs one small `orjson.dumps` of the delta.
@@ -78,8 +71,8 @@ class ChunkWriter:
         prefix: bytes = b"data: ",
         suffix: bytes = b"\n\n",
     ) -> None:
-        """`prefix` and `suffix` frame each chunk: SSE by default; the WebSocket API wraps
-        chunks in its own envelope instead."""
+        """`prefix` and `suffix` frame each chunk: an SSE event by default; the browser socket
+        wraps chunks in its own envelope instead."""
         self.include_usage = include_usage
         self.continuous_usage_stats = continuous_usage_stats and include_usage
         head = orjson.dumps(
@@ -131,14 +124,6 @@ class ChunkWriter:
         if not self.include_usage:
             return b""
         return self._usage_head + orjson.dumps(usage_dict(usage)) + self._end
-
-    def error(self, err: OpenAIError) -> bytes:
-        """An error event mid-stream (`{"error": {...}}`); the OpenAI SDK raises APIError."""
-        return b"data: " + orjson.dumps(err.body()) + b"\n\n"
-
-    def done(self) -> bytes:
-        """The end of the stream."""
-        return _DONE
 
     def _usage(self, usage: Usage | None) -> bytes:
         if not self.include_usage:

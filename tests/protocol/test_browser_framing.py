@@ -159,7 +159,7 @@ def test_a_cancel_before_any_chunk_is_done_with_zero_usage() -> None:
     assert _decoded(out) == [Done("r1", "cancelled", usage_dict(Usage(0, 0)))]
 
 
-def test_a_cancelled_generation_has_no_finish_chunk() -> None:
+def test_a_cancelled_generation_finishes_with_stop_and_done_says_cancelled() -> None:
     stream = _stream("r1", include_usage=True)
     out: list[bytes] = []
     stream.feed(chunk(0, "a"), out)

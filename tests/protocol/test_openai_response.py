@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from protocol.frames import FinishReason, Usage
+from protocol.frames import Chunk, FinishReason, Usage
 from protocol.openai import errors
 from protocol.openai.errors import OpenAIError
 from protocol.openai.response import ChunkWriter, completion, openai_finish_reason, usage_dict
+from protocol.openai.stream import SSE, CompletionStream
 from tests.protocol.strategies import text
 
 ID = "chatcmpl-abc"
@@ -169,12 +170,13 @@ def test_continuous_usage_stats_need_include_usage() -> None:
     assert "usage" not in event(w.delta("a", "", USAGE))
 
 
-def test_error_and_done() -> None:
+def test_sse_framing_of_an_error_and_the_end() -> None:
     err = errors.server_error("boom")
-    assert event(writer().error(err)) == {
+    assert event(SSE.error(err)) == {
         "error": {"message": "boom", "type": "server_error", "param": None, "code": None}
     }
-    assert writer().done() == b"data: [DONE]\n\n"
+    assert SSE.end("stop", USAGE) == b"data: [DONE]\n\n"
+    assert SSE.end(None, None) == b"data: [DONE]\n\n"  # after an error too, as OpenAI
 
 
 def test_special_characters_in_id_and_model() -> None:
@@ -348,18 +350,16 @@ def sse(*events: bytes) -> Callable[[httpx2.Request], httpx2.Response]:
 
 
 def test_sdk_reads_a_whole_stream() -> None:
-    w = writer(include_usage=True)
-    client = sdk_client(
-        sse(
-            w.role(),
-            w.delta("", "think", USAGE),
-            w.delta("Hel", "", USAGE),
-            w.delta("lo", "", USAGE),
-            w.finish("stop", USAGE),
-            w.usage_chunk(USAGE),
-            w.done(),
-        )
-    )
+    completion = CompletionStream(id=ID, created=CREATED, model=MODEL, include_usage=True)
+    out: list[bytes] = []
+    pieces: list[tuple[str, str, FinishReason | None]] = [
+        ("", "think", None),
+        ("Hel", "", None),
+        ("lo", "", "stop"),
+    ]
+    for content, reasoning, finish in pieces:
+        completion.feed(Chunk("r", 0, content, reasoning, 1, USAGE, finish), out)
+    client = sdk_client(sse(*out))
     with client:
         stream = client.chat.completions.create(
             model=MODEL,
@@ -377,9 +377,11 @@ def test_sdk_reads_a_whole_stream() -> None:
 
 
 def test_sdk_raises_on_an_error_event() -> None:
-    w = writer()
-    err = errors.unavailable("the runner went away")
-    client = sdk_client(sse(w.role(), w.delta("a", "", USAGE), w.error(err), w.done()))
+    completion = CompletionStream(id=ID, created=CREATED, model=MODEL)
+    out: list[bytes] = []
+    completion.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
+    completion.fail(errors.unavailable("the runner went away"), out)
+    client = sdk_client(sse(*out))
     with client:
         stream = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True

@@ -1,0 +1,228 @@
+"""What a client sees of one chat completion, decided in one place. No I/O.
+
+`CompletionStream` is fed one request's items as they come (the runner's chunks, an error, a
+cancel) and appends the messages to send. It owns the order of a streamed completion:
+
+    role chunk      delta {"role": "assistant", "content": ""}, once, before any other chunk
+    delta chunks    delta {"reasoning_content"?, "content"?}, only the non-empty keys
+    finish chunk    delta {}, finish_reason ("cancelled" is sent as "stop")
+    usage chunk     choices [] and the whole request's usage (include_usage only)
+    end             `data: [DONE]` over SSE; `done` on the browser socket
+
+or, at any point, an error and then the end. A request that ends before its first chunk (an
+error, a cancel while it waited for a runner) sends no chunk at all: no role chunk without a
+runner's answer, unless the transport commits to a stream early (`start`, SSE after
+`first_token_wait`).
+
+Transports differ only in framing (`Framing`): how a chunk object, an error and the end are
+wrapped. SSE's is `SSE` below; the browser socket's is `protocol.browser.framing`. New kinds of
+delta (tool calls, logprobs, several choices) are rendered here, once, for every transport.
+
+`CompletionBuilder` is the non-streaming twin: fed the same items, it builds the
+`chat.completion` body.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from protocol.frames import Chunk, Error, FinishReason, Usage
+from protocol.openai.errors import OpenAIError, runner_error, server_error
+from protocol.openai.response import ChunkWriter, completion
+
+Item = Chunk | Error | OpenAIError
+"""What a completion stream is fed: a runner's chunk or error frame, or an error the gateway
+decided (runner lost, timeout) already in OpenAI's terms."""
+
+ZERO_USAGE = Usage(0, 0)
+
+
+class Framing(Protocol):
+    """How one transport wraps a completion's messages."""
+
+    @property
+    def chunk_prefix(self) -> bytes:
+        """Bytes before each `chat.completion.chunk` object."""
+
+    @property
+    def chunk_suffix(self) -> bytes:
+        """Bytes after each chunk object."""
+
+    def error(self, err: OpenAIError) -> bytes:
+        """The message that ends a request with an error."""
+
+    def end(self, finish_reason: FinishReason | None, usage: Usage | None) -> bytes:
+        """The last message of a request: after its last chunk (`finish_reason` set, with the
+        whole request's usage), or after an error (both None). Empty bytes: nothing to send."""
+
+
+class SseFraming:
+    """Server-sent events, as OpenAI streams: `data: <json>` events, `data: [DONE]` last (also
+    after an error event, which the OpenAI SDK raises as `APIError`)."""
+
+    chunk_prefix = b"data: "
+    chunk_suffix = b"\n\n"
+
+    def error(self, err: OpenAIError) -> bytes:
+        return b"data: " + orjson.dumps(err.body()) + b"\n\n"
+
+    def end(self, finish_reason: FinishReason | None, usage: Usage | None) -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+SSE = SseFraming()
+
+
+class CompletionStream:
+    """The messages of one streamed chat completion, in order (see the module docstring).
+
+    `feed` and `cancel` append to `out` and return True once the request is over; after
+    that nothing more is appended whatever is fed.
+    """
+
+    __slots__ = ("_framing", "_usage", "_writer", "over", "started")
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        created: int,
+        model: str,
+        include_usage: bool = False,
+        continuous_usage_stats: bool = False,
+        framing: Framing = SSE,
+    ) -> None:
+        self._framing = framing
+        self._writer = ChunkWriter(
+            id,
+            created,
+            model,
+            include_usage,
+            continuous_usage_stats,
+            prefix=framing.chunk_prefix,
+            suffix=framing.chunk_suffix,
+        )
+        self._usage: Usage | None = None
+        """The usage of the last chunk seen."""
+        self.started = False
+        """The role chunk has been sent."""
+        self.over = False
+        """The end has been sent."""
+
+    @property
+    def include_usage(self) -> bool:
+        return self._writer.include_usage
+
+    def start(self, out: list[bytes], usage: Usage | None = None) -> None:
+        """Send the role chunk now (if not yet sent). With continuous_usage_stats it carries
+        `usage`, else `"usage": null`."""
+        if self.started or self.over:
+            return
+        self.started = True
+        out.append(self._writer.role(usage))
+
+    def feed(self, item: Item, out: list[bytes]) -> bool:
+        """The messages for one item; True when the request is over."""
+        if self.over:
+            return True
+        if type(item) is Chunk:
+            writer = self._writer
+            usage = item.usage
+            if not self.started:
+                self.started = True
+                out.append(writer.role(Usage(usage.prompt_tokens, 0, usage.cached_tokens, 0)))
+            self._usage = usage
+            if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
+                out.append(writer.delta(item.text, item.reasoning, usage))
+            if item.finish_reason is None:
+                return False
+            self._finish(item.finish_reason, usage, out)
+            return True
+        err = runner_error(item) if isinstance(item, Error) else item
+        assert isinstance(err, OpenAIError)
+        return self.fail(err, out)
+
+    def fail(self, err: OpenAIError, out: list[bytes]) -> bool:
+        """End the request with `err` (nothing if it is already over)."""
+        if self.over:
+            return True
+        self.over = True
+        out.append(self._framing.error(err))
+        end = self._framing.end(None, None)
+        if end:
+            out.append(end)
+        return True
+
+    def cancel(self, out: list[bytes]) -> bool:
+        """End a request that was stopped without the runner's final chunk (it never reached
+        a runner, or is being abandoned): a started stream gets its finish chunk with the
+        usage so far; one that never started only its end, with zero usage."""
+        if self.over:
+            return True
+        if not self.started:
+            self.over = True
+            end = self._framing.end("cancelled", ZERO_USAGE)
+            if end:
+                out.append(end)
+            return True
+        self._finish("cancelled", self._usage or ZERO_USAGE, out)
+        return True
+
+    def _finish(self, reason: FinishReason, usage: Usage, out: list[bytes]) -> None:
+        self.over = True
+        writer = self._writer
+        out.append(writer.finish(reason, usage))
+        if writer.include_usage:
+            out.append(writer.usage_chunk(usage))
+        end = self._framing.end(reason, usage)
+        if end:
+            out.append(end)
+
+
+class CompletionBuilder:
+    """The non-streaming response: fed the same items as `CompletionStream`, it collects the
+    text and builds the `chat.completion` body."""
+
+    __slots__ = ("_content", "_reasoning", "error", "last", "over")
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self.last: Chunk | None = None
+        self.error: OpenAIError | None = None
+        self.over = False
+
+    def feed(self, item: Item) -> bool:
+        """Take one item; True when the request is over."""
+        if self.over:
+            return True
+        if type(item) is Chunk:
+            self._content.append(item.text)
+            self._reasoning.append(item.reasoning)
+            self.last = item
+            self.over = item.finish_reason is not None
+            return self.over
+        err = runner_error(item) if isinstance(item, Error) else item
+        assert isinstance(err, OpenAIError)
+        self.error = err
+        self.over = True
+        return True
+
+    def body(self, *, id: str, created: int, model: str) -> dict[str, Any]:
+        """The response body; raises the request's error if it failed (or never finished)."""
+        if self.error is not None:
+            raise self.error
+        last = self.last
+        if last is None or last.finish_reason is None:
+            raise server_error("The request ended without an answer.")
+        return completion(
+            id=id,
+            created=created,
+            model=model,
+            content="".join(self._content),
+            reasoning="".join(self._reasoning),
+            finish_reason=last.finish_reason,
+            usage=last.usage,
+        )
