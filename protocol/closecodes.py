@@ -1,4 +1,6 @@
-"""WebSocket close codes Orchard uses, each named once (application range 4000-4999)."""
+"""WebSocket close codes Orchard uses, each named once (application range 4000-4999).
+
+4008 and 4009 are retired (they were defined but never sent); do not reuse them."""
 
 from __future__ import annotations
 
@@ -9,10 +11,15 @@ class CloseCode(enum.IntEnum):
     """Close codes for runner and client sockets. Standard codes are listed for clarity."""
 
     NORMAL = 1000
+    """A drained runner leaving; a browser socket closed by its client."""
     GOING_AWAY = 1001
+    """The gateway is stopping (after its drain): runners reconnect to the next one."""
     MESSAGE_TOO_BIG = 1009
+    """Sent by the WebSocket server itself for a message over its size limit."""
     INTERNAL_ERROR = 1011
+    """A bug in the gateway ended a browser socket (it is logged)."""
     TRY_AGAIN_LATER = 1013
+    """Too many browser sockets are open."""
 
     PROTOCOL_ERROR = 4000
     """Generic protocol violation."""
@@ -30,11 +37,10 @@ class CloseCode(enum.IntEnum):
     """Nothing heard from the peer for longer than the liveness timeout."""
     FRAME_TOO_LARGE = 4007
     """A frame over the configured size limit."""
-    DUPLICATE_NAME = 4008
-    """A runner name already connected (reserved for pool policy)."""
-    DRAINING = 4009
-    """The gateway is shutting down; reconnect to the next one."""
     CLIENT_TOO_SLOW = 4010
     """A client read so slowly that its unsent output passed the limit."""
     ORIGIN_NOT_ALLOWED = 4011
     """A browser socket from an origin the gateway does not allow."""
+    RUNNER_ERROR = 4012
+    """The runner sent an error about its whole connection (an error frame with no request
+    id): the gateway closes the link; the runner's requests fail over or fail."""

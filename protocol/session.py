@@ -7,6 +7,10 @@ Every rule about which frame may come when lives here (h11's "one place" rule):
         OPEN: chunks and errors only for requests this connection was given, chunk seq
               0, 1, 2, ... with no gaps, nothing after a request's final chunk.
         DRAINING: as OPEN, but no new request may be given to the runner.
+        Each request: assign() --chunk...--> final chunk | Error | close()
+              ended before its first chunk by an over_capacity Error or by close():
+              Unstarted (it may run on another runner); after its first chunk: RequestFailed / Lost.
+        Error with no request id: the runner gives up the connection (RunnerFailed).
 
     RunnerSession (the runner's view of its gateway)
         AWAIT_WELCOME --Welcome--> OPEN --drain()--> DRAINING --close()--> CLOSED
@@ -15,12 +19,15 @@ Every rule about which frame may come when lives here (h11's "one place" rule):
         DRAINING: a Generate (sent before the gateway saw Drain) is refused with an Error.
 
 A frame that breaks a rule raises `StateError` (or `ProtocolError` for a version mismatch);
-the caller closes the connection with the error's close code.
+the caller closes the connection with the error's close code. The gateway's session turns the
+frames it accepts into events about its requests (`Delivered`, `RequestFailed`, `Unstarted`, `Lost`)
+and the connection (`Draining`, `RunnerFailed`).
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Generic, TypeVar
 
 import attrs
 
@@ -54,61 +61,176 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+H = TypeVar("H")
+"""What the gateway keeps for each request it gives a runner (its stream); opaque here."""
+
+
+@attrs.frozen
+class Delivered(Generic[H]):
+    """A chunk of the request behind `handle`; the last one has a finish_reason."""
+
+    handle: H
+    chunk: Chunk
+
+
+@attrs.frozen
+class RequestFailed(Generic[H]):
+    """The runner ended the request with an error."""
+
+    handle: H
+    error: Error
+
+
+@attrs.frozen
+class Unstarted(Generic[H]):
+    """The request ends on this runner before its first token: refused (the runner began
+    draining as it crossed the wire) or its connection closed. It may run elsewhere."""
+
+    handle: H
+    reason: str
+
+
+@attrs.frozen
+class Lost(Generic[H]):
+    """The connection closed after the request's first token: it cannot move."""
+
+    handle: H
+
+
+@attrs.frozen
+class Draining:
+    """The runner takes nothing new; its requests finish."""
+
+    reason: str
+
+
+@attrs.frozen
+class RunnerFailed:
+    """The runner reported an error about the whole connection: the gateway closes it."""
+
+    message: str
+
+
+GatewayEvent = Delivered[H] | RequestFailed[H] | Unstarted[H] | Lost[H] | Draining | RunnerFailed
+
+
+@attrs.define(slots=True)
+class _Assigned(Generic[H]):
+    """A request given to the runner, as the gateway tracks it."""
+
+    handle: H
+    next_seq: int = 0
+    cancel_sent: bool = False
+
+
 @attrs.define
 class _InFlight:
     next_seq: int = 0
     cancelled: bool = False
 
 
-class GatewaySession:
-    """The gateway's side of one runner connection."""
+class GatewaySession(Generic[H]):
+    """The gateway's side of one runner connection: every request it carries, its free
+    slots, its drain state and its counters. The pool routes by `accepting` and `free` and
+    keeps no copy of any of it."""
 
     def __init__(self) -> None:
         self.state = State.AWAIT_HELLO
         self.hello: Hello | None = None
-        self._requests: dict[str, _InFlight] = {}
+        self._requests: dict[str, _Assigned[H]] = {}
+        self._capacity = 0
+        self._models: frozenset[str] = frozenset()
+        self.tokens_generated = 0
+        """Completion tokens the runner reported on this connection."""
+        self.tokens_after_cancel = 0
+        """Of those, tokens that arrived after the gateway had sent a Cancel."""
+        self.requests_served = 0
+        """Requests that ended with a final chunk (any finish reason)."""
+        self.kv_bytes: int | None = None
+        """KV-cache memory from the runner's last heartbeat (None: not reported)."""
+        self.kv_limit_bytes: int | None = None
+
+    # --- what the pool reads ---------------------------------------------------------------
 
     @property
     def in_flight(self) -> int:
         return len(self._requests)
 
+    @property
+    def free(self) -> int:
+        """Slots for new requests: 0 unless the runner is taking requests."""
+        if self.state is not State.OPEN:
+            return 0
+        return self._capacity - len(self._requests)
+
+    @property
+    def accepting(self) -> bool:
+        return self.state is State.OPEN
+
+    @property
+    def models(self) -> frozenset[str]:
+        return self._models
+
     def is_in_flight(self, request_id: str) -> bool:
         return request_id in self._requests
 
-    def receive(self, frame: RunnerFrame) -> RunnerFrame:
-        """Check a frame from the runner against the state; returns it when legal."""
+    def handles(self) -> list[H]:
+        return [req.handle for req in self._requests.values()]
+
+    # --- frames from the runner ----------------------------------------------------------
+
+    def receive(self, frame: RunnerFrame) -> list[GatewayEvent[H]]:
+        """Apply a frame from the runner; returns what it means for the gateway's requests.
+
+        Raises `StateError` (or `ProtocolError`) for a frame the protocol forbids now.
+        """
+        if type(frame) is Chunk and self.state is not State.AWAIT_HELLO:
+            return [self._chunk(frame)]
         if self.state is State.CLOSED:
             raise StateError("connection is closed")
         if self.state is State.AWAIT_HELLO:
             if not isinstance(frame, Hello):
                 raise StateError(f"expected hello first, got {type(frame).__name__.lower()}")
             self._accept_hello(frame)
-            return frame
+            return []
         match frame:
+            case Batch(frames=chunks):
+                return [self._chunk(chunk) for chunk in chunks]
+            case Heartbeat():
+                self.kv_bytes, self.kv_limit_bytes = frame.kv_bytes, frame.kv_limit_bytes
+                return []
+            case Error(request_id=None, message=message):
+                return [RunnerFailed(message)]
+            case Error(request_id=str(rid)):
+                req = self._request(rid, "error")
+                del self._requests[rid]
+                if frame.code == "over_capacity" and req.next_seq == 0:
+                    return [Unstarted(req.handle, frame.message)]
+                return [RequestFailed(req.handle, frame)]
+            case Drain(reason=reason):
+                self.state = State.DRAINING
+                return [Draining(reason)]
             case Hello():
                 raise StateError("hello sent twice")
-            case Drain():
-                self.state = State.DRAINING
-            case Chunk():
-                self._receive_chunk(frame)
-            case Batch(frames=chunks):
-                for chunk in chunks:
-                    self._receive_chunk(chunk)
-            case Error(request_id=rid) if rid is not None:
-                self._request(rid, "error")
-                del self._requests[rid]
-            case _:
-                pass
-        return frame
+        raise StateError(f"unexpected {type(frame).__name__.lower()} frame")
 
-    def _receive_chunk(self, chunk: Chunk) -> None:
-        rid, seq = chunk.request_id, chunk.seq
-        req = self._request(rid, "chunk")
-        if seq != req.next_seq:
-            raise StateError(f"chunk seq {seq} for {rid!r}, expected {req.next_seq}")
+    def _chunk(self, chunk: Chunk) -> Delivered[H]:
+        rid = chunk.request_id
+        req = self._requests.get(rid)
+        if req is None:
+            if self.state is State.CLOSED:
+                raise StateError("connection is closed")
+            raise StateError(f"chunk for request {rid!r} not in flight on this runner")
+        if chunk.seq != req.next_seq:
+            raise StateError(f"chunk seq {chunk.seq} for {rid!r}, expected {req.next_seq}")
         req.next_seq += 1
+        self.tokens_generated += chunk.tokens
+        if req.cancel_sent:
+            self.tokens_after_cancel += chunk.tokens
         if chunk.finish_reason is not None:
             del self._requests[rid]
+            self.requests_served += 1
+        return Delivered(req.handle, chunk)
 
     def _accept_hello(self, hello: Hello) -> None:
         if hello.protocol_version != PROTOCOL_VERSION:
@@ -121,44 +243,52 @@ class GatewaySession:
             raise ProtocolError("hello lists no models")
         if hello.max_concurrent < 1:
             raise ProtocolError("max_concurrent must be at least 1")
-        if len({m.id for m in hello.models}) != len(hello.models):
+        models = frozenset(m.id for m in hello.models)
+        if len(models) != len(hello.models):
             raise ProtocolError("hello lists a model twice")
         self.hello = hello
+        self._capacity = hello.max_concurrent
+        self._models = models
         self.state = State.OPEN
 
-    def _request(self, request_id: str, what: str) -> _InFlight:
+    def _request(self, request_id: str, what: str) -> _Assigned[H]:
         req = self._requests.get(request_id)
         if req is None:
             raise StateError(f"{what} for request {request_id!r} not in flight on this runner")
         return req
 
-    def send_generate(self, frame: Generate) -> Generate:
-        """Record a request handed to this runner; refuses duplicates and over-capacity."""
-        if self.state is not State.OPEN or self.hello is None:
+    # --- frames to the runner ------------------------------------------------------------
+
+    def assign(self, frame: Generate, handle: H) -> Generate:
+        """Record a request given to this runner; refuses duplicates, a runner that is not
+        taking requests, over-capacity and models it does not serve."""
+        if self.state is not State.OPEN:
             raise StateError(f"runner is not taking requests ({self.state.value})")
         if frame.request_id in self._requests:
             raise StateError(f"request {frame.request_id!r} already in flight")
-        if len(self._requests) >= self.hello.max_concurrent:
+        if len(self._requests) >= self._capacity:
             raise StateError("runner is at capacity")
-        if frame.model not in {m.id for m in self.hello.models}:
+        if frame.model not in self._models:
             raise StateError(f"runner does not serve {frame.model!r}")
-        self._requests[frame.request_id] = _InFlight()
+        self._requests[frame.request_id] = _Assigned(handle)
         return frame
 
-    def send_cancel(self, request_id: str) -> Cancel | None:
+    def cancel(self, request_id: str) -> Cancel | None:
         """A Cancel to send, or None if the request is already over or being cancelled."""
         req = self._requests.get(request_id)
-        if req is None or req.cancelled or self.state not in (State.OPEN, State.DRAINING):
+        if req is None or req.cancel_sent or self.state not in (State.OPEN, State.DRAINING):
             return None
-        req.cancelled = True
+        req.cancel_sent = True
         return Cancel(request_id)
 
-    def close(self) -> list[str]:
-        """Close the session; returns the ids of the requests that were still in flight."""
+    def close(self) -> list[Unstarted[H] | Lost[H]]:
+        """Close the session; what becomes of each request still in flight."""
         self.state = State.CLOSED
-        lost = list(self._requests)
-        self._requests.clear()
-        return lost
+        requests, self._requests = self._requests, {}
+        return [
+            Unstarted(req.handle, "runner lost") if req.next_seq == 0 else Lost(req.handle)
+            for req in requests.values()
+        ]
 
 
 class RunnerSession:

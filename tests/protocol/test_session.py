@@ -1,4 +1,5 @@
-"""The per-connection state machines, driven with frames and no event loop."""
+"""The runner's side of its connection (RunnerSession), driven with frames and no event loop,
+and both sides against each other. The gateway's side alone: test_gateway_session.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from protocol.codec import decode_gateway_frame, decode_runner_frame, encode
 from protocol.errors import ProtocolError, StateError
 from protocol.frames import (
     PROTOCOL_VERSION,
-    Batch,
     Cancel,
     Chunk,
     Drain,
@@ -34,7 +34,15 @@ from protocol.frames import (
     Usage,
     Welcome,
 )
-from protocol.session import GatewaySession, RunnerSession, State
+from protocol.session import (
+    Delivered,
+    GatewaySession,
+    Lost,
+    RequestFailed,
+    RunnerSession,
+    State,
+    Unstarted,
+)
 from tests.protocol.strategies import text
 
 HARDWARE = Hardware("Apple M2", 8, 16 * 2**30, "gpu", "macOS-15.5-arm64")
@@ -69,12 +77,6 @@ def chunk(request_id: str, seq: int, finish_reason: FinishReason | None = None) 
     return Chunk(request_id, seq, "x", "", 1, USAGE, finish_reason, stats)
 
 
-def open_gateway(max_concurrent: int = 2) -> GatewaySession:
-    session = GatewaySession()
-    session.receive(make_hello(max_concurrent=max_concurrent))
-    return session
-
-
 def open_runner(max_concurrent: int = 2) -> RunnerSession:
     session = RunnerSession(make_hello(max_concurrent=max_concurrent))
     assert session.receive(make_welcome()) is None
@@ -93,259 +95,6 @@ def runner_chunk(
         finish_reason=finish_reason,
         stats=STATS if finish_reason is not None else None,
     )
-
-
-# GatewaySession: the handshake.
-
-
-@pytest.mark.parametrize(
-    "frame",
-    [
-        chunk("r", 0),
-        Error("r", "internal_error", "x"),
-        Error(None, "internal_error", "x"),
-        Heartbeat(1.0),
-    ],
-    ids=["chunk", "error", "connection-error", "heartbeat"],
-)
-def test_gateway_refuses_anything_before_hello(frame: RunnerFrame) -> None:
-    session = GatewaySession()
-    with pytest.raises(StateError, match="expected hello first") as info:
-        session.receive(frame)
-    assert info.value.close_code is CloseCode.ILLEGAL_STATE
-    assert session.state is State.AWAIT_HELLO
-    assert session.hello is None
-
-
-def test_gateway_refuses_to_send_before_hello() -> None:
-    session = GatewaySession()
-    with pytest.raises(StateError):
-        session.send_generate(generate("r"))
-    assert session.send_cancel("r") is None
-
-
-def test_gateway_accepts_hello() -> None:
-    session = GatewaySession()
-    hello = make_hello()
-    assert session.receive(hello) is hello
-    assert session.state is State.OPEN
-    assert session.hello is hello
-    assert session.in_flight == 0
-
-
-@pytest.mark.parametrize("version", [0, PROTOCOL_VERSION + 1, -1])
-def test_gateway_refuses_other_protocol_versions(version: int) -> None:
-    session = GatewaySession()
-    with pytest.raises(ProtocolError, match="protocol version") as info:
-        session.receive(make_hello(protocol_version=version))
-    assert type(info.value) is ProtocolError
-    assert info.value.close_code is CloseCode.UNSUPPORTED_VERSION
-    assert session.state is State.AWAIT_HELLO
-
-
-@pytest.mark.parametrize(
-    ("hello", "match"),
-    [
-        (make_hello(models=()), "no models"),
-        (make_hello(max_concurrent=0), "max_concurrent"),
-        (make_hello(max_concurrent=-1), "max_concurrent"),
-        (make_hello(models=("m1", "m1")), "model twice"),
-    ],
-    ids=["no-models", "zero-capacity", "negative-capacity", "duplicate-model"],
-)
-def test_gateway_refuses_unusable_hello(hello: Hello, match: str) -> None:
-    session = GatewaySession()
-    with pytest.raises(ProtocolError, match=match) as err:
-        session.receive(hello)
-    assert err.value.close_code == CloseCode.PROTOCOL_ERROR  # an invalid hello, not a bad state
-    assert session.state is State.AWAIT_HELLO
-
-
-def test_gateway_refuses_second_hello() -> None:
-    session = open_gateway()
-    with pytest.raises(StateError, match="hello sent twice"):
-        session.receive(make_hello())
-
-
-def test_gateway_passes_heartbeats_and_connection_errors() -> None:
-    session = open_gateway()
-    session.send_generate(generate("r"))
-    heartbeat = Heartbeat(2.5)
-    assert session.receive(heartbeat) is heartbeat
-    error = Error(None, "internal_error", "engine down")
-    assert session.receive(error) is error
-    assert session.is_in_flight("r")
-
-
-# GatewaySession: chunks and errors.
-
-
-def test_gateway_refuses_chunk_for_unknown_request() -> None:
-    session = open_gateway()
-    session.send_generate(generate("known"))
-    with pytest.raises(StateError, match="'other' not in flight") as info:
-        session.receive(chunk("other", 0))
-    assert info.value.close_code is CloseCode.ILLEGAL_STATE
-
-
-def test_gateway_refuses_error_for_unknown_request() -> None:
-    session = open_gateway()
-    with pytest.raises(StateError, match="'r' not in flight"):
-        session.receive(Error("r", "internal_error", "x"))
-
-
-def test_gateway_accepts_chunks_in_order() -> None:
-    session = open_gateway()
-    session.send_generate(generate("r"))
-    for seq in range(3):
-        frame = chunk("r", seq)
-        assert session.receive(frame) is frame
-    final = chunk("r", 3, "stop")
-    assert session.receive(final) is final
-    assert not session.is_in_flight("r")
-    assert session.in_flight == 0
-
-
-@pytest.mark.parametrize(
-    ("seqs", "bad"),
-    [((), 1), ((0,), 2), ((0,), 0), ((0, 1), 0), ((0, 1), 1), ((), -1)],
-    ids=["first-not-zero", "gap", "repeat-first", "rewind", "repeat", "negative"],
-)
-def test_gateway_refuses_seq_gaps_and_repeats(seqs: tuple[int, ...], bad: int) -> None:
-    session = open_gateway()
-    session.send_generate(generate("r"))
-    for seq in seqs:
-        session.receive(chunk("r", seq))
-    with pytest.raises(StateError, match=f"chunk seq {bad} for 'r', expected {len(seqs)}"):
-        session.receive(chunk("r", bad))
-
-
-def test_gateway_numbers_each_request_separately() -> None:
-    session = open_gateway()
-    session.send_generate(generate("a"))
-    session.send_generate(generate("b"))
-    session.receive(chunk("a", 0))
-    session.receive(chunk("a", 1))
-    session.receive(chunk("b", 0))
-    with pytest.raises(StateError):
-        session.receive(chunk("b", 2))
-
-
-@pytest.mark.parametrize("finish_reason", get_args(FinishReason))
-def test_gateway_refuses_anything_after_final_chunk(finish_reason: FinishReason) -> None:
-    session = open_gateway()
-    session.send_generate(generate("r"))
-    session.receive(chunk("r", 0))
-    session.receive(chunk("r", 1, finish_reason))
-    for late in (
-        chunk("r", 2),
-        chunk("r", 2, "stop"),
-        chunk("r", 0),
-        Error("r", "internal_error", "x"),
-    ):
-        with pytest.raises(StateError, match="not in flight"):
-            session.receive(late)
-
-
-def test_gateway_error_ends_request() -> None:
-    session = open_gateway()
-    session.send_generate(generate("r"))
-    session.receive(chunk("r", 0))
-    error = Error("r", "context_length_exceeded", "too long")
-    assert session.receive(error) is error
-    assert not session.is_in_flight("r")
-    with pytest.raises(StateError):
-        session.receive(chunk("r", 1))
-    with pytest.raises(StateError):
-        session.receive(Error("r", "internal_error", "again"))
-
-
-# GatewaySession: sending.
-
-
-def test_send_generate_records_request() -> None:
-    session = open_gateway()
-    frame = generate("r", "m2")
-    assert session.send_generate(frame) is frame
-    assert session.is_in_flight("r")
-    assert session.in_flight == 1
-
-
-def test_send_generate_refuses_duplicate() -> None:
-    session = open_gateway()
-    session.send_generate(generate("r"))
-    with pytest.raises(StateError, match="'r' already in flight"):
-        session.send_generate(generate("r", "m2"))
-    assert session.in_flight == 1
-
-
-def test_send_generate_refuses_over_capacity() -> None:
-    session = open_gateway(max_concurrent=2)
-    session.send_generate(generate("a"))
-    session.send_generate(generate("b"))
-    with pytest.raises(StateError, match="at capacity"):
-        session.send_generate(generate("c"))
-    assert not session.is_in_flight("c")
-    # A finished request frees its slot, and its id may be used again.
-    session.receive(chunk("a", 0, "length"))
-    session.send_generate(generate("c"))
-    session.receive(Error("b", "internal_error", "x"))
-    session.send_generate(generate("a"))
-    first = chunk("a", 0)
-    assert session.receive(first) is first
-
-
-def test_send_generate_refuses_unknown_model() -> None:
-    session = open_gateway()
-    with pytest.raises(StateError, match="does not serve 'other'"):
-        session.send_generate(generate("r", "other"))
-    assert session.in_flight == 0
-
-
-def test_send_cancel() -> None:
-    session = open_gateway()
-    assert session.send_cancel("never") is None
-    session.send_generate(generate("r"))
-    assert session.send_cancel("r") == Cancel("r")
-    assert session.send_cancel("r") is None
-    # Until the runner's last chunk arrives the request is still running.
-    assert session.is_in_flight("r")
-    session.receive(chunk("r", 0))
-    session.receive(chunk("r", 1, "cancelled"))
-    assert session.send_cancel("r") is None
-
-
-def test_send_cancel_after_error() -> None:
-    session = open_gateway()
-    session.send_generate(generate("r"))
-    session.receive(Error("r", "internal_error", "x"))
-    assert session.send_cancel("r") is None
-
-
-def test_gateway_close() -> None:
-    session = open_gateway(max_concurrent=3)
-    for request_id in ("a", "b", "c"):
-        session.send_generate(generate(request_id))
-    session.receive(chunk("b", 0, "stop"))
-    session.send_cancel("c")
-    assert session.close() == ["a", "c"]
-    assert session.state is State.CLOSED
-    assert session.in_flight == 0
-    assert not session.is_in_flight("a")
-    for frame in (chunk("a", 0), Heartbeat(1.0), make_hello(), Error(None, "internal_error", "x")):
-        with pytest.raises(StateError, match="closed"):
-            session.receive(frame)
-    with pytest.raises(StateError):
-        session.send_generate(generate("d"))
-    assert session.send_cancel("a") is None
-    assert session.close() == []
-
-
-def test_gateway_close_before_hello() -> None:
-    session = GatewaySession()
-    assert session.close() == []
-    with pytest.raises(StateError, match="closed"):
-        session.receive(make_hello())
 
 
 # RunnerSession.
@@ -543,8 +292,10 @@ class Link(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.hello = make_hello(models=MODELS, max_concurrent=MAX_CONCURRENT)
-        self.gateway = GatewaySession()
+        self.gateway: GatewaySession[str] = GatewaySession()
         self.runner = RunnerSession(self.hello)
+        self.started: set[str] = set()
+        """Requests the gateway has had a chunk of (since their Generate)."""
         self.to_runner: deque[tuple[bytes, GatewayFrame]] = deque()
         self.to_gateway: deque[tuple[bytes, RunnerFrame]] = deque()
         self.cancel_sent: set[str] = set()
@@ -556,7 +307,7 @@ class Link(RuleBasedStateMachine):
     @initialize()
     def handshake(self) -> None:
         hello = decode_runner_frame(encode(self.hello))
-        assert self.gateway.receive(hello) == self.hello
+        assert self.gateway.receive(hello) == []
         welcome = decode_gateway_frame(encode(make_welcome()))
         assert self.runner.receive(welcome) is None
 
@@ -572,16 +323,16 @@ class Link(RuleBasedStateMachine):
         before = self._gateway_ids()
         if refused:
             with pytest.raises(StateError):
-                self.gateway.send_generate(frame)
+                self.gateway.assign(frame, request_id)
             assert self._gateway_ids() == before
         else:
-            sent = self.gateway.send_generate(frame)
+            sent = self.gateway.assign(frame, request_id)
             self.to_runner.append((encode(sent), sent))
             assert self._gateway_ids() == before | {request_id}
 
     @rule(request_id=st.sampled_from(REQUEST_IDS))
     def gateway_cancel(self, request_id: str) -> None:
-        frame = self.gateway.send_cancel(request_id)
+        frame = self.gateway.cancel(request_id)
         if (
             self.closed
             or not self.gateway.is_in_flight(request_id)
@@ -666,14 +417,30 @@ class Link(RuleBasedStateMachine):
             data, sent_by_runner = self.to_gateway.popleft()
             from_runner = decode_runner_frame(data)
             assert from_runner == sent_by_runner
-            # Every frame the runner session builds is legal for the gateway session.
-            assert self.gateway.receive(from_runner) == from_runner
+            # Every frame the runner session builds is legal for the gateway session, and
+            # means what it says for the request it names.
+            events = self.gateway.receive(from_runner)
+            if isinstance(from_runner, Chunk):
+                assert events == [Delivered(from_runner.request_id, from_runner)]
+                self.started.add(from_runner.request_id)
+            elif isinstance(from_runner, Error):
+                rid = from_runner.request_id
+                assert rid is not None
+                unstarted = from_runner.code == "over_capacity" and rid not in self.started
+                assert events == [
+                    Unstarted(rid, from_runner.message)
+                    if unstarted
+                    else RequestFailed(rid, from_runner)
+                ]
+            else:
+                assert events == []
             if isinstance(from_runner, Error) or (
                 isinstance(from_runner, Chunk) and from_runner.finish_reason is not None
             ):
                 assert from_runner.request_id is not None
                 assert not self.gateway.is_in_flight(from_runner.request_id)
                 self.cancel_sent.discard(from_runner.request_id)
+                self.started.discard(from_runner.request_id)
 
     # Only with requests running, so there is something to lose.
     @precondition(lambda self: not self.closed and len(self.runner.in_flight) >= 2)
@@ -681,7 +448,14 @@ class Link(RuleBasedStateMachine):
     def close(self) -> None:
         gateway_ids = self._gateway_ids()
         runner_ids = set(self.runner.in_flight)
-        assert sorted(self.gateway.close()) == sorted(gateway_ids)
+        lost = self.gateway.close()
+        assert sorted(event.handle for event in lost) == sorted(gateway_ids)
+        for event in lost:
+            assert event == (
+                Lost(event.handle)
+                if event.handle in self.started
+                else Unstarted(event.handle, "runner lost")
+            )
         assert sorted(self.runner.close()) == sorted(runner_ids)
         # Whatever was still on the wire is dropped with the connection.
         self.to_runner.clear()
@@ -734,18 +508,6 @@ TestLink = Link.TestCase
 # --- drain ------------------------------------------------------------------------------------
 
 
-def test_gateway_drain_refuses_new_requests_but_finishes_old_ones() -> None:
-    session = open_gateway()
-    session.send_generate(generate("a"))
-    assert session.receive(Drain()) == Drain()
-    assert session.state is State.DRAINING
-    with pytest.raises(StateError, match="draining"):
-        session.send_generate(generate("b"))
-    assert session.send_cancel("a") == Cancel("a")
-    session.receive(Chunk("a", 0, "x", "", 1, Usage(1, 1), "cancelled"))
-    assert session.in_flight == 0
-
-
 def test_runner_drain_refuses_generate_with_an_error() -> None:
     session = open_runner()
     session.receive(generate("a"))
@@ -758,28 +520,3 @@ def test_runner_drain_refuses_generate_with_an_error() -> None:
     assert session.chunk("a", text="t", reasoning="", tokens=1, usage=Usage(1, 1)).seq == 0
     with pytest.raises(StateError):
         session.drain()
-
-
-def test_gateway_checks_every_chunk_of_a_batch() -> None:
-    session = open_gateway()
-    session.send_generate(generate("a"))
-    session.send_generate(generate("b"))
-    both = Batch(
-        (
-            Chunk("a", 0, "x", "", 1, Usage(1, 1)),
-            Chunk("b", 0, "y", "", 1, Usage(1, 1)),
-            Chunk("a", 1, "z", "", 1, Usage(1, 2), "stop"),
-        )
-    )
-    assert session.receive(both) == both
-    assert session.in_flight == 1  # "a" ended inside the batch
-    with pytest.raises(StateError, match="not in flight"):
-        session.receive(Batch((Chunk("a", 2, "late", "", 1, Usage(1, 3)),)))
-    with pytest.raises(StateError, match="seq 5"):
-        open_gateway_with("c").receive(Batch((Chunk("c", 5, "gap", "", 1, Usage(1, 1)),)))
-
-
-def open_gateway_with(request_id: str) -> GatewaySession:
-    session = open_gateway()
-    session.send_generate(generate(request_id))
-    return session
