@@ -30,20 +30,20 @@ async def list_models(state: State) -> dict[str, Any]:
 
 def runner_info(conn: RunnerConn) -> dict[str, Any]:
     """What `/v1/runners` (and the console) show of one runner."""
-    hello = conn.hello
+    hello, session = conn.hello, conn.session
     return {
         "id": conn.id,
         "name": hello.runner_name,
         "models": [attrs.asdict(m) for m in hello.models],
         "max_concurrent": hello.max_concurrent,
-        "active": len(conn.streams),
-        "draining": not conn.accepting,
+        "active": session.in_flight,
+        "draining": not session.accepting,
         "hardware": attrs.asdict(hello.hardware),
         "connected_since": conn.connected_at,
-        "tokens_generated": conn.tokens_generated,
-        "requests_served": conn.requests_served,
-        "tokens_after_cancel": conn.tokens_after_cancel,
-        "kv_cache": {"bytes": conn.kv_bytes, "limit_bytes": conn.kv_limit_bytes},
+        "tokens_generated": session.tokens_generated,
+        "requests_served": session.requests_served,
+        "tokens_after_cancel": session.tokens_after_cancel,
+        "kv_cache": {"bytes": session.kv_bytes, "limit_bytes": session.kv_limit_bytes},
     }
 
 

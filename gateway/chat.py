@@ -1,9 +1,10 @@
 """`POST /v1/chat/completions`: OpenAI Chat Completions over SSE and plain JSON.
 
-The request is validated (protocol.openai.request), handed to the pool, and the runner's
-chunks are relayed as `chat.completion.chunk` events. Errors that happen before the first
-byte (bad input, unknown model, queue full, a runner refusing the request) are HTTP errors
-in OpenAI's shape; errors after it are an SSE error event followed by `[DONE]`.
+The request is validated (protocol.openai.request) and handed to the pool. A streamed answer
+is relayed to the client by `gateway.relay.Relay` over `gateway.sse.SseTransport`; a plain
+one is collected by `protocol.openai.stream.CompletionBuilder`. Errors that happen before
+the first byte (bad input, unknown model, queue full, a runner refusing the request) are
+HTTP errors in OpenAI's shape; errors after it are an SSE error event followed by `[DONE]`.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.openapi import ChatCompletionsOperation
 from gateway.pool import Pool
-from gateway.sse import SseRelay, SseResponse
-from gateway.stream import Failed, RequestStream, StreamItem, next_item
-from protocol.frames import Chunk, Usage
+from gateway.relay import Relay, as_item, first_item
+from gateway.sse import SseResponse, SseTransport
+from gateway.stream import Failed, RequestStream, next_item
+from protocol.frames import Chunk
 from protocol.openai.request import ChatRequest, check_max_tokens, parse_chat_request
-from protocol.openai.response import ChunkWriter, completion
+from protocol.openai.stream import CompletionBuilder, CompletionStream
 
 
 def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
@@ -53,27 +55,19 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
 async def _streaming(
     pool: Pool, stream: RequestStream, chat: ChatRequest, completion_id: str
 ) -> Response[Any]:
-    config = pool.config
-    try:
-        first = await next_item(stream, min(config.first_token_wait, config.stream_timeout))
-    except asyncio.CancelledError:
-        pool.cancel(stream)
-        raise
-    if first is None and config.first_token_wait >= config.stream_timeout:
-        first = Failed(StreamTimeout(config.stream_timeout))
+    first = await first_item(stream, pool.config, pool.cancel)
     if first is not None and not isinstance(first, Chunk):
-        # Nothing sent yet: a failure before the first token is a proper HTTP error.
-        if not stream.done:
-            pool.cancel(stream)  # timed out: the runner may still be working on it
-        raise openai_error_for(first)
-    writer = ChunkWriter(
+        raise openai_error_for(first)  # nothing sent yet: a proper HTTP error
+    completion = CompletionStream(
         id=completion_id,
         created=int(time.time()),
         model=chat.model,
         include_usage=chat.include_usage,
         continuous_usage_stats=chat.continuous_usage_stats,
     )
-    return SseResponse(SseRelay(pool.cancel, stream, writer, first, config))
+    transport = SseTransport()
+    relay = Relay(stream, completion, transport, pool.config, pool.cancel)
+    return SseResponse(relay, transport, first)
 
 
 async def _non_streaming(
@@ -83,7 +77,8 @@ async def _non_streaming(
     chat: ChatRequest,
     completion_id: str,
 ) -> Response[Any]:
-    collector = asyncio.ensure_future(_collect(stream, pool.config.stream_timeout))
+    builder = CompletionBuilder()
+    collector = asyncio.ensure_future(_collect(stream, builder, pool.config.stream_timeout))
     disconnect = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({collector, disconnect}, return_when=asyncio.FIRST_COMPLETED)
@@ -96,35 +91,18 @@ async def _non_streaming(
     if not collector.done() or collector.cancelled():
         # The client is gone; this response is never read.
         return Response(content=b"", status_code=499)
-    text, reasoning, last = collector.result()
-    if not isinstance(last, Chunk):
-        raise openai_error_for(last)
-    usage: Usage = last.usage
-    body = completion(
-        id=completion_id,
-        created=int(time.time()),
-        model=chat.model,
-        content=text,
-        reasoning=reasoning,
-        finish_reason=last.finish_reason or "stop",
-        usage=usage,
-    )
+    collector.result()
+    body = builder.body(id=completion_id, created=int(time.time()), model=chat.model)
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 
-async def _collect(stream: RequestStream, seconds: float) -> tuple[str, str, StreamItem]:
-    text: list[str] = []
-    reasoning: list[str] = []
+async def _collect(stream: RequestStream, builder: CompletionBuilder, seconds: float) -> None:
     while True:
         item = await next_item(stream, seconds)
         if item is None:
             item = Failed(StreamTimeout(seconds))
-        if not isinstance(item, Chunk):
-            return "".join(text), "".join(reasoning), item
-        text.append(item.text)
-        reasoning.append(item.reasoning)
-        if item.finish_reason is not None:
-            return "".join(text), "".join(reasoning), item
+        if builder.feed(as_item(item)):
+            return
 
 
 async def _disconnected(request: Request[Any, Any, Any]) -> None:

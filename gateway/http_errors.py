@@ -31,20 +31,6 @@ from protocol.openai.errors import OpenAIError
 log = logging.getLogger("gateway.errors")
 
 
-def _runner_error(frame: Error) -> OpenAIError:
-    """A runner's Error frame, as the HTTP status its code means."""
-    match frame.code:
-        case "context_length_exceeded":
-            return errors.context_length_exceeded(frame.message)
-        case "invalid_request":
-            return errors.invalid_request(frame.message)
-        case "model_not_found":
-            return OpenAIError(404, frame.message, "invalid_request_error", None, frame.code)
-        case "over_capacity":
-            return errors.unavailable(frame.message, retry_after=1.0)
-    return OpenAIError(500, frame.message, "server_error", None, frame.code)
-
-
 def openai_error_for(problem: object) -> OpenAIError:
     """The OpenAI error for a gateway exception, a runner Error frame, or a lost runner."""
     match problem:
@@ -76,7 +62,7 @@ def openai_error_for(problem: object) -> OpenAIError:
                 503, str(problem), "server_error", None, "shutting_down", retry_after=1.0
             )
         case Error():
-            return _runner_error(problem)
+            return errors.runner_error(problem)
     log.error("unexpected error", exc_info=problem if isinstance(problem, BaseException) else None)
     return errors.server_error()
 

@@ -1,14 +1,17 @@
 """The runner pool: who is connected, what they serve, and which runner gets each request.
 
-A request goes to the runner serving its model with the most free slots (ties spread at
-random); draining runners get nothing new. When every such runner is full the request waits
-in the model's bounded FIFO queue; a slot frees when the runner sends a request's final
-frame, and the oldest waiter that runner can serve takes it. A runner is never given more
-than its max_concurrent.
+The pool routes and queues; what each runner connection carries (its requests, free slots,
+drain state, counters) is its `GatewaySession`, and the pool keeps no copy of it.
 
-Failover: when a runner is lost, or refuses a request because it is draining, before the
-request's first token, the request moves once to another runner without the client
-noticing. After the first token it fails with `RunnerLost`.
+A request goes to the runner serving its model with the most free slots (ties spread at
+random); draining runners have none. When every such runner is full the request waits in the
+model's bounded FIFO queue; a slot frees when the runner ends a request, and the oldest
+waiter that runner can serve takes it. A runner is never given more than its max_concurrent.
+
+Failover: a request that ends on its runner before its first token (the session's
+`Unstarted`: refused because the runner began draining, or its runner lost) moves once to
+another runner without the client noticing. After the first token it fails with
+`RunnerLost`.
 """
 
 from __future__ import annotations
@@ -36,9 +39,19 @@ from gateway.errors import (
 )
 from gateway.memory import IdleTrimmer
 from gateway.stream import Failed, RequestStream
+from protocol.closecodes import CloseCode
 from protocol.codec import encode
-from protocol.frames import Chunk, Error, Generate, Hello
-from protocol.session import GatewaySession, State
+from protocol.frames import Chunk, Generate
+from protocol.session import (
+    Delivered,
+    Draining,
+    GatewayEvent,
+    GatewaySession,
+    Lost,
+    RequestFailed,
+    RunnerFailed,
+    Unstarted,
+)
 
 log = logging.getLogger("gateway.pool")
 
@@ -47,41 +60,31 @@ MAX_ATTEMPTS = 2
 
 
 class RunnerConn:
-    """One connected, registered runner."""
+    """One connected, registered runner: its session (every request it carries, its slots,
+    its drain state and counters: `protocol.session.GatewaySession`) and its socket."""
 
     def __init__(
         self,
         runner_id: str,
-        hello: Hello,
-        session: GatewaySession,
+        session: GatewaySession[RequestStream],
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[int, str], Awaitable[None]],
     ) -> None:
+        assert session.hello is not None, "a runner joins the pool after its hello"
         self.id = runner_id
-        self.hello = hello
+        self.hello: Final = session.hello
         self.session = session
         self.send = send
         self.close = close
-        self.models: Final = frozenset(m.id for m in hello.models)
-        self.streams: dict[str, RequestStream] = {}
         self.connected_at = time.time()
-        self.tokens_generated = 0
-        self.tokens_after_cancel = 0
-        self.kv_bytes: int | None = None
-        self.kv_limit_bytes: int | None = None
-        self.requests_served = 0
 
     @property
     def name(self) -> str:
         return self.hello.runner_name
 
     @property
-    def accepting(self) -> bool:
-        return self.session.state is State.OPEN
-
-    @property
-    def free(self) -> int:
-        return self.hello.max_concurrent - len(self.streams)
+    def models(self) -> frozenset[str]:
+        return self.session.models
 
 
 @attrs.define
@@ -129,24 +132,17 @@ class Pool:
         )
         self._dispatch(conn)
 
-    def draining(self, conn: RunnerConn) -> None:
-        """The runner said Drain: it gets nothing new; its queue waiters look elsewhere."""
-        log.info("runner %s (%s) is draining", conn.id, conn.name)
-
     def remove(self, conn: RunnerConn) -> None:
         """Drop a runner. Requests it had not started move on; started ones fail."""
         if self.runners.pop(conn.id, None) is None:
             return
-        conn.session.close()
         log.info("runner %s (%s) left", conn.id, conn.name)
         now = time.monotonic()
         served = self.models()
         for model in conn.models - served:
             self._last_served[model] = now
-        streams = list(conn.streams.values())
-        conn.streams.clear()
-        for stream in streams:
-            self._fail_over(stream, RunnerLost(conn.name))
+        for event in conn.session.close():
+            self.on_event(conn, event)
         for model in conn.models - served:
             for waiter in self._waiters.pop(model, ()):
                 if not waiter.future.done():
@@ -162,7 +158,7 @@ class Pool:
         return sum(len(q) for q in self._waiters.values())
 
     def in_flight(self) -> int:
-        return sum(len(c.streams) for c in self.runners.values())
+        return sum(c.session.in_flight for c in self.runners.values())
 
     def _unserved(self, model: str) -> GatewayError:
         seen = self._last_served.get(model)
@@ -193,16 +189,16 @@ class Pool:
         await conn.send(encode(stream.generate))
 
     def _pick(self, model: str) -> RunnerConn | None:
-        serving = [c for c in self.runners.values() if model in c.models and c.accepting]
-        best = max((c.free for c in serving), default=0)
+        """The runner serving `model` with the most free slots (ties at random)."""
+        serving = [c for c in self.runners.values() if model in c.models]
+        best = max((c.session.free for c in serving), default=0)
         if best <= 0:
             return None
-        return random.choice([c for c in serving if c.free == best])
+        return random.choice([c for c in serving if c.session.free == best])
 
     def _assign(self, conn: RunnerConn, stream: RequestStream) -> None:
-        conn.session.send_generate(stream.generate)
-        self.trimmer.busy(self.in_flight() + 1)
-        conn.streams[stream.request_id] = stream
+        conn.session.assign(stream.generate, stream)
+        self.trimmer.busy(self.in_flight())
         stream.runner = conn
         stream.attempts += 1
 
@@ -238,7 +234,7 @@ class Pool:
 
     def _dispatch(self, conn: RunnerConn) -> None:
         """Hand free slots of `conn` to the oldest waiters it can serve."""
-        while conn.free > 0 and conn.accepting:
+        while conn.session.free > 0:
             heads = [q[0] for m in conn.models if (q := self._waiters.get(m)) and len(q) > 0]
             if not heads:
                 return
@@ -251,7 +247,7 @@ class Pool:
 
     def _fail_over(self, stream: RequestStream, reason: GatewayError) -> None:
         """Move a request that has produced nothing yet to another runner, once."""
-        if stream.started or stream.cancelled or stream.attempts >= MAX_ATTEMPTS:
+        if stream.cancelled or stream.attempts >= MAX_ATTEMPTS:
             stream.push(Failed(reason))
             return
         log.info("request %s moves to another runner (%s)", stream.request_id, reason)
@@ -264,28 +260,40 @@ class Pool:
         except GatewayError:
             stream.push(Failed(reason))
 
-    def on_frame(self, conn: RunnerConn, frame: Chunk | Error) -> None:
-        """Route a (session-checked) chunk or error to its stream; free the slot at the end."""
-        stream = conn.streams.get(frame.request_id or "")
-        if stream is None:
-            return
-        if isinstance(frame, Chunk):
-            conn.tokens_generated += frame.tokens
-            if stream.cancelled:
-                conn.tokens_after_cancel += frame.tokens
-            stream.push(frame)
-            if frame.finish_reason is None:
-                return
-            conn.requests_served += 1
-        elif frame.code == "over_capacity" and not stream.started:
-            # Refused (e.g. the runner began draining as the request crossed the wire).
-            del conn.streams[stream.request_id]
-            self._fail_over(stream, RunnerLost(conn.name))
+    def deliver(self, conn: RunnerConn, stream: RequestStream, chunk: Chunk) -> None:
+        """A chunk for a request (the per-token path); a final one frees its slot."""
+        stream.push(chunk)
+        if chunk.finish_reason is not None:
             self._dispatch(conn)
-            return
-        else:
-            stream.push(frame)
-        del conn.streams[stream.request_id]
+            self._check_idle()
+
+    def on_event(self, conn: RunnerConn, event: GatewayEvent[RequestStream]) -> None:
+        """Act on what the runner's session says happened (see protocol.session)."""
+        match event:
+            case Delivered(handle=stream, chunk=chunk):
+                self.deliver(conn, stream, chunk)
+                return
+            case RequestFailed(handle=stream, error=error):
+                stream.push(error)
+            case Unstarted(handle=stream, reason=reason):
+                log.info(
+                    "runner %s (%s) did not start %s: %s",
+                    conn.id,
+                    conn.name,
+                    stream.request_id,
+                    reason,
+                )
+                self._fail_over(stream, RunnerLost(conn.name))
+            case Lost(handle=stream):
+                stream.push(Failed(RunnerLost(conn.name)))
+            case Draining(reason=reason):
+                log.info("runner %s (%s) is draining: %s", conn.id, conn.name, reason)
+                return
+            case RunnerFailed(message=message):
+                log.warning(
+                    "runner %s (%s) gave up its connection: %s", conn.id, conn.name, message
+                )
+                return
         self._dispatch(conn)
         self._check_idle()
 
@@ -299,7 +307,7 @@ class Pool:
         conn = stream.runner
         if conn is None or stream.done or self.runners.get(conn.id) is not conn:
             return
-        frame = conn.session.send_cancel(stream.request_id)
+        frame = conn.session.cancel(stream.request_id)
         if frame is not None:
             self._spawn(conn.send(encode(frame)))
 
@@ -321,7 +329,7 @@ class Pool:
         except TimeoutError:
             log.warning("drain deadline passed with %d request(s) in flight", self.in_flight())
         for conn in list(self.runners.values()):
-            await conn.close(1001, "gateway going away")
+            await conn.close(CloseCode.GOING_AWAY, "gateway going away")
 
     def _check_idle(self) -> None:
         if self.in_flight():

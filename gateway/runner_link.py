@@ -1,6 +1,6 @@
 """The runner WebSocket endpoint: handshake, frame routing, heartbeats, liveness.
 
-Each runner connection runs one receive loop (decode → session check → pool) and one
+Each runner connection runs one receive loop (decode → session → pool) and one
 watchdog task (sends heartbeats, drops the runner when it has been silent too long, which
 also catches a frozen process whose socket stays open). Any protocol violation closes that
 runner's socket with the error's 4xxx code; only its own requests fail.
@@ -20,21 +20,12 @@ from litestar.datastructures import State
 from gateway.auth import bearer, is_loopback, secret_in
 from gateway.config import GatewayConfig
 from gateway.pool import Pool, RunnerConn
+from gateway.stream import RequestStream
 from protocol.closecodes import CloseCode
 from protocol.codec import decode_runner_frame, encode
 from protocol.errors import ProtocolError
-from protocol.frames import (
-    PROTOCOL_VERSION,
-    RUNNER_PATH,
-    Batch,
-    Chunk,
-    Drain,
-    Error,
-    Heartbeat,
-    Hello,
-    Welcome,
-)
-from protocol.session import GatewaySession
+from protocol.frames import PROTOCOL_VERSION, RUNNER_PATH, Heartbeat, Welcome
+from protocol.session import Delivered, GatewaySession, RunnerFailed
 
 log = logging.getLogger("gateway.runner_link")
 
@@ -93,7 +84,7 @@ async def runner_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     config = pool.config
     await socket.accept()
     link = _Link(socket, config)
-    session = GatewaySession()
+    session: GatewaySession[RequestStream] = GatewaySession()
     conn: RunnerConn | None = None
     peer = socket.client.host if socket.client else None
     refusal = _refusal(socket, peer, config)
@@ -102,8 +93,8 @@ async def runner_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
         await link.close(CloseCode.UNAUTHORIZED, refusal)
         return
     try:
-        hello = await _handshake(link, session, config)
-        conn = RunnerConn(pool.new_runner_id(), hello, session, link.send, link.close)
+        await _handshake(link, session, config)
+        conn = RunnerConn(pool.new_runner_id(), session, link.send, link.close)
         await link.send(encode(Welcome(conn.id, PROTOCOL_VERSION, config.heartbeat_interval)))
         pool.add(conn)
         await _serve(link, session, pool, conn)
@@ -132,19 +123,22 @@ def _refusal(
     return None
 
 
-async def _handshake(link: _Link, session: GatewaySession, config: GatewayConfig) -> Hello:
+async def _handshake(
+    link: _Link, session: GatewaySession[RequestStream], config: GatewayConfig
+) -> None:
     try:
         async with asyncio.timeout(config.handshake_timeout):
-            frame = session.receive(decode_runner_frame(await link.receive()))
+            frame = decode_runner_frame(await link.receive())
+            session.receive(frame)
     except TimeoutError:
         raise ProtocolError(
             "no hello within the handshake timeout", close_code=CloseCode.HANDSHAKE_TIMEOUT
         ) from None
-    assert isinstance(frame, Hello)  # the session accepts nothing else first
-    return frame
 
 
-async def _serve(link: _Link, session: GatewaySession, pool: Pool, conn: RunnerConn) -> None:
+async def _serve(
+    link: _Link, session: GatewaySession[RequestStream], pool: Pool, conn: RunnerConn
+) -> None:
     """Run the receive loop and the watchdog until either ends; re-raise what ended it."""
     tasks = {
         asyncio.create_task(_receive_loop(link, session, pool, conn)),
@@ -160,23 +154,20 @@ async def _serve(link: _Link, session: GatewaySession, pool: Pool, conn: RunnerC
         task.result()
 
 
-async def _receive_loop(link: _Link, session: GatewaySession, pool: Pool, conn: RunnerConn) -> None:
+async def _receive_loop(
+    link: _Link, session: GatewaySession[RequestStream], pool: Pool, conn: RunnerConn
+) -> None:
+    """Every frame goes through the session, which says what it means; the pool acts on it."""
+    deliver = pool.deliver
     while True:
-        frame = session.receive(decode_runner_frame(await link.receive()))
-        if isinstance(frame, Chunk):
-            pool.on_frame(conn, frame)
-        elif isinstance(frame, Batch):
-            for chunk in frame.frames:
-                pool.on_frame(conn, chunk)
-        elif isinstance(frame, Error):
-            if frame.request_id is None:
-                log.warning("runner %s reported: %s", conn.name, frame.message)
-            else:
-                pool.on_frame(conn, frame)
-        elif isinstance(frame, Drain):
-            pool.draining(conn)
-        elif isinstance(frame, Heartbeat):
-            conn.kv_bytes, conn.kv_limit_bytes = frame.kv_bytes, frame.kv_limit_bytes
+        for event in session.receive(decode_runner_frame(await link.receive())):
+            if type(event) is Delivered:  # the per-token path, without the dispatch below
+                deliver(conn, event.handle, event.chunk)
+                continue
+            pool.on_event(conn, event)
+            if isinstance(event, RunnerFailed):
+                await link.close(CloseCode.RUNNER_ERROR, "runner reported an error")
+                return
 
 
 async def _watchdog(link: _Link, config: GatewayConfig) -> None:

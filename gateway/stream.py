@@ -1,15 +1,17 @@
-"""One request's frames on their way from a runner link to an HTTP or WebSocket handler.
+"""One request's frames on their way from a runner link to its client's relay.
 
-The buffer is bounded: the runner link never waits for a client, so when a slow reader lets
-more than `MAX_PENDING` chunks pile up, new text is merged into the last pending chunk. The
-client then gets fewer, larger chunks; nothing is lost, and memory stays bounded by the
-request's own text (itself bounded by max_tokens).
+While its client keeps up, each item goes straight to the relay (`sink`, gateway.relay);
+otherwise it queues here. The buffer is bounded: the runner link never waits for a client,
+so when a slow reader lets more than `MAX_PENDING` chunks pile up, new text is merged into
+the last pending chunk. The client then gets fewer, larger chunks; nothing is lost, and
+memory stays bounded by the request's own text (itself bounded by max_tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,8 @@ from protocol.frames import Chunk, Error, Generate
 
 if TYPE_CHECKING:
     from gateway.pool import RunnerConn
+
+log = logging.getLogger("gateway.stream")
 
 MAX_PENDING = 64
 """Chunks buffered per request before new ones are merged into the last."""
@@ -64,7 +68,6 @@ class RequestStream:
         "merged",
         "runner",
         "sink",
-        "started",
     )
 
     def __init__(self, generate: Generate) -> None:
@@ -72,9 +75,8 @@ class RequestStream:
         self.runner: RunnerConn | None = None
         self.attempts = 0
         """Runners this request has been given to (failover retries once)."""
-        self.started = False
-        """True once a chunk has arrived: from then on it cannot move to another runner."""
         self.cancelled = False
+        """The client asked to stop it (or went away)."""
         self.done = False
         """True once the terminal item has been pushed."""
         self.merged = 0
@@ -84,7 +86,7 @@ class RequestStream:
         """What came after MAX_PENDING items; merged into one chunk when the reader gets there."""
         self._waiter: asyncio.Future[None] | None = None
         self.sink: Callable[[StreamItem], bool] | None = None
-        """Takes items as they arrive, while nothing is queued (see gateway.sse); returns
+        """Takes items as they arrive, while nothing is queued (see gateway.relay); returns
         False to have an item queued instead (its client is not reading)."""
 
     @property
@@ -92,14 +94,21 @@ class RequestStream:
         return self.generate.request_id
 
     def push(self, item: StreamItem) -> None:
-        if isinstance(item, Chunk):
-            self.started = True
+        """Called by the runner link: never raises, whatever the client side does."""
+        if type(item) is Chunk:
             self.done = item.finish_reason is not None
         else:
             self.done = True
         sink = self.sink
-        if sink is not None and not self._items and not self._overflow and sink(item):
-            return
+        if sink is not None and not self._items and not self._overflow:
+            try:
+                if sink(item):
+                    return
+            except Exception:
+                # Relays guard themselves; this is the last line between a client and the
+                # runner link that called us. The item stays queued for nobody.
+                log.exception("the client of request %s failed; detached", self.request_id)
+                self.sink = None
         if self._overflow or (len(self._items) >= MAX_PENDING and isinstance(item, Chunk)):
             self._overflow.append(item)
             self.merged += 1

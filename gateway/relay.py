@@ -1,0 +1,301 @@
+"""One request's output on its way to its client, the same for every transport.
+
+A `Relay` reads one `RequestStream` and writes what the request's `CompletionStream`
+(protocol.openai.stream) renders to a `Transport`, which only knows how to write: an SSE
+response body (gateway.sse) or the browser socket's outbox (gateway.client_ws).
+
+- **Push, not a task per token.** The relay is the stream's `sink`: the runner link's receive
+  loop hands it each chunk, and the relay renders and writes it right there. A write that
+  completes at once (every write while the client keeps up) costs no task switch at all.
+- **Backpressure.** A transport whose client is not reading returns an awaitable from
+  `write`; the relay finishes it in a task and, meanwhile, new chunks queue in the stream
+  (bounded: later ones are merged, see gateway.stream). They go out together, as one write,
+  when the client catches up.
+- **Timers.** One per relay, re-armed when it fires, not per token: a keep-alive for
+  transports that have one, and the stream timeout (a runner silent for `stream_timeout`
+  ends the request with an error).
+- **Cancel on close.** Closing a relay before its request ended (the client left, the
+  timeout) cancels the request on its runner.
+- **Fault isolation.** Anything that goes wrong while serving this client (rendering,
+  writing, a bug here) ends this request with an error to this client, is logged once with
+  the request id, and never reaches the runner link or any other request. A transport
+  raising `OSError` means its client is gone: that ends the request quietly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from gateway.config import GatewayConfig
+from gateway.errors import StreamTimeout
+from gateway.http_errors import openai_error_for
+from gateway.stream import Failed, RequestStream, StreamItem, next_item
+from protocol.frames import Chunk
+from protocol.openai.errors import server_error
+from protocol.openai.stream import CompletionStream, Item
+
+log = logging.getLogger("gateway.relay")
+
+
+class Transport(Protocol):
+    """Where one request's messages go."""
+
+    @property
+    def keepalive(self) -> bytes | None:
+        """Sent after `keepalive_interval` without a write; None: this transport needs none."""
+
+    def write(self, messages: list[bytes], last: bool) -> Awaitable[None] | None:
+        """Write `messages` (the request's last ones when `last`). None when written (or
+        queued for good) already; otherwise an awaitable that finishes the write, for a
+        client that is not reading. Raises `OSError` when the client is gone."""
+
+
+def as_item(item: StreamItem) -> Item:
+    """A stream item as the completion stream takes it (gateway failures in OpenAI's terms)."""
+    return openai_error_for(item.error) if isinstance(item, Failed) else item
+
+
+async def first_item(
+    stream: RequestStream, config: GatewayConfig, cancel: Callable[[RequestStream], None]
+) -> StreamItem | None:
+    """Wait up to `first_token_wait` for the request's first item: both transports take it
+    before they start relaying, so that a failure before the first token can still be a
+    proper HTTP error. None: nothing came in time (the stream commits without it).
+
+    With `first_token_wait` at or past the stream timeout, silence is the timeout's error.
+    A request left waiting here (timed out, or the caller cancelled) is cancelled.
+    """
+    try:
+        first = await next_item(stream, min(config.first_token_wait, config.stream_timeout))
+    except asyncio.CancelledError:
+        cancel(stream)
+        raise
+    if first is None and config.first_token_wait >= config.stream_timeout:
+        first = Failed(StreamTimeout(config.stream_timeout))
+    if first is not None and not isinstance(first, Chunk) and not stream.done:
+        cancel(stream)  # timed out: the runner may still be working on it
+    return first
+
+
+class Relay:
+    """Relays one request to one client; see the module docstring."""
+
+    __slots__ = (
+        "_busy",
+        "_faulted",
+        "_heard",
+        "_loop",
+        "_task",
+        "_timer",
+        "_written",
+        "cancel",
+        "completion",
+        "config",
+        "done",
+        "sends_suspended",
+        "stream",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        stream: RequestStream,
+        completion: CompletionStream,
+        transport: Transport,
+        config: GatewayConfig,
+        cancel: Callable[[RequestStream], None],
+    ) -> None:
+        self.stream = stream
+        self.completion = completion
+        self.transport = transport
+        self.config = config
+        self.cancel = cancel
+        """Stops the request on its runner (`Pool.cancel`)."""
+        self._loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        """Resolved when the request's last message is written, or its client is gone."""
+        self._busy = False
+        """A write is waiting for the client; items queue in the stream meanwhile."""
+        self._faulted = False
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._heard = self._written = self._loop.time()
+        self.sends_suspended = 0
+        """How often a write had to wait for the client (for tests and debugging)."""
+
+    def start(self, first: StreamItem | None = None, *, commit: bool = False) -> None:
+        """Relay `first` (an item the caller already took from the stream), what is queued,
+        then every item as it arrives. `commit`: send the role chunk now even if no chunk
+        has come yet (an SSE response that has committed to status 200)."""
+        try:
+            out: list[bytes] = []
+            if commit and type(first) is not Chunk:
+                self.completion.start(out)  # a first chunk starts it, with its usage
+            finished = first is not None and self._render(first, out)
+            while not finished and (item := self.stream.get_nowait()) is not None:
+                finished = self._render(item, out)
+            if not finished:
+                self.stream.sink = self._on_item
+                keepalive = self.config.keepalive_interval
+                if self.transport.keepalive is None:
+                    keepalive = self.config.stream_timeout
+                self._arm(min(keepalive, self.config.stream_timeout))
+            self._write(out, finished)
+        except Exception as exc:
+            self._fault(exc)
+
+    def close(self) -> None:
+        """Stop relaying; the request is cancelled on its runner unless it ended. Idempotent,
+        and safe to call before `start` (a response that failed before its body)."""
+        self._detach()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if not self.stream.done and not self.stream.cancelled:
+            self.cancel(self.stream)  # the client went away, or the runner timed out
+        self._end()
+
+    # --- items ---------------------------------------------------------------------------
+
+    def _render(self, item: StreamItem, out: list[bytes]) -> bool:
+        """The messages for one item; True when the request is over."""
+        if type(item) is Chunk:
+            return self.completion.feed(item, out)
+        return self.completion.feed(as_item(item), out)
+
+    def _on_item(self, item: StreamItem) -> bool:
+        """`RequestStream.sink`: write the item now; False (queue it) while a write waits."""
+        if self._busy:
+            return False
+        self._heard = self._loop.time()
+        try:
+            out: list[bytes] = []
+            finished = self._render(item, out)
+            if finished:
+                self._detach()
+            self._write(out, finished)
+        except Exception as exc:
+            self._fault(exc)
+        return True
+
+    def _write(self, out: list[bytes], last: bool) -> None:
+        """Write `out`; completes here unless the client's buffer is full."""
+        if not out:
+            if last:
+                self._end()
+            return
+        self._written = self._loop.time()
+        try:
+            pending = self.transport.write(out, last)
+        except OSError as exc:
+            self._gone(exc)
+            return
+        if pending is None:
+            if last:
+                self._end()
+            return
+        self._busy = True
+        self.sends_suspended += 1
+        self._task = self._loop.create_task(self._finish_write(pending, last))
+
+    async def _finish_write(self, pending: Awaitable[None], last: bool) -> None:
+        try:
+            await pending
+        except OSError as exc:
+            self._gone(exc)
+            return
+        except Exception as exc:
+            self._fault(exc)
+            return
+        self._busy = False
+        if last:
+            self._end()
+            return
+        try:
+            out: list[bytes] = []
+            finished = False
+            while not finished and (item := self.stream.get_nowait()) is not None:
+                finished = self._render(item, out)
+            if finished:
+                self._detach()
+            self._write(out, finished)
+        except Exception as exc:
+            self._fault(exc)
+
+    # --- timers --------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        """Keep-alive after `keepalive_interval` without a write; end a silent stream."""
+        self._timer = None
+        try:
+            now = self._loop.time()
+            timeout = self.config.stream_timeout
+            if now - self._heard >= timeout:
+                self._detach()
+                if self._busy:
+                    self._end()  # the client is not reading either: give up on it
+                    return
+                out: list[bytes] = []
+                self.completion.fail(openai_error_for(StreamTimeout(timeout)), out)
+                self._write(out, True)
+                return
+            keepalive = self.transport.keepalive
+            next_at = self._heard + timeout
+            if keepalive is not None:
+                interval = self.config.keepalive_interval
+                if not self._busy and now - self._written >= interval:
+                    self._write([keepalive], False)
+                next_at = min(next_at, self._written + interval)
+            self._arm(next_at - now)
+        except Exception as exc:
+            self._fault(exc)
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(max(delay, 0.001), self._tick)
+
+    # --- endings -------------------------------------------------------------------------
+
+    def _detach(self) -> None:
+        """No more items through the sink (the stream is over, or nobody reads it)."""
+        if self.stream.sink == self._on_item:
+            self.stream.sink = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _gone(self, exc: BaseException) -> None:
+        log.debug("client of %s gone: %r", self.stream.request_id, exc)
+        self._detach()
+        self._end()
+
+    def _fault(self, exc: Exception) -> None:
+        """Something failed while serving this client: end its request with an error."""
+        self._detach()
+        if self._faulted:
+            self._end()
+            return
+        self._faulted = True
+        log.error(
+            "serving request %s to its client failed; the request ends with an error",
+            self.stream.request_id,
+            exc_info=exc,
+        )
+        if not self._busy and not self.completion.over:
+            try:
+                out: list[bytes] = []
+                self.completion.fail(server_error(), out)
+                pending = self.transport.write(out, True)
+                if pending is not None:
+                    self._task = self._loop.create_task(self._finish_write(pending, True))
+                    return
+            except Exception:
+                log.debug("could not tell the client of %s", self.stream.request_id)
+        self._end()
