@@ -1,10 +1,11 @@
 """`/v1/ws`: the browser WebSocket API. One socket multiplexes many chat completions.
 
-Client messages: `chat.completions.create`, `cancel`, `ping`, `pool.subscribe`. Gateway
-messages: `chunk` (an exact `chat.completion.chunk`), `done` (finish reason and usage, once
-per request), `error` (ends one request; `request_id: null` for a bad message), `pong`,
-`pool.state`. A bad message never closes the socket; closing the socket cancels every
-request it carried. See docs/websocket-api.md.
+This module only pumps. What each message means, which are legal when, and every reply about
+a bad one is `protocol.browser.session.ClientSession`; what a request's client sees is its
+`CompletionStream` with the browser framing (`protocol.browser.framing`), written by the same
+`Relay` as SSE (gateway.relay). Here: the socket's reader and its single writer (messages
+never interleave), one task per request (submit, then relay), the auth deadline and the pool
+view. See docs/websocket-api.md.
 """
 
 from __future__ import annotations
@@ -15,30 +16,29 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
-import orjson
 from litestar import WebSocket, websocket
 from litestar.datastructures import State
 
 from gateway.admin import runner_info
 from gateway.auth import bearer, origin_allowed, secret_in
-from gateway.chat import check_limits
 from gateway.config import GatewayConfig
-from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
-from gateway.stream import Failed, RequestStream, StreamItem
+from gateway.relay import Relay, first_item
+from gateway.stream import RequestStream
+from protocol.browser.framing import BrowserFraming
+from protocol.browser.messages import CLIENT_WS_PATH, PoolState, encode
+from protocol.browser.session import ClientSession, CloseSocket, Reply, Start, Stop, Subscribe
 from protocol.closecodes import CloseCode
-from protocol.frames import Chunk, FinishReason, Usage
-from protocol.openai.errors import OpenAIError, invalid_request
-from protocol.openai.request import ChatRequest, parse_chat_object
-from protocol.openai.response import ChunkWriter, usage_dict
+from protocol.frames import Generate
+from protocol.openai.request import ChatRequest
+from protocol.openai.stream import CompletionStream
 
 log = logging.getLogger("gateway.client_ws")
 
-CLIENT_WS_PATH = "/v1/ws"
-MAX_REQUEST_ID_CHARS = 256
 POOL_STATE_INTERVAL = 1.0
 
 
@@ -46,25 +46,44 @@ class _Closed(Exception):
     pass
 
 
+class _Request:
+    """What the socket holds for one request in flight (the session's handle)."""
+
+    __slots__ = ("completion", "stream", "task")
+
+    def __init__(self, completion: CompletionStream) -> None:
+        self.completion = completion
+        self.task: asyncio.Task[None] | None = None
+        self.stream: RequestStream | None = None
+        """Set once a runner has it: from then on a cancel goes to the runner."""
+
+
 class ClientSocket:
-    """State and I/O of one browser socket."""
+    """The I/O of one browser socket."""
 
     def __init__(self, socket: WebSocket[Any, Any, Any], pool: Pool) -> None:
         self.socket = socket
         self.pool = pool
-        self.config = pool.config
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.streams: dict[str, RequestStream] = {}
+        self.config = config = pool.config
+        authenticated = not config.api_keys or secret_in(bearer(socket.headers), config.api_keys)
+        self.session: ClientSession[_Request] = ClientSession(
+            verify_key=None if authenticated else self._key_ok,
+            max_requests=config.max_client_requests,
+            max_message_bytes=config.max_client_message_bytes,
+            max_tokens_limit=config.max_tokens_limit,
+        )
         self._outbox: collections.deque[bytes] = collections.deque()
         self._outbox_bytes = 0
+        self._wake = asyncio.Event()
         self._close_now = asyncio.Event()
         self._close_reason: tuple[int, str] = (CloseCode.NORMAL, "")
-        self.authenticated = not self.config.api_keys or secret_in(
-            bearer(socket.headers), self.config.api_keys
-        )
-        self._wake = asyncio.Event()
         self._subscription: asyncio.Task[None] | None = None
+        self._ending: list[asyncio.Task[None]] = []
+        """Request tasks cancelled because the socket closes, to be awaited."""
         self.closed = False
+
+    def _key_ok(self, key: str) -> bool:
+        return secret_in(key, self.config.api_keys)
 
     # --- output: one writer task, so messages never interleave ------------------------
 
@@ -80,12 +99,6 @@ class ClientSocket:
             self._outbox.clear()
             self.close_with(CloseCode.CLIENT_TOO_SLOW, "client too slow")
 
-    def send_obj(self, obj: dict[str, Any]) -> None:
-        self.send(orjson.dumps(obj))
-
-    def send_error(self, request_id: str | None, err: OpenAIError) -> None:
-        self.send_obj({"type": "error", "request_id": request_id, "error": err.body()["error"]})
-
     async def _writer(self) -> None:
         while True:
             await self._wake.wait()
@@ -97,22 +110,39 @@ class ClientSocket:
                     {"type": "websocket.send", "text": data.decode(), "bytes": None}
                 )
 
-    # --- input --------------------------------------------------------------------------
+    # `Transport` for the relays of this socket's requests: the outbox takes everything (a
+    # client that falls too far behind is closed), so a write never waits.
+    keepalive = None
+
+    def write(self, messages: list[bytes], last: bool) -> Awaitable[None] | None:
+        for message in messages:
+            self.send(message)
+        return None
+
+    # --- the socket's life ------------------------------------------------------------
 
     def close_with(self, code: int, reason: str) -> None:
         """End the socket from synchronous code (the run loop does the closing)."""
         if self.closed:
             return  # the first reason stands
         self.closed = True
-        for stream in self.streams.values():
-            self.pool.cancel(stream)  # at once, not after the close handshake
+        self._cancel_all()  # at once, not after the close handshake
         self._close_reason = (code, reason)
         self._close_now.set()
 
+    def _cancel_all(self) -> None:
+        for request in self.session.close():
+            if request.stream is not None:
+                self.pool.cancel(request.stream)
+            if request.task is not None:
+                request.task.cancel()
+                self._ending.append(request.task)
+
     async def _auth_deadline(self) -> None:
         await asyncio.sleep(self.config.auth_timeout)
-        if not self.authenticated:
-            self.close_with(CloseCode.UNAUTHORIZED, "no auth message in time")
+        refusal = self.session.auth_timed_out()
+        if refusal is not None:
+            self.close_with(refusal.code, refusal.reason)
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer())
@@ -128,18 +158,13 @@ class ClientSocket:
             elif reader.done() and not reader.cancelled():
                 reader.result()
         finally:
-            reader.cancel()
-            closer.cancel()
-            deadline.cancel()
+            for task in (reader, closer, deadline, writer):
+                task.cancel()
             self.closed = True
-            writer.cancel()
             if self._subscription is not None:
                 self._subscription.cancel()
-            for stream in self.streams.values():
-                self.pool.cancel(stream)  # the socket is gone: stop its generations
-            for task in self.tasks.values():
-                task.cancel()
-            await asyncio.gather(writer, reader, *self.tasks.values(), return_exceptions=True)
+            self._cancel_all()  # the socket is gone: stop its generations
+            await asyncio.gather(writer, reader, *self._ending, return_exceptions=True)
 
     async def _reader(self) -> None:
         with contextlib.suppress(_Closed):
@@ -154,195 +179,76 @@ class ClientSocket:
         return data
 
     def _handle(self, data: bytes | str) -> None:
-        size = len(data) if isinstance(data, bytes) else len(data.encode())
-        if size > self.config.max_client_message_bytes:
-            self.send_error(
-                None,
-                invalid_request(
-                    f"Message of {size} bytes is over the "
-                    f"{self.config.max_client_message_bytes}-byte limit.",
-                    None,
-                    "message_too_large",
-                ),
-            )
-            return
-        try:
-            msg = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            self.send_error(None, invalid_request(f"Invalid JSON: {exc}", None, "invalid_json"))
-            return
-        if type(msg) is not dict or type(msg.get("type")) is not str:
-            self.send_error(
-                None,
-                invalid_request(
-                    "A message must be a JSON object with a string 'type'.",
-                    "type",
-                    "invalid_message",
-                ),
-            )
-            return
-        if not self.authenticated:
-            self._authenticate(msg)
-            return
-        match msg["type"]:
-            case "chat.completions.create":
-                self._create(msg)
-            case "cancel":
-                self._cancel(msg)
-            case "ping":
-                self.send(b'{"type":"pong"}')
-            case "pool.subscribe":
-                if self._subscription is None:
+        for event in self.session.receive(data):
+            match event:
+                case Reply(data=reply):
+                    self.send(reply)
+                case Start(request_id=rid, chat=chat):
+                    self._start(rid, chat)
+                case Stop(handle=request):
+                    self._stop(request)
+                case Subscribe():
                     self._subscription = asyncio.create_task(self._pool_states())
-            case other:
-                self.send_error(
-                    None,
-                    invalid_request(
-                        f"Unknown message type {other[:64]!r}.", "type", "unknown_message_type"
-                    ),
-                )
+                case CloseSocket(code=code, reason=reason):
+                    self.close_with(code, reason)
 
-    def _authenticate(self, msg: dict[str, Any]) -> None:
-        """API keys are set: the first message must be `{"type": "auth", "api_key": …}`."""
-        if msg["type"] == "auth" and secret_in(msg.get("api_key"), self.config.api_keys):
-            self.authenticated = True
-            self.send(b'{"type":"auth.ok"}')
-        elif msg["type"] == "auth":
-            self.close_with(CloseCode.UNAUTHORIZED, "invalid API key")
-        else:
-            self.close_with(CloseCode.UNAUTHORIZED, "authenticate first")
-
-    def _request_id(self, msg: dict[str, Any]) -> str | None:
-        rid = msg.get("request_id")
-        if type(rid) is not str or not 0 < len(rid) <= MAX_REQUEST_ID_CHARS:
-            self.send_error(
-                None,
-                invalid_request(
-                    f"'request_id' must be a string of 1 to {MAX_REQUEST_ID_CHARS} characters.",
-                    "request_id",
-                    "invalid_request_id",
-                ),
-            )
-            return None
-        return rid
-
-    def _create(self, msg: dict[str, Any]) -> None:
-        rid = self._request_id(msg)
-        if rid is None:
+    def _stop(self, request: _Request | None) -> None:
+        if request is None:
             return
-        if rid in self.tasks:
-            # Refused with request_id null: an error naming rid would end the original.
-            self.send_error(
-                None,
-                invalid_request(
-                    f"request_id {rid!r} is already in flight on this socket.",
-                    "request_id",
-                    "duplicate_request_id",
-                ),
-            )
-            return
-        if len(self.tasks) >= self.config.max_client_requests:
-            self.send_error(
-                rid,
-                OpenAIError(
-                    429,
-                    f"At most {self.config.max_client_requests} requests may be in flight "
-                    "on one socket.",
-                    "rate_limit_error",
-                    None,
-                    "too_many_requests",
-                ),
-            )
-            return
-        unknown = set(msg) - {"type", "request_id", "body"}
-        if unknown:
-            self.send_error(
-                rid,
-                invalid_request(
-                    f"Unknown field(s) in message: {', '.join(sorted(unknown))}.",
-                    None,
-                    "unknown_parameter",
-                ),
-            )
-            return
-        body = msg.get("body")
-        if type(body) is dict and "stream" not in body:
-            body = {**body, "stream": True}  # streaming is implied
-        try:
-            chat = check_limits(parse_chat_object(body), self.config)
-            if not chat.stream:
-                raise invalid_request(
-                    "The WebSocket API always streams; 'stream' must be true or omitted.",
-                    "stream",
-                )
-        except OpenAIError as err:
-            self.send_error(rid, err)
-            return
-        task = asyncio.create_task(self._run(rid, chat))
-        self.tasks[rid] = task
-        task.add_done_callback(lambda t: self._ended(rid, t))
-
-    def _ended(self, rid: str, task: asyncio.Task[None]) -> None:
-        self.tasks.pop(rid, None)
-        # Cancelled while waiting for a runner (possibly before its first step): the
-        # request still owes the client its `done`.
-        if task.cancelled() and not self.closed:
-            self.send_done(rid, "cancelled", Usage(0, 0))
-
-    def _cancel(self, msg: dict[str, Any]) -> None:
-        rid = self._request_id(msg)
-        if rid is None:
-            return
-        stream = self.streams.get(rid)
-        if stream is not None:
-            self.pool.cancel(stream)  # done "cancelled" follows when the runner stops
-        elif (task := self.tasks.get(rid)) is not None:
-            task.cancel()  # still waiting for a runner
-        # Anything else already ended: cancel and done crossed on the wire.
+        if request.stream is not None:
+            self.pool.cancel(request.stream)  # the runner ends it: `done` "cancelled" follows
+        elif request.task is not None:
+            request.task.cancel()  # still waiting for a runner
 
     # --- one request ----------------------------------------------------------------------
 
-    async def _run(self, rid: str, chat: ChatRequest) -> None:
+    def _start(self, rid: str, chat: ChatRequest) -> None:
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        try:
-            stream = await self.pool.submit(chat.to_generate(completion_id))
-        except Exception as exc:
-            self.send_error(rid, openai_error_for(exc))
-            return
-        self.streams[rid] = stream
-        writer = ChunkWriter(
-            completion_id,
-            int(time.time()),
-            chat.model,
-            chat.include_usage,
-            chat.continuous_usage_stats,
-            prefix=b'{"type":"chunk","request_id":' + orjson.dumps(rid) + b',"chunk":',
-            suffix=b"}",
+        request = _Request(
+            CompletionStream(
+                id=completion_id,
+                created=int(time.time()),
+                model=chat.model,
+                include_usage=chat.include_usage,
+                continuous_usage_stats=chat.continuous_usage_stats,
+                framing=BrowserFraming(rid),
+            )
         )
-        relay = _Relay(self, rid, writer, self.config.stream_timeout)
+        task = asyncio.create_task(self._run(chat.to_generate(completion_id), request))
+        request.task = task
+        task.add_done_callback(lambda _: self._ended(rid, request))
+        self.session.bind(rid, request)
+
+    async def _run(self, generate: Generate, request: _Request) -> None:
+        """Submit, then relay. A task cancelled before it ran never gets here (`_ended`)."""
         try:
-            while not relay.over and (item := stream.get_nowait()) is not None:
-                relay.on_item(item)
-            if not relay.over:
-                stream.sink = relay.on_item  # from now on chunks arrive without a task switch
-                relay.arm()
-                await relay.ended
+            stream = await self.pool.submit(generate)
+        except Exception as exc:
+            out: list[bytes] = []
+            request.completion.fail(openai_error_for(exc), out)
+            self.write(out, True)
+            return
+        request.stream = stream
+        relay: Relay | None = None
+        try:
+            first = await first_item(stream, self.config, self.pool.cancel)
+            relay = Relay(stream, request.completion, self, self.config, self.pool.cancel)
+            relay.start(first, commit=first is None)
+            await relay.done
         finally:
-            stream.sink = None
-            relay.disarm()
-            del self.streams[rid]
-            if not stream.done:
+            if relay is not None:
+                relay.close()
+            elif not stream.done:
                 self.pool.cancel(stream)
 
-    def send_done(self, rid: str, finish_reason: FinishReason, usage: Usage) -> None:
-        self.send_obj(
-            {
-                "type": "done",
-                "request_id": rid,
-                "finish_reason": finish_reason,
-                "usage": usage_dict(usage),
-            }
-        )
+    def _ended(self, rid: str, request: _Request) -> None:
+        """The request's task ended. Cancelled before a runner answered (even before the task
+        ran), the request still owes the client its `done`."""
+        if not request.completion.over:
+            out: list[bytes] = []
+            request.completion.cancel(out)
+            self.write(out, True)
+        self.session.ended(rid)
 
     # --- live pool view ---------------------------------------------------------------------
 
@@ -353,102 +259,23 @@ class ClientSocket:
             runners = []
             for conn in self.pool.runners.values():
                 info = runner_info(conn)
-                then, tokens = previous.get(conn.id, (now, conn.tokens_generated))
-                rate = (conn.tokens_generated - tokens) / (now - then) if now > then else 0.0
+                generated = conn.session.tokens_generated
+                then, tokens = previous.get(conn.id, (now, generated))
+                rate = (generated - tokens) / (now - then) if now > then else 0.0
                 info["tokens_per_second"] = round(rate, 1)
-                previous[conn.id] = (now, conn.tokens_generated)
+                previous[conn.id] = (now, generated)
                 runners.append(info)
-            self.send_obj(
-                {
-                    "type": "pool.state",
-                    "runners": runners,
-                    "requests_in_flight": sum(len(c.streams) for c in self.pool.runners.values()),
-                    "queue_depth": self.pool.queue_depth(),
-                    "models": sorted(self.pool.models()),
-                }
+            self.send(
+                encode(
+                    PoolState(
+                        runners=runners,
+                        requests_in_flight=self.pool.in_flight(),
+                        queue_depth=self.pool.queue_depth(),
+                        models=sorted(self.pool.models()),
+                    )
+                )
             )
             await asyncio.sleep(POOL_STATE_INTERVAL)
-
-
-class _Relay:
-    """Renders one request's chunks into its socket's outbox as they arrive.
-
-    It is the request's `RequestStream.sink`, called from the runner link's receive loop:
-    the socket's writer task is the only task a token wakes. One timer per request ends it
-    after `stream_timeout` without a frame.
-    """
-
-    __slots__ = (
-        "_heard",
-        "_loop",
-        "_started",
-        "_timer",
-        "client",
-        "ended",
-        "over",
-        "rid",
-        "timeout",
-        "writer",
-    )
-
-    def __init__(self, client: ClientSocket, rid: str, writer: ChunkWriter, timeout: float) -> None:
-        self.client = client
-        self.rid = rid
-        self.writer = writer
-        self.timeout = timeout
-        self.over = False
-        """The request's last message (`done` or `error`) has been queued."""
-        self._loop = asyncio.get_running_loop()
-        self.ended: asyncio.Future[None] = self._loop.create_future()
-        self._heard = self._loop.time()
-        self._timer: asyncio.TimerHandle | None = None
-        self._started = False
-
-    def on_item(self, item: StreamItem) -> bool:
-        self._heard = self._loop.time()
-        if self._render(item):
-            self.over = True
-            self.disarm()
-            if not self.ended.done():
-                self.ended.set_result(None)
-        return True  # the outbox takes everything (a socket that falls behind is closed)
-
-    def _render(self, item: StreamItem) -> bool:
-        """Queue the messages for one item; True when the request is over."""
-        client, writer = self.client, self.writer
-        if not isinstance(item, Chunk):
-            client.send_error(self.rid, openai_error_for(item))
-            return True
-        if not self._started:
-            self._started = True
-            u = item.usage
-            client.send(writer.role(Usage(u.prompt_tokens, 0, u.cached_tokens, 0)))
-        if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
-            client.send(writer.delta(item.text, item.reasoning, item.usage))
-        if item.finish_reason is None:
-            return False
-        if item.finish_reason != "cancelled":
-            client.send(writer.finish(item.finish_reason, item.usage))
-        if writer.include_usage:
-            client.send(writer.usage_chunk(item.usage))
-        client.send_done(self.rid, item.finish_reason, item.usage)
-        return True
-
-    def arm(self) -> None:
-        self._timer = self._loop.call_later(self.timeout, self._tick)
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _tick(self) -> None:
-        self._timer = None
-        silent = self._loop.time() - self._heard
-        if silent < self.timeout:
-            self._timer = self._loop.call_later(self.timeout - silent, self._tick)
-            return
-        self.on_item(Failed(StreamTimeout(self.timeout)))
 
 
 @websocket(CLIENT_WS_PATH)
@@ -470,6 +297,8 @@ async def client_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
         await ClientSocket(socket, pool).run()
     except Exception:  # a bug here must not take the server down; it must be seen
         log.exception("client socket failed")
+        with contextlib.suppress(Exception):
+            await socket.close(CloseCode.INTERNAL_ERROR, "internal error")
     finally:
         open_sockets.pop()
         if not open_sockets and not pool.in_flight():

@@ -141,13 +141,24 @@ async def test_cancel_mid_stream(ws: ClientConnection, gateway: Gateway) -> None
         assert msg["type"] == "chunk"
         seen += 1
     await send(ws, {"type": "cancel", "request_id": "long"})
+    chunks = []
     while (msg := await recv(ws))["type"] == "chunk":
+        chunks.append(msg["chunk"])
         seen += 1
     assert msg["type"] == "done"
     assert msg["finish_reason"] == "cancelled"
+    # A cancelled stream still ends like an OpenAI stream: a finish chunk ("stop": OpenAI
+    # has no "cancelled"), as over SSE; the done says what really happened.
+    assert chunks[-1]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
     generated = msg["usage"]["completion_tokens"]
     assert 4 <= generated < 1500
-    assert generated >= seen - 1  # every streamed token is counted (role chunk has none)
+    # Every streamed token is counted (the role and finish chunks carry none).
+    assert generated >= seen - 2
     await async_wait_until(lambda: _is(runner_active(gateway), 0), 2, "the slot to free")
 
 
