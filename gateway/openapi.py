@@ -11,9 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import attrs
 from litestar.openapi.spec import OpenAPIMediaType as MediaType
 from litestar.openapi.spec import OpenAPIResponse, Operation, RequestBody, Schema
 from litestar.openapi.spec.enums import OpenAPIType
+
+from gateway.config import GatewayConfig
+from protocol.openai.request import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_MESSAGES,
+    MAX_MODEL_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    ROLES,
+    SAMPLING_RANGES,
+    TOP_K_MIN,
+)
 
 _ERROR = Schema(
     type=OpenAPIType.OBJECT,
@@ -40,41 +55,50 @@ _MESSAGE = Schema(
     type=OpenAPIType.OBJECT,
     required=["role", "content"],
     properties={
-        "role": Schema(type=OpenAPIType.STRING, enum=["system", "developer", "user", "assistant"]),
-        "content": Schema(type=OpenAPIType.STRING, max_length=10_000),
-        "name": Schema(type=OpenAPIType.STRING, max_length=64),
+        "role": Schema(type=OpenAPIType.STRING, enum=list(ROLES)),
+        "content": Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS),
+        "name": Schema(type=OpenAPIType.STRING),
     },
 )
 
 
-def _number(minimum: float, maximum: float) -> Schema:
+def _number(name: str) -> Schema:
+    minimum, maximum = SAMPLING_RANGES[name]
     return Schema(type=OpenAPIType.NUMBER, minimum=minimum, maximum=maximum)
 
 
+def _max_tokens() -> Schema:
+    # The API takes any positive int64; the gateway's ceiling (default shown) is lower.
+    limit = attrs.fields(GatewayConfig).max_tokens_limit.default
+    return Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=limit)
+
+
+_STOP_STRING = Schema(type=OpenAPIType.STRING, min_length=1, max_length=MAX_STOP_CHARS)
+
+# Every limit here is the parser's own constant (protocol.openai.request), so the schema and
+# the validation cannot disagree.
 _REQUEST = Schema(
     type=OpenAPIType.OBJECT,
     required=["model", "messages"],
     properties={
-        "model": Schema(type=OpenAPIType.STRING, max_length=256),
-        "messages": Schema(type=OpenAPIType.ARRAY, items=_MESSAGE, min_items=1, max_items=16),
+        "model": Schema(type=OpenAPIType.STRING, max_length=MAX_MODEL_CHARS),
+        "messages": Schema(
+            type=OpenAPIType.ARRAY, items=_MESSAGE, min_items=1, max_items=MAX_MESSAGES
+        ),
         "stream": Schema(type=OpenAPIType.BOOLEAN),
-        "max_tokens": Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=32768),
-        "max_completion_tokens": Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=32768),
-        "temperature": _number(0, 2),
-        "top_p": _number(0, 1),
-        "top_k": Schema(type=OpenAPIType.INTEGER, minimum=-1),
-        "min_p": _number(0, 1),
-        "presence_penalty": _number(-2, 2),
-        "frequency_penalty": _number(-2, 2),
-        "seed": Schema(type=OpenAPIType.INTEGER),
+        "max_tokens": _max_tokens(),
+        "max_completion_tokens": _max_tokens(),
+        **{name: _number(name) for name in SAMPLING_RANGES},
+        "top_k": Schema(type=OpenAPIType.INTEGER, minimum=TOP_K_MIN, maximum=INT64_MAX),
+        "seed": Schema(type=OpenAPIType.INTEGER, minimum=INT64_MIN, maximum=INT64_MAX),
         "stop": Schema(
             one_of=[
-                Schema(type=OpenAPIType.STRING, min_length=1, max_length=256),
+                _STOP_STRING,
                 Schema(
                     type=OpenAPIType.ARRAY,
-                    items=Schema(type=OpenAPIType.STRING, min_length=1, max_length=256),
+                    items=_STOP_STRING,
                     min_items=1,
-                    max_items=4,
+                    max_items=MAX_STOP,
                 ),
             ]
         ),

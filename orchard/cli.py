@@ -10,15 +10,19 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import click
 
+from gateway.config import GatewayConfig
 from runner.client import GATHER_MIN_REQUESTS, GATHER_S
 
 DEMO_MODEL = "orchard-demo"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _setup_logging(level: str) -> None:
@@ -55,76 +59,39 @@ def main() -> None:
     """Orchard: the Macs on a LAN as one OpenAI-compatible LLM endpoint."""
 
 
+def _config_option(name: str, help: str) -> Callable[[F], F]:
+    """A `gateway` option whose default is GatewayConfig's, so each default is written once."""
+    field = attrs.fields_dict(GatewayConfig)[name]
+    flag = "--" + name.replace("_", "-")
+    return click.option(flag, default=field.default, show_default=True, help=help)
+
+
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
-@click.option("--queue-size", default=256, show_default=True, help="Waiting requests per model.")
-@click.option(
-    "--queue-timeout", default=30.0, show_default=True, help="Seconds a request may wait."
+@_config_option("host", "Address to listen on.")
+@_config_option("port", "Port to listen on.")
+@_config_option("queue_size", "Waiting requests per model.")
+@_config_option("queue_timeout", "Seconds a request may wait.")
+@_config_option("liveness_timeout", "Seconds of runner silence before it is dropped.")
+@_config_option(
+    "model_grace",
+    "Seconds after a model's last runner left during which it answers 503, not 404.",
 )
-@click.option(
-    "--liveness-timeout",
-    default=2.5,
-    show_default=True,
-    help="Seconds of runner silence before it is dropped.",
+@_config_option(
+    "stream_timeout", "Seconds without a runner frame before a request is ended with an error."
 )
-@click.option(
-    "--model-grace",
-    default=30.0,
-    show_default=True,
-    help="Seconds after a model's last runner left during which it answers 503, not 404.",
+@_config_option("drain_timeout", "On SIGTERM, seconds to let requests in flight finish.")
+@_config_option(
+    "first_token_wait",
+    "Seconds a stream waits for its first token before committing to HTTP 200.",
 )
-@click.option(
-    "--stream-timeout",
-    default=60.0,
-    show_default=True,
-    help="Seconds without a runner frame before a request is ended with an error.",
+@_config_option("keepalive_interval", "Seconds of SSE silence before a ': keep-alive' comment.")
+@_config_option(
+    "header_timeout", "Seconds a client has to send a request's headers (slowloris guard)."
 )
-@click.option(
-    "--drain-timeout",
-    default=30.0,
-    show_default=True,
-    help="On SIGTERM, seconds to let requests in flight finish.",
-)
-@click.option(
-    "--first-token-wait",
-    default=10.0,
-    show_default=True,
-    help="Seconds a stream waits for its first token before committing to HTTP 200.",
-)
-@click.option(
-    "--keepalive-interval",
-    default=10.0,
-    show_default=True,
-    help="Seconds of SSE silence before a ': keep-alive' comment.",
-)
-@click.option(
-    "--header-timeout",
-    default=10.0,
-    show_default=True,
-    help="Seconds a client has to send a request's headers (slowloris guard).",
-)
-@click.option(
-    "--handshake-timeout",
-    default=10.0,
-    show_default=True,
-    help="Seconds a runner has to say hello after connecting.",
-)
-@click.option(
-    "--max-body-bytes", default=4 * 1024 * 1024, show_default=True, help="Largest HTTP body."
-)
-@click.option(
-    "--max-tokens-limit",
-    default=32768,
-    show_default=True,
-    help="Largest max_tokens a request may ask for.",
-)
-@click.option(
-    "--max-client-sockets",
-    default=1024,
-    show_default=True,
-    help="Browser WebSocket connections open at once.",
-)
+@_config_option("handshake_timeout", "Seconds a runner has to say hello after connecting.")
+@_config_option("max_body_bytes", "Largest HTTP body.")
+@_config_option("max_tokens_limit", "Largest max_tokens a request may ask for.")
+@_config_option("max_client_sockets", "Browser WebSocket connections open at once.")
 @click.option(
     "--runner-token",
     envvar="ORCHARD_RUNNER_TOKEN",
@@ -170,8 +137,6 @@ def gateway(
     SIGTERM drains: new requests get 503, streams in flight finish (up to --drain-timeout),
     runners are sent away with 1001 so they reconnect to the next gateway.
     """
-    from gateway.config import GatewayConfig
-
     _setup_logging(log_level)
     keys = set(api_key)
     keys.update(k.strip() for k in os.environ.get("ORCHARD_API_KEYS", "").split(",") if k.strip())
@@ -188,7 +153,7 @@ def gateway(
     _run(_run_gateway(config, log_level))
 
 
-def _check_exposure(config: Any) -> None:
+def _check_exposure(config: GatewayConfig) -> None:
     """Refuse to expose the runner endpoint on the LAN without a token unless told to."""
     from gateway.auth import is_loopback
 
@@ -212,15 +177,13 @@ def _check_exposure(config: Any) -> None:
         log.info("client API keys required on /v1/* (%d configured)", len(config.api_keys))
 
 
-def _server(config: object, log_level: str) -> Any:
-    from gateway.config import GatewayConfig
+def _server(config: GatewayConfig, log_level: str) -> Any:
     from gateway.server import make_server
 
-    assert isinstance(config, GatewayConfig)
     return make_server(config, log_level)
 
 
-async def _run_gateway(config: object, log_level: str) -> None:
+async def _run_gateway(config: GatewayConfig, log_level: str) -> None:
     server = _server(config, log_level)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
@@ -417,8 +380,8 @@ async def _run_runner(
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@_config_option("host", "Address to listen on.")
+@_config_option("port", "Port to listen on.")
 @click.option("--model", default=DEMO_MODEL, show_default=True, help="Model for the local runner.")
 @click.option("--max-concurrent", default=8, show_default=True, help="Local runner's slots.")
 @click.option(
@@ -436,8 +399,6 @@ def serve(
     log_level: str,
 ) -> None:
     """Run the gateway plus one local runner (a separate process, same WebSocket path)."""
-    from gateway.config import GatewayConfig
-
     _setup_logging(log_level)
     # Always a token: the local runner gets it through its environment, never argv.
     token = runner_token or secrets.token_urlsafe(24)
@@ -446,10 +407,7 @@ def serve(
     _run(_serve(config, model, max_concurrent, log_level))
 
 
-async def _serve(config: object, model: str, max_concurrent: int, log_level: str) -> None:
-    from gateway.config import GatewayConfig
-
-    assert isinstance(config, GatewayConfig)
+async def _serve(config: GatewayConfig, model: str, max_concurrent: int, log_level: str) -> None:
     server = _server(config, log_level)
     # Signals stop the runner first, then the server.
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host

@@ -170,6 +170,8 @@ def _show(value: Any) -> str:
     """A value for an error message, clipped so a huge input is not echoed back whole."""
     if type(value) is str:
         return f"'{_clip(value)}'"
+    if type(value) is int:
+        return _clip(str(value))  # orjson writes no integer past 64 bits
     return _clip(orjson.dumps(value).decode())
 
 

@@ -57,9 +57,19 @@ MAX_LOGIT_BIAS = 1024
 MAX_TOKEN_ID = 2**31 - 1
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0, 2),
+    "top_p": (0, 1),
+    "min_p": (0, 1),
+    "presence_penalty": (-2, 2),
+    "frequency_penalty": (-2, 2),
+}
+"""The accepted range of each number parameter (OpenAI's; min_p is vLLM's)."""
+TOP_K_MIN = -1
+"""top_k of -1 or 0 means no top-k filter."""
 
 Role = Literal["system", "developer", "user", "assistant"]
-_ROLES: dict[str, Role] = {
+ROLES: dict[str, Role] = {
     "system": "system",
     "developer": "developer",
     "user": "user",
@@ -256,7 +266,7 @@ def _message(value: Any, path: str) -> Message:
             f"{path}.role",
             "unsupported_value",
         )
-    role = _ROLES.get(role_name)
+    role = ROLES.get(role_name)
     if role is None:
         _fail_value(f"{path}.role", role_name, _ALL_ROLES)
     allowed = _MESSAGE_KEYS[role]
@@ -374,12 +384,12 @@ _DEFAULTS = SamplingParams()
 
 def _sampling(data: dict[str, Any]) -> SamplingParams:
     defaults = _DEFAULTS
-    temperature = _number(data, "temperature", 0, 2)
-    top_p = _number(data, "top_p", 0, 1)
-    top_k = _int(data, "top_k", -1, INT64_MAX)
-    min_p = _number(data, "min_p", 0, 1)
-    presence = _number(data, "presence_penalty", -2, 2)
-    frequency = _number(data, "frequency_penalty", -2, 2)
+    temperature = _number(data, "temperature", *SAMPLING_RANGES["temperature"])
+    top_p = _number(data, "top_p", *SAMPLING_RANGES["top_p"])
+    top_k = _int(data, "top_k", TOP_K_MIN, INT64_MAX)
+    min_p = _number(data, "min_p", *SAMPLING_RANGES["min_p"])
+    presence = _number(data, "presence_penalty", *SAMPLING_RANGES["presence_penalty"])
+    frequency = _number(data, "frequency_penalty", *SAMPLING_RANGES["frequency_penalty"])
     seed = _int(data, "seed", INT64_MIN, INT64_MAX)
     return SamplingParams(
         temperature=defaults.temperature if temperature is None else temperature,

@@ -1,0 +1,76 @@
+"""The `orchard` command: its gateway options take their defaults from GatewayConfig, so a
+gateway started with no flags runs exactly the documented defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from gateway.config import GatewayConfig
+from orchard import cli
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[GatewayConfig]:
+    """The configs `orchard gateway` / `orchard serve` would start, instead of starting."""
+    configs: list[GatewayConfig] = []
+
+    async def run_gateway(config: GatewayConfig, *_: Any) -> None:
+        configs.append(config)
+
+    monkeypatch.setattr(cli, "_run_gateway", run_gateway)
+    monkeypatch.setattr(cli, "_serve", run_gateway)
+    monkeypatch.delenv("ORCHARD_RUNNER_TOKEN", raising=False)
+    monkeypatch.delenv("ORCHARD_API_KEYS", raising=False)
+    return configs
+
+
+def test_gateway_without_flags_runs_the_config_defaults(started: list[GatewayConfig]) -> None:
+    result = CliRunner().invoke(cli.main, ["gateway"])
+    assert result.exit_code == 0, result.output
+    assert started == [GatewayConfig()]
+
+
+def test_every_gateway_flag_sets_its_config_field(started: list[GatewayConfig]) -> None:
+    flags = {
+        "--queue-size": ("queue_size", 3),
+        "--queue-timeout": ("queue_timeout", 1.5),
+        "--liveness-timeout": ("liveness_timeout", 4.0),
+        "--model-grace": ("model_grace", 2.0),
+        "--stream-timeout": ("stream_timeout", 9.0),
+        "--drain-timeout": ("drain_timeout", 8.0),
+        "--first-token-wait": ("first_token_wait", 0.5),
+        "--keepalive-interval": ("keepalive_interval", 7.0),
+        "--header-timeout": ("header_timeout", 6.0),
+        "--handshake-timeout": ("handshake_timeout", 5.0),
+        "--max-body-bytes": ("max_body_bytes", 1000),
+        "--max-tokens-limit": ("max_tokens_limit", 99),
+        "--max-client-sockets": ("max_client_sockets", 12),
+        "--port": ("port", 9123),
+    }
+    args = [part for flag, (_, value) in flags.items() for part in (flag, str(value))]
+    result = CliRunner().invoke(cli.main, ["gateway", *args])
+    assert result.exit_code == 0, result.output
+    [config] = started
+    fields: dict[str, Any] = dict(flags.values())
+    expected = attrs.evolve(GatewayConfig(), **fields)
+    assert config == expected
+
+
+def test_help_shows_the_config_defaults() -> None:
+    result = CliRunner().invoke(cli.main, ["gateway", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    defaults = GatewayConfig()
+    assert f"[default: {defaults.stream_timeout}]" in result.output
+    assert f"[default: {defaults.max_tokens_limit}]" in result.output
+
+
+def test_serve_listens_where_the_config_says(started: list[GatewayConfig]) -> None:
+    result = CliRunner().invoke(cli.main, ["serve"])
+    assert result.exit_code == 0, result.output
+    [config] = started
+    assert (config.host, config.port) == (GatewayConfig().host, GatewayConfig().port)
+    assert config.runner_token  # serve always makes one for its local runner
