@@ -8,11 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import pytest
-
 from protocol.frames import Generate
-from runner.accounting import Piece, RequestAccounting
-from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, EngineEvent, Failure, Output
 from tests.support import UNIT
 
@@ -76,12 +72,13 @@ def run(engine: Engine, collector: Collector, request: Generate) -> list[EngineE
 
 @contextlib.contextmanager
 def engine_starter(make: Callable[..., E]) -> Iterator[Callable[..., tuple[E, Collector]]]:
-    """A `start(**options)` that builds and starts engines; all are closed on exit."""
+    """A `start(**options)` that builds engines with `make(**options)` and starts them; all
+    are closed on exit."""
     engines: list[E] = []
 
     def start(**options: Any) -> tuple[E, Collector]:
         collector = Collector()
-        engine = make(DEMO_MODEL_ID, **options)
+        engine = make(**options)
         engine.start(collector)
         engines.append(engine)
         return engine, collector
@@ -93,41 +90,23 @@ def engine_starter(make: Callable[..., E]) -> Iterator[Callable[..., tuple[E, Co
             engine.close()
 
 
-def check_failure_stays_alone(
+def hold(
     engine: Engine,
     collector: Collector,
-    boom: Generate,
-    others: list[Generate],
-    *,
-    message: str,
-    expected_texts: Callable[[Generate], list[str]],
-) -> None:
-    """Submit `boom` (made to fail at its third token) beside `others`: it ends with one
-    internal_error Failure after two outputs, and the others lose nothing."""
-    engine.submit(boom)
-    for request in others:
-        engine.submit(request)
-    events = collector.wait(boom.request_id)
-    assert [type(e) for e in events] == [Output, Output, Failure]
-    failure = events[-1]
-    assert isinstance(failure, Failure)
-    assert failure.code == "internal_error"
-    assert message in failure.message
-    for request in others:
-        assert [o.text for o in outputs(collector.wait(request.request_id))] == (
-            expected_texts(request)
-        )
+    gate: Generate,
+    then: Callable[[EngineEvent], None] | None = None,
+) -> threading.Event:
+    """Block the engine thread inside the sink, on the first event of the one-token `gate`
+    request, until the returned event is set: what is submitted meanwhile reaches the engine
+    in one step. Later events go to `then`."""
+    release = threading.Event()
 
+    def on_event(event: EngineEvent) -> None:
+        if event.request_id == gate.request_id:
+            release.wait(5 * UNIT)
+        elif then is not None:
+            then(event)
 
-def fail_third_token(monkeypatch: pytest.MonkeyPatch, prompt_tokens: int, message: str) -> None:
-    """Make the mlx engines fail while handling the third generated token of the request whose
-    prompt is `prompt_tokens` long (through `RequestAccounting`, which both decoders feed)."""
-    real = RequestAccounting.feed
-
-    def feed(self: RequestAccounting, token_id: int, text: str) -> Piece:
-        piece = real(self, token_id, text)
-        if self.prompt_tokens == prompt_tokens and self.completion_tokens == 3:
-            raise RuntimeError(message)
-        return piece
-
-    monkeypatch.setattr(RequestAccounting, "feed", feed)
+    collector.on_event = on_event
+    run(engine, collector, gate)
+    return release

@@ -1,10 +1,11 @@
-"""ScriptedEngine: the documented output, usage and event contract, without a model."""
+"""What only ScriptedEngine does: its documented output and usage, pacing and rounds, and its
+scripted faults (the Engine contract itself is in test_engine_contract)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,8 +13,8 @@ import pytest
 from protocol.frames import Generate, Message, ModelInfo, Usage
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.scripted import ScriptedEngine, scripted_prompt_tokens
-from tests.runner.collect import Collector, final, is_terminal, outputs, text_of
-from tests.support import UNIT, wait_until
+from tests.runner.collect import Collector, final, hold, is_terminal, outputs, run, text_of
+from tests.support import UNIT
 
 MESSAGES = (Message("system", "Be brief."), Message("user", "Hello there, engine"))
 
@@ -40,30 +41,6 @@ def start(engines: list[ScriptedEngine], collector: Collector, **options: Any) -
     engine.start(collector)
     engines.append(engine)
     return engine
-
-
-def run(engine: ScriptedEngine, collector: Collector, request: Generate) -> list[EngineEvent]:
-    engine.submit(request)
-    return collector.wait(request.request_id)
-
-
-def hold_scheduler(
-    engine: ScriptedEngine, collector: Collector, then: Callable[[EngineEvent], None]
-) -> threading.Event:
-    """Block the scheduler thread inside the sink on a one-token "gate" request until the
-    returned event is set, so that requests submitted meanwhile all join in the same round.
-    Later events go to `then`."""
-    gate = threading.Event()
-
-    def on_event(event: EngineEvent) -> None:
-        if event.request_id == "gate":
-            gate.wait(5 * UNIT)
-        else:
-            then(event)
-
-    collector.on_event = on_event
-    run(engine, collector, ask("gate", max_tokens=1))
-    return gate
 
 
 def test_prompt_tokens_are_documented() -> None:
@@ -116,24 +93,6 @@ def test_stop_strings(engines: list[ScriptedEngine], collector: Collector) -> No
     assert final(events).usage.completion_tokens == 4
 
 
-def test_cancel_mid_generation(engines: list[ScriptedEngine], collector: Collector) -> None:
-    # As fast as possible: each round is one token, so a cancel from the sink after the third
-    # token lands before the fourth.
-    engine = start(engines, collector)
-
-    def cancel_after_three(event: EngineEvent) -> None:
-        if isinstance(event, Output) and event.usage.completion_tokens == 3:
-            engine.cancel("r1")
-
-    collector.on_event = cancel_after_three
-    events = run(engine, collector, ask("r1", max_tokens=1000))
-    last = final(events)
-    assert last.finish_reason == "cancelled"
-    assert last.usage.completion_tokens == sum(o.tokens for o in outputs(events)) == 3
-    assert engine.tokens_generated == 3
-    assert engine.active_requests == 0
-
-
 def test_cancel_takes_effect_before_the_next_paced_token(
     engines: list[ScriptedEngine], collector: Collector
 ) -> None:
@@ -152,19 +111,6 @@ def test_cancel_takes_effect_before_the_next_paced_token(
     last = final(events)
     assert (last.finish_reason, last.usage.completion_tokens) == ("cancelled", 1)
     assert ended_at - cancelled_at[0] < 0.1 * UNIT
-
-
-def test_cancel_of_unknown_or_finished_requests_is_ignored(
-    engines: list[ScriptedEngine], collector: Collector
-) -> None:
-    engine = start(engines, collector)
-    engine.cancel("nobody")
-    events = run(engine, collector, ask("r1", max_tokens=3))
-    engine.cancel("r1")
-    assert final(run(engine, collector, ask("r2", max_tokens=3))).finish_reason == "length"
-    assert collector.events["r1"] == events
-    assert "nobody" not in collector.events
-    assert engine.requests_finished == 2
 
 
 def test_queue_and_cancel_while_queued(engines: list[ScriptedEngine], collector: Collector) -> None:
@@ -191,7 +137,7 @@ def test_slots_are_first_come_first_served_and_rounds_step_every_request(
 ) -> None:
     engine = start(engines, collector, max_concurrent=2)
     order: list[str] = []
-    gate = hold_scheduler(engine, collector, lambda event: order.append(event.request_id))
+    gate = hold(engine, collector, ask("gate", max_tokens=1), lambda e: order.append(e.request_id))
     lengths = {"a": 1, "b": 3, "c": 2, "d": 2, "e": 1}
     for request_id, tokens in lengths.items():
         engine.submit(ask(request_id, max_tokens=tokens))
@@ -224,7 +170,9 @@ def test_paced_requests_share_rounds(engines: list[ScriptedEngine], collector: C
     rate, tokens, count = 100, 20, 50
     engine = start(engines, collector, tokens_per_second=rate)
     seen: list[int] = []  # tokens_generated as each token is delivered: one value per round
-    gate = hold_scheduler(engine, collector, lambda event: seen.append(engine.tokens_generated))
+    gate = hold(
+        engine, collector, ask("gate", max_tokens=1), lambda _: seen.append(engine.tokens_generated)
+    )
     started = time.monotonic()
     for i in range(count):
         engine.submit(ask(f"r{i}", max_tokens=tokens))
@@ -304,7 +252,9 @@ def test_eos_at_once(engines: list[ScriptedEngine], collector: Collector) -> Non
     assert (event.text, event.finish_reason, event.usage.completion_tokens) == ("", "stop", 0)
 
 
-def test_close_drops_running_requests(engines: list[ScriptedEngine], collector: Collector) -> None:
+def test_close_while_paced_drops_running_requests(
+    engines: list[ScriptedEngine], collector: Collector
+) -> None:
     engine = start(engines, collector, tokens_per_second=100)
     engine.submit(ask("r1", max_tokens=1000))
     time.sleep(0.05)
@@ -332,58 +282,3 @@ def test_close_under_unpaced_load(engines: list[ScriptedEngine], collector: Coll
     assert count > 0
     time.sleep(0.05)
     assert sum(len(events) for events in collector.events.values()) == count
-
-
-def test_close_from_inside_the_sink(engines: list[ScriptedEngine], collector: Collector) -> None:
-    before = threading.active_count()
-    engine = start(engines, collector)
-    returned: list[float] = []
-
-    def close_after_two(event: EngineEvent) -> None:
-        if isinstance(event, Output) and event.usage.completion_tokens == 2:
-            closing = time.monotonic()
-            engine.close()
-            returned.append(time.monotonic() - closing)
-
-    collector.on_event = close_after_two
-    engine.submit(ask("r1", max_tokens=1000))
-    wait_until(lambda: bool(returned), 2, "close() to return inside the sink")
-    assert returned[0] < 0.5 * UNIT
-    wait_until(lambda: threading.active_count() == before, 2, "the scheduler thread to end")
-    assert [e.usage.completion_tokens for e in outputs_so_far(collector, "r1")] == [1, 2]
-    engine.close()
-
-
-def test_submit_after_close(engines: list[ScriptedEngine], collector: Collector) -> None:
-    engine = start(engines, collector)
-    engine.close()
-    engine.submit(ask("r1"))
-    # At once, from the submitting thread: no scheduler is left to answer.
-    assert collector.events["r1"] == [Failure("r1", "internal_error", "the engine is closed")]
-
-
-def test_submit_before_start() -> None:
-    with pytest.raises(RuntimeError):
-        ScriptedEngine().submit(ask("r1"))
-
-
-def outputs_so_far(collector: Collector, request_id: str) -> list[Output]:
-    events = collector.events[request_id]
-    assert all(isinstance(e, Output) and e.finish_reason is None for e in events), events
-    return [e for e in events if isinstance(e, Output)]
-
-
-def test_a_raising_sink_does_not_stop_the_engine(engines: list[ScriptedEngine]) -> None:
-    collector = Collector()
-
-    def sink(event: EngineEvent) -> None:
-        if event.request_id == "bad":
-            raise RuntimeError("the transport broke")
-        collector(event)
-
-    engine = ScriptedEngine(default_max_tokens=3)
-    engines.append(engine)
-    engine.start(sink)
-    engine.submit(ask("bad"))
-    engine.submit(ask("good"))
-    assert text_of(collector.wait("good")) == "tok0 tok1 tok2 "
