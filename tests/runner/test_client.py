@@ -20,7 +20,7 @@ from protocol.frames import (
     Message,
     Welcome,
 )
-from protocol.session import GatewaySession
+from protocol.session import Delivered, GatewaySession
 from runner.client import GATHER_MIN_REQUESTS, GATHER_S, Runner
 from runner.engine.scripted import ScriptedEngine
 from runner.hardware import detect
@@ -124,23 +124,22 @@ async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
     async def gateway(ws: ServerConnection) -> None:
         hello = decode_runner_frame(await ws.recv())
         assert isinstance(hello, Hello)
-        session = GatewaySession()
+        session: GatewaySession[str] = GatewaySession()
         session.receive(hello)
         await ws.send(encode(Welcome("runner-1", PROTOCOL_VERSION, 30.0)).decode())
         for i in range(requests):
             generate = Generate(f"r{i}", "scripted", (Message("user", "hi"),), tokens)
-            session.send_generate(generate)
+            session.assign(generate, generate.request_id)
             await ws.send(encode(generate).decode())
         await asyncio.sleep(0.2)  # read nothing: the runner's sends back up
         ended = 0
         with contextlib.suppress(websockets.ConnectionClosed):
             async for data in ws:
                 await asyncio.sleep(0.002)  # then read slowly, while the runner produces
-                frame = session.receive(decode_runner_frame(data))
-                for chunk in frame.frames if isinstance(frame, Batch) else (frame,):
-                    if isinstance(chunk, Chunk):
-                        session_frames.append(chunk)
-                        ended += chunk.finish_reason is not None
+                for event in session.receive(decode_runner_frame(data)):
+                    if isinstance(event, Delivered):
+                        session_frames.append(event.chunk)
+                        ended += event.chunk.finish_reason is not None
                 if ended == requests:
                     all_in.set()
 
