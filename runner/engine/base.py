@@ -5,6 +5,9 @@ from the event loop; the engine reports progress by calling the sink from its ow
 (the transport hops back to the loop). Per request, the engine emits zero or more `Output`s
 without a finish_reason, then exactly one terminal event: an `Output` with a finish_reason
 ("stop", "length" or "cancelled") or a `Failure`.
+
+The engines here (mlx_engine, batched, scripted) share one thread model, `threaded.ThreadedEngine`,
+which states the rules around these calls (before start, after close, load errors).
 """
 
 from __future__ import annotations

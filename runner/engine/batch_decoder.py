@@ -60,7 +60,7 @@ class BatchDecoder:
         self._samplers: dict[tuple[float, float, float, int], Sampler] = {}
         self._rows: dict[str, _Row] = {}
         self._by_uid: dict[int, _Row] = {}
-        # mlx-lm's BatchGenerator is untyped.
+        # Any: several of BatchGenerator's methods are unannotated.
         self._batch: Any = self._new_batch()
 
     def _new_batch(self) -> BatchGenerator:

@@ -166,7 +166,7 @@ class BatchedStepping:
         if len(self._own_streams):
             self._own_streams.step()
         counters.kv_bytes = (
-            batch.nbytes + self._generation.prefix_cache.nbytes + self._own_streams.nbytes()
+            batch.nbytes + self._generation.prefix_cache.nbytes + self._own_streams.nbytes
         )
 
     def drop_all(self) -> None:

@@ -40,6 +40,7 @@ class InterleavedDecoder:
         """The requests running here, in the order they started."""
         return [request for request, _ in self._streams.values()]
 
+    @property
     def nbytes(self) -> int:
         """Bytes held by the running requests' KV caches."""
         return sum(

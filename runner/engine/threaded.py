@@ -6,13 +6,16 @@ Everything else (the models, the requests, MLX state) belongs to the engine thre
 it needs no lock. Rules shared by every engine:
 
 - `start` starts the thread and blocks until the subclass's `_load` has run there; an error
-  in `_load` is raised from `start` as a `ModelLoadError` (its cause the original error).
+  in `_load` is raised from `start` as a `ModelLoadError`, its cause the original error (a
+  BaseException that is no Exception, such as KeyboardInterrupt, unchanged).
 - `submit` before `start` (or `start` twice) raises `EngineStateError`.
 - `submit` after `close` answers at once, from the caller's thread, with a Failure
   "internal_error" "the engine is closed": no engine thread is left to answer.
-- `close` stops the thread between two steps; requests still running are dropped without
-  events. It may be called from inside the sink (on the engine thread): the thread then ends
-  when the sink returns and the step finishes.
+- `close` stops the thread at the end of the current step (an engine may stop emitting
+  within it); requests still running are dropped without events. It may be called from
+  inside the sink, on the engine thread: the thread then ends once the step is over.
+- A step that raises is a bug: it is logged and the thread goes on (stopping would hang every
+  request in flight). Per-request errors are each engine's to turn into a Failure.
 
 A subclass implements the engine thread's side:
 
