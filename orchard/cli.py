@@ -18,9 +18,14 @@ import attrs
 import click
 
 from gateway.config import GatewayConfig
-from runner.client import GATHER_MIN_REQUESTS, GATHER_S
-
-DEMO_MODEL = "orchard-demo"
+from runner.client import (
+    DRAIN_TIMEOUT,
+    GATHER_MIN_REQUESTS,
+    GATHER_S,
+    LIVENESS_TIMEOUT,
+    MAX_CONCURRENT,
+)
+from runner.demo_model import DEMO_MODEL_ID
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -216,12 +221,14 @@ async def _drain_and_exit(server: Any) -> None:
 )
 @click.option(
     "--model",
-    default=DEMO_MODEL,
+    default=DEMO_MODEL_ID,
     show_default=True,
     help="Model to serve: orchard-demo, a Hugging Face id (mlx-community/...) or a local MLX dir.",
 )
 @click.option("--name", default=socket.gethostname(), show_default=True, help="Runner name.")
-@click.option("--max-concurrent", default=8, show_default=True, help="Requests run at once.")
+@click.option(
+    "--max-concurrent", default=MAX_CONCURRENT, show_default=True, help="Requests run at once."
+)
 @click.option(
     "--engine",
     type=click.Choice(["mlx-batched", "mlx", "scripted"]),
@@ -259,13 +266,13 @@ async def _drain_and_exit(server: Any) -> None:
 )
 @click.option(
     "--drain-timeout",
-    default=30.0,
+    default=DRAIN_TIMEOUT,
     show_default=True,
     help="On SIGTERM, seconds to let requests in flight finish before cutting them short.",
 )
 @click.option(
     "--liveness-timeout",
-    default=3.0,
+    default=LIVENESS_TIMEOUT,
     show_default=True,
     help="Seconds of gateway silence before reconnecting.",
 )
@@ -330,8 +337,8 @@ async def _run_runner(
 ) -> None:
     from runner.client import Runner
     from runner.engine.base import Engine
-    from runner.errors import Unauthorized
-    from runner.hardware import detect
+    from runner.errors import ModelLoadError, Unauthorized
+    from runner.hardware import detect, mlx_backend
 
     eng: Engine
     if engine_kind == "scripted":
@@ -345,9 +352,7 @@ async def _run_runner(
         )
         backend = "none"
     else:
-        import mlx.core as mx
-
-        backend = "gpu" if mx.default_device() == mx.gpu else "cpu"
+        backend = mlx_backend()
         if engine_kind == "mlx-batched":
             from runner.engine.batched import BatchedMlxEngine
 
@@ -377,13 +382,20 @@ async def _run_runner(
             "the gateway refused this runner: %s. Check --token / ORCHARD_RUNNER_TOKEN.", exc
         )
         sys.exit(2)
+    except ModelLoadError as exc:
+        logging.getLogger("runner").error("could not load %s: %s", model, exc)
+        sys.exit(2)
 
 
 @main.command()
 @_config_option("host", "Address to listen on.")
 @_config_option("port", "Port to listen on.")
-@click.option("--model", default=DEMO_MODEL, show_default=True, help="Model for the local runner.")
-@click.option("--max-concurrent", default=8, show_default=True, help="Local runner's slots.")
+@click.option(
+    "--model", default=DEMO_MODEL_ID, show_default=True, help="Model for the local runner."
+)
+@click.option(
+    "--max-concurrent", default=MAX_CONCURRENT, show_default=True, help="Local runner's slots."
+)
 @click.option(
     "--runner-token",
     envvar="ORCHARD_RUNNER_TOKEN",
@@ -484,7 +496,7 @@ def demo_model(directory: Path) -> None:
     from runner.demo_model import build_demo_model
 
     build_demo_model(directory)
-    click.echo(f"wrote {DEMO_MODEL} to {directory}")
+    click.echo(f"wrote {DEMO_MODEL_ID} to {directory}")
     click.echo(f"try: mlx_lm.generate --model {directory} --prompt hello")
 
 

@@ -64,6 +64,12 @@ GATHER_S = 0.002
 """Default `gather`: how long chunks are gathered into one frame when many requests run."""
 GATHER_MIN_REQUESTS = 16
 """Requests in flight from which chunks are gathered (below it, each burst goes out at once)."""
+MAX_CONCURRENT = 8
+"""Requests a runner started by the `orchard` command runs at once, unless told otherwise."""
+DRAIN_TIMEOUT = 30.0
+"""Seconds a stopping runner lets its requests finish before cutting them short."""
+LIVENESS_TIMEOUT = 3.0
+"""Seconds of silence from the gateway after which the runner reconnects."""
 
 
 # websockets logs handshake headers at DEBUG, the Authorization header included: never
@@ -90,8 +96,8 @@ class Runner:
         name: str,
         max_concurrent: int,
         hardware: Hardware,
-        drain_timeout: float = 30.0,
-        liveness_timeout: float = 3.0,
+        drain_timeout: float = DRAIN_TIMEOUT,
+        liveness_timeout: float = LIVENESS_TIMEOUT,
         token: str | None = None,
         gather: float = GATHER_S,
     ) -> None:

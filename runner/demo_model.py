@@ -25,12 +25,13 @@ import shutil
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlx.core as mx
-from mlx.utils import tree_flatten
-from mlx_lm.models import llama
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+# mlx, mlx-lm and tokenizers are imported where the model is built: the name and the cache
+# path are needed by the `orchard` command, which must start fast.
 
 DEMO_MODEL_ID = "orchard-demo"
 DEMO_MODEL_VERSION = "v1"
@@ -182,6 +183,8 @@ def build_demo_model(path: Path) -> None:
 
 def _build_tokenizer(path: Path) -> Tokenizer:
     """Train the BPE and write tokenizer.json and tokenizer_config.json."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -233,6 +236,10 @@ def _silent_token_ids(tokenizer: Tokenizer) -> list[int]:
 
 
 def _build_weights(path: Path, config: dict[str, Any], silent_ids: list[int]) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
     args = llama.ModelArgs.from_dict(config)  # type: ignore[no-untyped-call]  # unannotated
     # Module init draws from MLX's generator, which is per thread: this reseeds the caller's.
     mx.random.seed(0)

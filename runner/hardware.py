@@ -35,6 +35,13 @@ def chip_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def mlx_backend() -> str:
+    """The device MLX computes on here: "gpu" (Metal, CUDA) or "cpu"."""
+    import mlx.core as mx  # here, not at the top: the scripted engine runs without MLX
+
+    return "gpu" if mx.default_device() == mx.gpu else "cpu"
+
+
 def detect(backend: str) -> Hardware:
     return Hardware(
         chip=chip_name(),

@@ -3,6 +3,9 @@ gateway started with no flags runs exactly the documented defaults."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -11,6 +14,7 @@ from click.testing import CliRunner
 
 from gateway.config import GatewayConfig
 from orchard import cli
+from tests.support import UNIT
 
 
 @pytest.fixture
@@ -74,3 +78,21 @@ def test_serve_listens_where_the_config_says(started: list[GatewayConfig]) -> No
     [config] = started
     assert (config.host, config.port) == (GatewayConfig().host, GatewayConfig().port)
     assert config.runner_token  # serve always makes one for its local runner
+
+
+def test_a_model_that_does_not_load_is_one_clear_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "orchard", "runner", "--gateway", "http://127.0.0.1:9"),
+            *("--model", str(missing), "--log-level", "warning"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120 * UNIT,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert f"runner: could not load {missing}: " in line
+    assert "Traceback" not in proc.stderr
