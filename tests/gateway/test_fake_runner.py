@@ -14,7 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from protocol.closecodes import CloseCode
-from protocol.frames import Cancel, Chunk, Error, Generate, Usage
+from protocol.frames import Cancel, Chunk, Drain, Error, Generate, Usage
 from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, sse_events
 
 
@@ -471,3 +471,64 @@ async def test_timeout_before_the_first_token_is_504_and_cancels() -> None:
             await fake.close()
     finally:
         gw.stop()
+
+
+async def test_an_error_without_request_id_closes_that_runner_and_its_requests_move_or_fail(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """The runner gives up its connection: closed with 4012; a request with no token yet moves
+    to another runner, a started one fails with runner_lost."""
+    quitter = await FakeRunner.connect(gateway, models=("giving-up",), name="quitter")
+    req = {**body(stream=True), "model": "giving-up"}
+    started = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+    gen1 = await quitter.next_request()
+    assert isinstance(gen1, Generate)
+    await quitter.send(FakeRunner.chunk(gen1.request_id, 0, "half"))
+    unstarted = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+    gen2 = await quitter.next_request()
+    assert isinstance(gen2, Generate)
+    backup = await FakeRunner.connect(gateway, models=("giving-up",), name="backup")
+    await quitter.send(Error(None, "internal_error", "the engine is gone"))
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(recv_until_closed(quitter.ws), 5 * UNIT)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+        CloseCode.RUNNER_ERROR,
+        "runner reported an error",
+    )
+    moved = await backup.next_request()
+    assert isinstance(moved, Generate)
+    assert moved.request_id == gen2.request_id
+    await backup.send(FakeRunner.chunk(moved.request_id, 0, "moved", done=True))
+    events = sse_events((await unstarted).content)
+    assert events[1]["choices"][0]["delta"] == {"content": "moved"}
+    events = sse_events((await started).content)
+    assert events[1]["choices"][0]["delta"] == {"content": "half"}
+    assert events[-2]["error"]["code"] == "runner_lost"
+    await backup.close()
+
+
+async def test_a_generate_refused_by_a_draining_runner_moves(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    first = await FakeRunner.connect(gateway, models=("draining",), name="first")
+    req = {**body(stream=True), "model": "draining"}
+    pending = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+    gen = await first.next_request()
+    assert isinstance(gen, Generate)
+    second = await FakeRunner.connect(gateway, models=("draining",), name="second")
+    await first.send(Drain())
+    # The Generate crossed the Drain on the wire: the runner refuses it.
+    await first.send(Error(gen.request_id, "over_capacity", "runner is draining"))
+    moved = await second.next_request()
+    assert isinstance(moved, Generate)
+    assert moved.request_id == gen.request_id
+    await second.send(FakeRunner.chunk(moved.request_id, 0, "elsewhere", done=True))
+    resp = await pending
+    assert resp.status_code == 200
+    assert sse_events(resp.content)[1]["choices"][0]["delta"] == {"content": "elsewhere"}
+    runners = {r["name"]: r for r in gateway.runners()}
+    assert runners["first"]["draining"] is True
+    assert runners["first"]["active"] == 0
+    await first.close()
+    await second.close()
