@@ -135,8 +135,7 @@ class Relay:
             if commit and type(first) is not Chunk:
                 self.completion.start(out)  # a first chunk starts it, with its usage
             finished = first is not None and self._render(first, out)
-            while not finished and (item := self.stream.get_nowait()) is not None:
-                finished = self._render(item, out)
+            finished = finished or self._render_queued(out)
             if not finished:
                 self.stream.sink = self._on_item
                 keepalive = self.config.keepalive_interval
@@ -165,6 +164,19 @@ class Relay:
             return self.completion.feed(item, out)
         return self.completion.feed(as_item(item), out)
 
+    def _render_queued(self, out: list[bytes]) -> bool:
+        """The messages for what waits in the stream (merged past its bound); True when the
+        request is over."""
+        finished = False
+        while not finished and (item := self.stream.get_nowait()) is not None:
+            finished = self._render(item, out)
+        return finished
+
+    def _send(self, out: list[bytes], finished: bool) -> None:
+        if finished:
+            self._detach()
+        self._write(out, finished)
+
     def _on_item(self, item: StreamItem) -> bool:
         """`RequestStream.sink`: write the item now; False (queue it) while a write waits."""
         if self._busy:
@@ -172,10 +184,7 @@ class Relay:
         self._heard = self._loop.time()
         try:
             out: list[bytes] = []
-            finished = self._render(item, out)
-            if finished:
-                self._detach()
-            self._write(out, finished)
+            self._send(out, self._render(item, out))
         except Exception as exc:
             self._fault(exc)
         return True
@@ -215,12 +224,7 @@ class Relay:
             return
         try:
             out: list[bytes] = []
-            finished = False
-            while not finished and (item := self.stream.get_nowait()) is not None:
-                finished = self._render(item, out)
-            if finished:
-                self._detach()
-            self._write(out, finished)
+            self._send(out, self._render_queued(out))
         except Exception as exc:
             self._fault(exc)
 
