@@ -212,9 +212,15 @@ class FakeRunner:
         return cls(ws, welcome)
 
     async def next_request(self) -> Generate | Cancel:
-        """The next Generate or Cancel; the gateway's heartbeats are answered meanwhile."""
+        """The next Generate or Cancel; the gateway's heartbeats are answered meanwhile.
+
+        TimeoutError after 10 s of nothing. (`asyncio.timeout`, not `wait_for`: on Python 3.11
+        `wait_for` swallows a cancellation that lands as a frame arrives, and a caller looping
+        on this would then never end.)"""
         while True:
-            frame = decode_gateway_frame(await asyncio.wait_for(self.ws.recv(), 10 * UNIT))
+            async with asyncio.timeout(10 * UNIT):
+                data = await self.ws.recv()
+            frame = decode_gateway_frame(data)
             if isinstance(frame, Generate | Cancel):
                 return frame
             if isinstance(frame, Heartbeat):
