@@ -24,7 +24,7 @@ whole message strictly, for clients and tests.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import attrs
 import cattrs
@@ -144,20 +144,9 @@ TAGS: dict[type, str] = {
 }
 """The `type` value of each message on the wire."""
 
-CLIENT_TYPES: dict[str, type[ClientMessage]] = {
-    "chat.completions.create": Create,
-    "cancel": CancelRequest,
-    "ping": Ping,
-    "pool.subscribe": PoolSubscribe,
-    "auth": Auth,
-}
+CLIENT_TYPES: dict[str, type[ClientMessage]] = {TAGS[cls]: cls for cls in get_args(ClientMessage)}
 GATEWAY_TYPES: dict[str, type[GatewayMessage]] = {
-    "chunk": ChunkMessage,
-    "done": Done,
-    "error": ErrorMessage,
-    "pong": Pong,
-    "auth.ok": AuthOk,
-    "pool.state": PoolState,
+    TAGS[cls]: cls for cls in get_args(GatewayMessage)
 }
 
 _FIELDS: dict[type, frozenset[str]] = {

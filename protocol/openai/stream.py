@@ -58,6 +58,14 @@ class Framing(Protocol):
         whole request's usage), or after an error (both None). Empty bytes: nothing to send."""
 
 
+def _error_of(item: Item) -> OpenAIError:
+    """An item that is not a chunk, as the OpenAI error it means."""
+    if isinstance(item, Error):
+        return runner_error(item)
+    assert isinstance(item, OpenAIError)
+    return item
+
+
 class SseFraming:
     """Server-sent events, as OpenAI streams: `data: <json>` events, `data: [DONE]` last (also
     after an error event, which the OpenAI SDK raises as `APIError`)."""
@@ -140,9 +148,7 @@ class CompletionStream:
                 return False
             self._finish(item.finish_reason, usage, out)
             return True
-        err = runner_error(item) if isinstance(item, Error) else item
-        assert isinstance(err, OpenAIError)
-        return self.fail(err, out)
+        return self.fail(_error_of(item), out)
 
     def fail(self, err: OpenAIError, out: list[bytes]) -> bool:
         """End the request with `err` (nothing if it is already over)."""
@@ -204,9 +210,7 @@ class CompletionBuilder:
             self.last = item
             self.over = item.finish_reason is not None
             return self.over
-        err = runner_error(item) if isinstance(item, Error) else item
-        assert isinstance(err, OpenAIError)
-        self.error = err
+        self.error = _error_of(item)
         self.over = True
         return True
 
