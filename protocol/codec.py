@@ -12,6 +12,7 @@ from typing import Any, TypeVar, get_args
 
 import cattrs
 import orjson
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
 from protocol.errors import FrameError
@@ -22,6 +23,8 @@ from protocol.frames import (
     FinishReason,
     Frame,
     GatewayFrame,
+    Generate,
+    Message,
     RunnerFrame,
     Usage,
 )
@@ -30,8 +33,30 @@ from protocol.strict import make_strict_converter
 T = TypeVar("T")
 
 
+_OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
+    # Message before Generate: a class's hook is built with the hooks of its fields' classes.
+    Message: ("name", "tool_calls", "tool_call_id"),
+    Chunk: ("tool_calls", "logprobs"),
+    Generate: (
+        "tools",
+        "tool_choice",
+        "tool_name",
+        "parallel_tool_calls",
+        "response_format",
+        "logprobs",
+        "top_logprobs",
+        "chat_template_kwargs",
+    ),
+}
+"""Fields left off the wire while they hold their default: a plain chunk is as small (and
+takes the decoder's fast path) whatever features other requests use."""
+
+
 def _make_converter() -> cattrs.Converter:
     conv = make_strict_converter()
+    for cl, names in _OPTIONAL_FIELDS.items():
+        overrides = {name: override(omit_if_default=True) for name in names}
+        conv.register_unstructure_hook(cl, make_dict_unstructure_fn(cl, conv, **overrides))
 
     def tag_of(cl: type) -> str:
         return TAGS[cl]

@@ -21,13 +21,14 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """Bumped on any change a peer of the previous version could not handle."""
 
 RUNNER_PATH = "/v1/runner/ws"
 """Where on the gateway runners open their WebSocket."""
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
+""""tool_calls": the model stopped after calling one or more tools."""
 
 ErrorCode = Literal[
     "invalid_request",
@@ -80,12 +81,52 @@ class Welcome:
 
 
 @attrs.frozen
+class ToolCall:
+    """A tool call an assistant made earlier in the conversation, as the client sent it back."""
+
+    id: str
+    name: str
+    arguments: str
+    """JSON text, as the model wrote it."""
+
+
+@attrs.frozen
 class Message:
     """One chat message, content already flattened to text by the gateway."""
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    """An assistant message's calls."""
+    tool_call_id: str | None = None
+    """A tool message: the call it answers."""
+
+
+@attrs.frozen
+class Tool:
+    """A function the model may call."""
+
+    name: str
+    description: str | None = None
+    parameters: str | None = None
+    """Its arguments' JSON Schema, as JSON text; None: no arguments schema."""
+    strict: bool = False
+
+
+ToolChoice = Literal["none", "auto", "required", "function"]
+""""function": the model must call `Generate.tool_name`."""
+
+
+@attrs.frozen
+class ResponseFormat:
+    """What shape the content must have: free text, any JSON object, or a JSON Schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    schema: str | None = None
+    """json_schema only: the schema, as JSON text."""
+    name: str | None = None
+    strict: bool = False
 
 
 @attrs.frozen
@@ -120,6 +161,20 @@ class Generate:
     """Bound on completion tokens (visible plus reasoning); None: up to the context length."""
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = SamplingParams()
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    """Ignored without tools."""
+    tool_name: str | None = None
+    """The function tool_choice "function" names."""
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    """None: free text."""
+    logprobs: bool = False
+    """Send each completion token's log-probability."""
+    top_logprobs: int = 0
+    """With logprobs: also the this many most likely tokens at each position."""
+    chat_template_kwargs: str | None = None
+    """Extra variables for the chat template, as a JSON object's text (vLLM's pass-through)."""
 
 
 @attrs.frozen
@@ -155,6 +210,38 @@ class GenerationStats:
 
 
 @attrs.frozen
+class ToolCallDelta:
+    """Part of a tool call the model is writing. A call's first delta has its id and name;
+    the next ones only more of the arguments' JSON text."""
+
+    index: int
+    """Which call of the completion, from 0."""
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+
+@attrs.frozen
+class TopLogprob:
+    """One of the most likely tokens at a position."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    """The token's UTF-8 bytes (a token may hold part of a character)."""
+
+
+@attrs.frozen
+class TokenLogprob:
+    """A generated token's log-probability, and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+@attrs.frozen
 class Chunk:
     """Output of one or more tokens of a request.
 
@@ -171,6 +258,9 @@ class Chunk:
     usage: Usage
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """One entry per content token this chunk covers (requests asking for logprobs)."""
 
 
 @attrs.frozen

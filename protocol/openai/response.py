@@ -22,7 +22,12 @@ import orjson
 
 from protocol.frames import FinishReason, Usage
 
-_FINISH_REASONS: dict[str, str] = {"stop": "stop", "length": "length", "cancelled": "stop"}
+_FINISH_REASONS: dict[str, str] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "cancelled": "stop",
+}
 
 _ROLE_DELTA = b'{"role":"assistant","content":""}'
 _NO_FINISH = b',"logprobs":null,"finish_reason":null}]'

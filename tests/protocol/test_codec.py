@@ -173,7 +173,7 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
             "request_id": "req-1",
             "model": "qwen3-0.6b",
             "messages": [
-                {"role": "system", "content": "Be brief.", "name": None},
+                {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "Hi ✋", "name": "ana"},
             ],
             "max_tokens": 256,
@@ -488,8 +488,8 @@ BAD_FIELDS: dict[str, tuple[bytes, tuple[str, ...]]] = {
         ("extra fields found (total_tokens) @ chunk.usage",),
     ),
     "extra-in-list-item": (
-        _generate(messages=[{**_MESSAGE, "tool_calls": []}]),
-        ("extra fields found (tool_calls)", "generate.messages"),
+        _generate(messages=[{**_MESSAGE, "attachments": []}]),
+        ("extra fields found (attachments)", "generate.messages"),
     ),
     # Wrong scalar types.
     "bool-for-int": (_chunk(seq=True), ("@ chunk.seq",)),
@@ -546,8 +546,8 @@ BAD_FIELDS: dict[str, tuple[bytes, tuple[str, ...]]] = {
     "finish-reason-int": (_chunk(finish_reason=1), ("@ chunk.finish_reason",)),
     "finish-reason-list": (_chunk(finish_reason=["stop"]), ("@ chunk.finish_reason",)),
     "finish-reason-object": (_chunk(finish_reason={}), ("@ chunk.finish_reason",)),
-    "role-tool": (
-        _generate(messages=[{**_MESSAGE, "role": "tool"}]),
+    "role-function": (
+        _generate(messages=[{**_MESSAGE, "role": "function"}]),
         ("generate.messages", "role"),
     ),
     "role-null": (
