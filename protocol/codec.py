@@ -20,6 +20,7 @@ from protocol.frames import (
     TAGS,
     Batch,
     Chunk,
+    Error,
     FinishReason,
     Frame,
     GatewayFrame,
@@ -46,7 +47,9 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
         "logprobs",
         "top_logprobs",
         "chat_template_kwargs",
+        "reasoning_effort",
     ),
+    Error: ("param",),
 }
 """Fields left off the wire while they hold their default: a plain chunk is as small (and
 takes the decoder's fast path) whatever features other requests use."""
@@ -55,7 +58,7 @@ takes the decoder's fast path) whatever features other requests use."""
 def _make_converter() -> cattrs.Converter:
     conv = make_strict_converter()
     for cl, names in _OPTIONAL_FIELDS.items():
-        overrides = {name: override(omit_if_default=True) for name in names}
+        overrides: dict[str, Any] = {name: override(omit_if_default=True) for name in names}
         conv.register_unstructure_hook(cl, make_dict_unstructure_fn(cl, conv, **overrides))
 
     def tag_of(cl: type) -> str:

@@ -118,6 +118,9 @@ ToolChoice = Literal["none", "auto", "required", "function"]
 """"function": the model must call `Generate.tool_name`."""
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
 @attrs.frozen
 class ResponseFormat:
     """What shape the content must have: free text, any JSON object, or a JSON Schema."""
@@ -175,6 +178,9 @@ class Generate:
     """With logprobs: also the this many most likely tokens at each position."""
     chat_template_kwargs: str | None = None
     """Extra variables for the chat template, as a JSON object's text (vLLM's pass-through)."""
+    reasoning_effort: ReasoningEffort | None = None
+    """For a model with think markers: "none" and "minimal" turn thinking off through the chat
+    template (`enable_thinking=False`), the others leave it on."""
 
 
 @attrs.frozen
@@ -270,6 +276,8 @@ class Error:
     request_id: str | None
     code: ErrorCode
     message: str
+    param: str | None = None
+    """The request parameter at fault, as OpenAI names it ("logit_bias", "messages")."""
 
 
 @attrs.frozen

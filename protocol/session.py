@@ -48,6 +48,8 @@ from protocol.frames import (
     Heartbeat,
     Hello,
     RunnerFrame,
+    TokenLogprob,
+    ToolCallDelta,
     Usage,
     Welcome,
 )
@@ -373,24 +375,37 @@ class RunnerSession:
         usage: Usage,
         finish_reason: FinishReason | None = None,
         stats: GenerationStats | None = None,
+        tool_calls: tuple[ToolCallDelta, ...] = (),
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> Chunk:
         """Build the next chunk of a request, numbered; the final one ends the request."""
         req = self._requests.get(request_id)
         if req is None:
             raise StateError(f"request {request_id!r} is not in flight")
         chunk = Chunk(
-            request_id, req.next_seq, text, reasoning, tokens, usage, finish_reason, stats
+            request_id,
+            req.next_seq,
+            text,
+            reasoning,
+            tokens,
+            usage,
+            finish_reason,
+            stats,
+            tool_calls,
+            logprobs,
         )
         req.next_seq += 1
         if finish_reason is not None:
             del self._requests[request_id]
         return chunk
 
-    def error(self, request_id: str, code: ErrorCode, message: str) -> Error:
+    def error(
+        self, request_id: str, code: ErrorCode, message: str, param: str | None = None
+    ) -> Error:
         """Build an Error that ends a request."""
         if self._requests.pop(request_id, None) is None:
             raise StateError(f"request {request_id!r} is not in flight")
-        return Error(request_id, code, message)
+        return Error(request_id, code, message, param)
 
     def close(self) -> list[str]:
         """Close; returns the ids of the requests still in flight (to cancel in the engine)."""

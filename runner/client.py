@@ -353,7 +353,9 @@ class Runner:
             return  # a request of a connection that is gone
         if isinstance(event, Failure):
             self._flush_chunks()  # keep order: this request's chunks go first
-            self._queue(encode(session.error(event.request_id, event.code, event.message)))
+            self._queue(
+                encode(session.error(event.request_id, event.code, event.message, event.param))
+            )
         else:
             self._chunks.append(
                 session.chunk(
@@ -364,6 +366,8 @@ class Runner:
                     usage=event.usage,
                     finish_reason=event.finish_reason,
                     stats=event.stats,
+                    tool_calls=event.tool_calls,
+                    logprobs=event.logprobs,
                 )
             )
         if isinstance(event, Failure) or event.finish_reason is not None:
@@ -383,4 +387,6 @@ def _merged(outputs: list[Output]) -> Output:
         last.usage,
         last.finish_reason,
         last.stats,
+        tuple(delta for o in outputs for delta in o.tool_calls),
+        tuple(entry for o in outputs for entry in o.logprobs),
     )

@@ -52,6 +52,8 @@ class ModelLoadError(EngineError):
 class RequestError(EngineError):
     """A request this engine cannot serve; it ends with a Failure of `code`."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code: ErrorCode = code
+        self.param = param
+        """The request parameter at fault, as OpenAI names it."""

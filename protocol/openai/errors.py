@@ -143,7 +143,7 @@ def runner_error(frame: Error) -> OpenAIError:
         case "context_length_exceeded":
             return context_length_exceeded(frame.message)
         case "invalid_request":
-            return invalid_request(frame.message)
+            return invalid_request(frame.message, frame.param, "invalid_value")
         case "model_not_found":
             return OpenAIError(404, frame.message, "invalid_request_error", None, frame.code)
         case "over_capacity":

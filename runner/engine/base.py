@@ -24,6 +24,8 @@ from protocol.frames import (
     Generate,
     GenerationStats,
     ModelInfo,
+    TokenLogprob,
+    ToolCallDelta,
     Usage,
 )
 
@@ -42,6 +44,8 @@ class Output:
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
     """Set on the terminal output."""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @attrs.frozen
@@ -51,6 +55,8 @@ class Failure:
     request_id: str
     code: ErrorCode
     message: str
+    param: str | None = None
+    """The request parameter at fault, as OpenAI names it."""
 
 
 EngineEvent = Output | Failure

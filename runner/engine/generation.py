@@ -132,7 +132,7 @@ class Generation:
 
     def _reject(self, request_id: str, error: RequestError) -> None:
         self._counters.requests_finished += 1
-        emit(self._sink, Failure(request_id, error.code, str(error)))
+        emit(self._sink, Failure(request_id, error.code, str(error), error.param))
 
     def cancel(self, request_id: str) -> None:
         """End a request with finish "cancelled"; unknown or finished ids are ignored."""
