@@ -41,7 +41,14 @@ def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
 async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a chat completion (OpenAI wire format; `stream: true` for SSE)."""
     pool: Pool = state.pool
-    chat = check_limits(parse_chat_request(await request.body()), pool.config)
+
+    def check_model(model: str) -> None:
+        try:
+            pool.check_model(model)
+        except Exception as exc:
+            raise openai_error_for(exc) from exc
+
+    chat = check_limits(parse_chat_request(await request.body(), check_model), pool.config)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     try:
         stream = await pool.submit(chat.to_generate(completion_id))

@@ -160,6 +160,12 @@ class Pool:
     def in_flight(self) -> int:
         return sum(c.session.in_flight for c in self.runners.values())
 
+    def check_model(self, model: str) -> None:
+        """Raise `ModelNotFound` (or `ModelUnavailable` in its grace period) for a model no
+        runner serves: requests are answered about their model before anything else."""
+        if not any(model in c.models for c in self.runners.values()):
+            raise self._unserved(model)
+
     def _unserved(self, model: str) -> GatewayError:
         seen = self._last_served.get(model)
         if seen is not None and time.monotonic() - seen < self.config.model_grace:
@@ -179,8 +185,7 @@ class Pool:
     async def _place(self, stream: RequestStream) -> None:
         """Find a runner for the stream (queueing if needed) and send it the request."""
         model = stream.generate.model
-        if not any(model in c.models for c in self.runners.values()):
-            raise self._unserved(model)
+        self.check_model(model)
         conn = self._pick(model)
         if conn is None:
             conn = await self._wait(stream)

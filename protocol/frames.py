@@ -118,7 +118,7 @@ ToolChoice = Literal["none", "auto", "required", "function"]
 """"function": the model must call `Generate.tool_name`."""
 
 
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 @attrs.frozen

@@ -8,22 +8,38 @@ A JSON null means "not given" for every optional field.
 
 Parameters we do not implement are refused with a 400 naming them (code
 "unsupported_parameter" or "unsupported_value"), never silently dropped; their default values
-are accepted (n=1, logprobs=false, tool_choice="none", response_format {"type": "text"}, ...).
-Fields with no effect on the output are accepted: user, metadata, store=false, service_tier
-auto/default, parallel_tool_calls, safety_identifier and the prompt-cache hints.
+are accepted (n=1, store=false, modalities ["text"], ...). Fields with no effect on the output
+are accepted: user, metadata (with store), service_tier auto/default, safety_identifier, the
+prompt-cache hints, and `audio` when `modalities` does not ask for audio (OpenAI ignores it
+there too). Tools and response formats are parsed in `protocol.openai.tools`.
 
-Extensions beyond OpenAI (vLLM's names): `top_k` (-1 or 0: off), `min_p`, and
+The model is examined first: a missing or mistyped `model`, then (with a `check_model`) an
+unknown one, are answered before anything else in the body, as OpenAI does.
+
+Extensions beyond OpenAI (vLLM's names): `top_k` (-1 or 0: off), `min_p`,
+`chat_template_kwargs` (extra chat-template variables) and
 `stream_options.continuous_usage_stats` (requires include_usage).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
 import attrs
 import orjson
 
-from protocol.frames import Generate, LogitBias, Message, SamplingParams
+from protocol.frames import (
+    Generate,
+    LogitBias,
+    Message,
+    ReasoningEffort,
+    ResponseFormat,
+    SamplingParams,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 from protocol.openai._fields import (
     _bool,
     _check_range,
@@ -44,6 +60,13 @@ from protocol.openai._fields import (
     _str,
 )
 from protocol.openai.errors import invalid_request
+from protocol.openai.tools import (
+    check_parallel_tool_calls,
+    parse_response_format,
+    parse_tool_calls,
+    parse_tool_choice,
+    parse_tools,
+)
 
 MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 2048
@@ -68,12 +91,13 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
 TOP_K_MIN = -1
 """top_k of -1 or 0 means no top-k filter."""
 
-Role = Literal["system", "developer", "user", "assistant"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: dict[str, Role] = {
     "system": "system",
     "developer": "developer",
     "user": "user",
     "assistant": "assistant",
+    "tool": "tool",
 }
 _ALL_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 _MESSAGE_KEYS: dict[str, frozenset[str]] = {
@@ -86,40 +110,42 @@ _MESSAGE_KEYS: dict[str, frozenset[str]] = {
         {"role", "content", "name", "refusal", "audio", "tool_calls", "function_call"}
         | {"reasoning_content"}
     ),
+    "tool": frozenset({"role", "content", "tool_call_id"}),
 }
 _PART_TYPES: dict[str, tuple[str, ...]] = {
     "system": ("text",),
     "developer": ("text",),
     "user": ("text", "image_url", "input_audio", "file"),
     "assistant": ("text", "refusal"),
+    "tool": ("text",),
 }
 _STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"})
 # fmt: off
 _KNOWN = frozenset((
-    # Honoured (top_k and min_p are vLLM's extensions).
+    # Honoured (top_k, min_p and chat_template_kwargs are vLLM's extensions).
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed",
-    "stop", "logit_bias",
+    "stop", "logit_bias", "logprobs", "top_logprobs", "tools", "tool_choice",
+    "parallel_tool_calls", "response_format", "reasoning_effort", "chat_template_kwargs",
     # Refused unless default (_check_unimplemented).
-    "n", "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
-    "response_format", "audio", "modalities", "prediction", "web_search_options",
-    "reasoning_effort", "verbosity", "moderation", "store", "service_tier",
+    "n", "functions", "function_call", "modalities", "prediction", "web_search_options",
+    "verbosity", "moderation", "store", "service_tier",
     # Accepted, no effect on the output (_check_accepted).
     "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
-    "prompt_cache_options", "parallel_tool_calls",
+    "prompt_cache_options", "audio",
 ))
 # fmt: on
 _NOT_IMPLEMENTED = {
     # Any non-null value is refused; the reason goes into the message.
-    "top_logprobs": "log probabilities are not implemented",
-    "functions": "function calling is not implemented",
-    "audio": "audio output is not implemented",
+    "functions": "the deprecated functions parameter is not implemented; use tools",
     "prediction": "predicted outputs are not implemented",
     "web_search_options": "web search is not implemented",
-    "reasoning_effort": "reasoning effort cannot be controlled",
     "verbosity": "verbosity cannot be controlled",
     "moderation": "moderation is not implemented",
 }
+MAX_TOP_LOGPROBS = 20
+MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
+_REASONING_EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)
 
 
 @attrs.frozen
@@ -137,6 +163,15 @@ class ChatRequest:
     """The effective completion bound: max_completion_tokens or its older name max_tokens."""
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    chat_template_kwargs: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
     def to_generate(self, request_id: str) -> Generate:
         """The internal request a runner executes."""
@@ -147,22 +182,37 @@ class ChatRequest:
             max_tokens=self.max_tokens,
             stop=self.stop,
             sampling=self.sampling,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            tool_name=self.tool_name,
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=self.response_format,
+            logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
+            chat_template_kwargs=self.chat_template_kwargs,
+            reasoning_effort=self.reasoning_effort,
         )
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
+CheckModel = Callable[[str], None]
+"""Raises the error for a model nothing serves (404 model_not_found)."""
+
+
+def parse_chat_request(body: bytes, check_model: CheckModel | None = None) -> ChatRequest:
     """Validate a `POST /v1/chat/completions` body; raise `OpenAIError` (400) on any problem."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise invalid_request(
             f"We could not parse the JSON body of your request ({exc}). "
-            "The API expects a JSON object."
+            "The API expects a JSON object.",
+            None,
+            "invalid_json",
         ) from exc
-    return parse_chat_object(data)
+    return parse_chat_object(data, check_model)
 
 
-def parse_chat_object(data: Any) -> ChatRequest:
+def parse_chat_object(data: Any, check_model: CheckModel | None = None) -> ChatRequest:
     """Validate an already-decoded request body (the WebSocket API's `body`)."""
     if type(data) is not dict:
         raise invalid_request(
@@ -171,17 +221,23 @@ def parse_chat_object(data: Any) -> ChatRequest:
             None,
             "invalid_type",
         )
-    unknown = [key for key in data if key not in _KNOWN]
-    if unknown:
-        names = ", ".join(_clip(key) for key in unknown[:10])
-        plural = "s" if len(unknown) > 1 else ""
-        raise invalid_request(f"Unrecognized request argument{plural} supplied: {names}")
-
     model = _required(data, "model", "")
     if type(model) is not str:
         _fail_type("model", "a string", model)
     if len(model) > MAX_MODEL_CHARS:
         _fail_too_long("model", MAX_MODEL_CHARS, len(model))
+    if check_model is not None:
+        check_model(model)
+    unknown = [key for key in data if key not in _KNOWN]
+    if unknown:
+        names = ", ".join(_clip(key) for key in unknown[:10])
+        plural = "s" if len(unknown) > 1 else ""
+        raise invalid_request(
+            f"Unrecognized request argument{plural} supplied: {names}",
+            _clip(unknown[0]),
+            "unknown_parameter",
+        )
+
     messages = _messages(_required(data, "messages", ""))
 
     stream = _bool(data, "stream") or False
@@ -198,8 +254,19 @@ def parse_chat_object(data: Any) -> ChatRequest:
 
     sampling = _sampling(data)
     stop = _stop(data.get("stop"))
+    tools = parse_tools(data.get("tools"))
+    tool_choice, tool_name = parse_tool_choice(data.get("tool_choice"), tools)
+    parallel_tool_calls = check_parallel_tool_calls(data.get("parallel_tool_calls"), tools)
+    response_format = parse_response_format(data.get("response_format"))
+    logprobs, top_logprobs = _logprobs(data)
     _check_unimplemented(data)
     _check_accepted(data)
+    if data.get("metadata") is not None and not data.get("store"):
+        raise invalid_request(
+            "Invalid value for 'metadata': 'metadata' is only allowed when 'store' is enabled.",
+            "metadata",
+            "invalid_parameter_combination",
+        )
     return ChatRequest(
         model=model,
         messages=messages,
@@ -209,7 +276,56 @@ def parse_chat_object(data: Any) -> ChatRequest:
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
         stop=stop,
         sampling=sampling,
+        tools=tools,
+        tool_choice=tool_choice,
+        tool_name=tool_name,
+        parallel_tool_calls=parallel_tool_calls,
+        response_format=response_format,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        chat_template_kwargs=_template_kwargs(data.get("chat_template_kwargs")),
+        reasoning_effort=_reasoning_effort(data.get("reasoning_effort")),
     )
+
+
+def _logprobs(data: dict[str, Any]) -> tuple[bool, int]:
+    logprobs = _bool(data, "logprobs") or False
+    top = _int(data, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not logprobs:
+        raise invalid_request(
+            "Invalid value for 'top_logprobs': 'logprobs' must be set to true when "
+            "'top_logprobs' is given.",
+            "top_logprobs",
+            "invalid_parameter_combination",
+        )
+    return logprobs, top or 0
+
+
+def _template_kwargs(value: Any) -> str | None:
+    if value is None:
+        return None
+    if type(value) is not dict:
+        _fail_type("chat_template_kwargs", "an object", value)
+    text = orjson.dumps(value)
+    if len(text) > MAX_TEMPLATE_KWARGS_BYTES:
+        raise invalid_request(
+            f"Invalid 'chat_template_kwargs': too large ({len(text)} bytes of JSON; at most "
+            f"{MAX_TEMPLATE_KWARGS_BYTES}).",
+            "chat_template_kwargs",
+            "string_above_max_length",
+        )
+    return text.decode()
+
+
+def _reasoning_effort(value: Any) -> ReasoningEffort | None:
+    if value is None:
+        return None
+    if type(value) is not str:
+        _fail_type("reasoning_effort", "a string", value)
+    if value not in _REASONING_EFFORTS:
+        _fail_value("reasoning_effort", value, _REASONING_EFFORTS)
+    effort: ReasoningEffort = value  # type: ignore[assignment]  # checked against the Literal
+    return effort
 
 
 def check_max_tokens(chat: ChatRequest, limit: int) -> None:
@@ -259,10 +375,10 @@ def _message(value: Any, path: str) -> Message:
     role_name = _required(value, "role", path)
     if type(role_name) is not str:
         _fail_type(f"{path}.role", "a string", role_name)
-    if role_name in ("tool", "function"):
+    if role_name == "function":
         raise invalid_request(
-            f"Unsupported value: '{path}.role' does not support '{role_name}' with this server: "
-            "tool calling is not implemented.",
+            f"Unsupported value: '{path}.role' does not support 'function' with this server: "
+            "the deprecated function role is not implemented; use tool messages.",
             f"{path}.role",
             "unsupported_value",
         )
@@ -274,25 +390,30 @@ def _message(value: Any, path: str) -> Message:
         if key not in allowed:
             _fail_unknown(f"{path}.{key}")
     name = _str(value, "name", path)
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id = None
     if role == "assistant":
-        _assistant_extras(value, path)
+        tool_calls = _assistant_extras(value, path)
         if value.get("content") is None:
+            if tool_calls:
+                return Message(role=role, content="", name=name, tool_calls=tool_calls)
             raise invalid_request(
                 f"Missing required parameter: '{path}.content'.",
                 f"{path}.content",
                 "missing_required_parameter",
             )
+    elif role == "tool":
+        tool_call_id = _required(value, "tool_call_id", path)
+        if type(tool_call_id) is not str:
+            _fail_type(f"{path}.tool_call_id", "a string", tool_call_id)
     content = _content(_required(value, "content", path), f"{path}.content", role)
-    return Message(role=role, content=content, name=name)
+    return Message(
+        role=role, content=content, name=name, tool_calls=tool_calls, tool_call_id=tool_call_id
+    )
 
 
-def _assistant_extras(value: dict[str, Any], path: str) -> None:
-    tool_calls = value.get("tool_calls")
-    if tool_calls is not None:
-        if type(tool_calls) is not list:
-            _fail_type(f"{path}.tool_calls", "an array", tool_calls)
-        if tool_calls:
-            _fail_unsupported(f"{path}.tool_calls", "tool calling is not implemented")
+def _assistant_extras(value: dict[str, Any], path: str) -> tuple[ToolCall, ...]:
+    tool_calls = parse_tool_calls(value.get("tool_calls"), f"{path}.tool_calls")
     for key, reason in (
         ("function_call", "function calling is not implemented"),
         ("audio", "audio is not implemented"),
@@ -302,6 +423,7 @@ def _assistant_extras(value: dict[str, Any], path: str) -> None:
     if _str(value, "refusal", path) is not None:
         _fail_unsupported(f"{path}.refusal", "refusals cannot be given back to the model")
     _str(value, "reasoning_content", path)
+    return tool_calls
 
 
 def _content(value: Any, path: str, role: Role) -> str:
@@ -359,6 +481,7 @@ def _stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
         raise invalid_request(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
             "stream_options",
+            "invalid_parameter_combination",
         )
     if type(value) is not dict:
         _fail_type("stream_options", "an object", value)
@@ -410,13 +533,6 @@ def _stop(value: Any) -> tuple[str, ...]:
         return (_stop_string(value, "stop"),)
     if type(value) is not list:
         _fail_type("stop", "one of a string or array of strings", value)
-    if not value:
-        raise invalid_request(
-            "Invalid 'stop': empty array. Expected an array with minimum length 1, but got an "
-            "empty array instead.",
-            "stop",
-            "empty_array",
-        )
     if len(value) > MAX_STOP:
         _fail_array_too_long("stop", MAX_STOP, len(value))
     stops = []
@@ -468,37 +584,11 @@ def _check_unimplemented(data: dict[str, Any]) -> None:
     n = _int(data, "n", 1, 128)
     if n is not None and n != 1:
         _fail_unsupported_value("n", n, "1")
-    if _bool(data, "logprobs"):
-        _fail_unsupported_value("logprobs", True, "false")
-    _int(data, "top_logprobs", 0, 20)
     for key, reason in _NOT_IMPLEMENTED.items():
         if data.get(key) is not None:
             _fail_unsupported(key, reason)
-    tools = data.get("tools")
-    if tools is not None:
-        if type(tools) is not list:
-            _fail_type("tools", "an array", tools)
-        if tools:
-            _fail_unsupported("tools", "tool calling is not implemented")
-    tool_choice = data.get("tool_choice")
-    if tool_choice is not None and tool_choice != "none":
-        if type(tool_choice) is str and tool_choice not in ("auto", "required"):
-            _fail_value("tool_choice", tool_choice, ("none", "auto", "required"))
-        if type(tool_choice) not in (str, dict):
-            _fail_type("tool_choice", "one of a string or object", tool_choice)
-        _fail_unsupported("tool_choice", "tool calling is not implemented")
     if data.get("function_call") not in (None, "none"):
-        _fail_unsupported("function_call", "function calling is not implemented")
-    response_format = data.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        if type(response_format) is not dict:
-            _fail_type("response_format", "an object", response_format)
-        raise invalid_request(
-            'Unsupported value: \'response_format\' must be {"type": "text"} with this '
-            "server: structured output is not implemented.",
-            "response_format",
-            "unsupported_value",
-        )
+        _fail_unsupported("function_call", "the deprecated function_call is not implemented")
     modalities = data.get("modalities")
     if modalities is not None and modalities != ["text"]:
         if type(modalities) is not list:
@@ -506,6 +596,7 @@ def _check_unimplemented(data: dict[str, Any]) -> None:
         _fail_unsupported_value("modalities", modalities, '["text"]')
     if _bool(data, "store"):
         _fail_unsupported_value("store", True, "false")
+
     tier = _str(data, "service_tier")
     if tier is not None and tier not in ("auto", "default"):
         if tier not in ("flex", "scale", "priority", "fast"):
@@ -517,7 +608,9 @@ def _check_unimplemented(data: dict[str, Any]) -> None:
 
 def _check_accepted(data: dict[str, Any]) -> None:
     """Type-check the fields that are accepted but change nothing here."""
-    _bool(data, "parallel_tool_calls")
+    audio = data.get("audio")
+    if audio is not None and type(audio) is not dict:
+        _fail_type("audio", "an object", audio)
     _str(data, "user")
     _str(data, "prompt_cache_key")
     safety_identifier = _str(data, "safety_identifier")

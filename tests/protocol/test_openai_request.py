@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given
 
 from protocol.codec import decode_gateway_frame, encode
-from protocol.frames import Generate, LogitBias, Message, SamplingParams
+from protocol.frames import (
+    Generate,
+    LogitBias,
+    Message,
+    ResponseFormat,
+    SamplingParams,
+    Tool,
+    ToolCall,
+)
 from protocol.openai.errors import OpenAIError
 from protocol.openai.request import (
     MAX_CONTENT_PARTS,
@@ -21,6 +29,7 @@ from protocol.openai.request import (
     MAX_STOP_CHARS,
     ChatRequest,
     check_max_tokens,
+    parse_chat_object,
     parse_chat_request,
 )
 from tests.protocol.strategies import json_values, text
@@ -107,15 +116,32 @@ def test_full_request_maps_to_the_exact_generate() -> None:
         "stop": ["\n\n", "END"],
         "logit_bias": {"50256": -100, "7": 2.5, "0": 100},
         "n": 1,
-        "logprobs": False,
-        "tools": [],
-        "tool_choice": "none",
-        "parallel_tool_calls": True,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Weather now",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                    "strict": True,
+                },
+            },
+            {"type": "function", "function": {"name": "noop"}},
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
         "function_call": "none",
-        "response_format": {"type": "text"},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": True},
+        },
+        "reasoning_effort": "minimal",
+        "chat_template_kwargs": {"enable_thinking": False},
+        "audio": {"voice": "alloy", "format": "wav"},
         "modalities": ["text"],
         "store": False,
-        "metadata": {"k": "v"},
         "service_tier": "default",
         "user": "u-1",
         "safety_identifier": "x" * 64,
@@ -153,6 +179,25 @@ def test_full_request_maps_to_the_exact_generate() -> None:
                 LogitBias(token=0, bias=100.0),
             ),
         ),
+        tools=(
+            Tool(
+                name="get_weather",
+                description="Weather now",
+                parameters='{"type":"object","properties":{"city":{"type":"string"}}}',
+                strict=True,
+            ),
+            Tool(name="noop"),
+        ),
+        tool_choice="function",
+        tool_name="get_weather",
+        parallel_tool_calls=False,
+        response_format=ResponseFormat(
+            "json_schema", schema='{"type":"object"}', name="out", strict=True
+        ),
+        logprobs=True,
+        top_logprobs=3,
+        chat_template_kwargs='{"enable_thinking":false}',
+        reasoning_effort="minimal",
     )
     # Integers given for decimal fields arrive as floats, which the codec requires.
     assert type(chat.sampling.top_p) is float
@@ -331,7 +376,7 @@ def test_limits_are_inclusive() -> None:
 def test_malformed_json() -> None:
     err = refusal(b'{"model": "m",')
     assert err.param is None
-    assert err.code is None
+    assert err.code == "invalid_json"
     assert err.message.startswith("We could not parse the JSON body of your request")
 
 
@@ -355,7 +400,7 @@ def test_body_must_be_an_object(body: Any, kind: str) -> None:
 def test_unknown_field() -> None:
     err = refusal(request(repetition_penalty=1.1))
     assert err.message == "Unrecognized request argument supplied: repetition_penalty"
-    assert (err.param, err.code) == (None, None)
+    assert (err.param, err.code) == ("repetition_penalty", "unknown_parameter")
 
 
 def test_unknown_fields() -> None:
@@ -416,10 +461,19 @@ def test_stream_options_without_stream() -> None:
         assert err.message == (
             "The 'stream_options' parameter is only allowed when 'stream' is enabled."
         )
-        assert (err.param, err.code) == ("stream_options", None)
+        assert (err.param, err.code) == ("stream_options", "invalid_parameter_combination")
 
 
 M = "messages[0]"
+FN = {"type": "function", "function": {"name": "f"}}
+
+
+def fn(**fields: Any) -> dict[str, Any]:
+    """A function tool named "f" with `fields` set in its function (... removes one)."""
+    function = {k: v for k, v in {"name": "f", **fields}.items() if v is not ...}
+    return {"type": "function", "function": function}
+
+
 ASSISTANT = {"role": "assistant", "content": "x"}
 
 
@@ -456,7 +510,10 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
     (msg(role=...), f"{M}.role", "missing_required_parameter"),
     (msg(role=None), f"{M}.role", "invalid_type"),
     (msg(role="bot"), f"{M}.role", "invalid_value"),
-    (msg(role="tool", tool_call_id="1"), f"{M}.role", "unsupported_value"),
+    (msg(role="tool"), f"{M}.tool_call_id", "missing_required_parameter"),
+    (msg(role="tool", tool_call_id=1), f"{M}.tool_call_id", "invalid_type"),
+    (msg(role="tool", tool_call_id="1", name="n"), f"{M}.name", "unknown_parameter"),
+    (msg(role="tool", tool_call_id="1", content=...), f"{M}.content", "missing_required_parameter"),
     (msg(role="function", name="f"), f"{M}.role", "unsupported_value"),
     (msg(content=...), f"{M}.content", "missing_required_parameter"),
     (msg(content=None), f"{M}.content", "invalid_type"),
@@ -510,13 +567,27 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
     ),
     (
         amsg(tool_calls=[{"id": "1", "type": "function"}]),
-        f"{A}.tool_calls",
-        "unsupported_parameter",
+        f"{A}.tool_calls[0].function",
+        "missing_required_parameter",
     ),
     (
         amsg(content=None, tool_calls=[{"id": "1"}]),
-        f"{A}.tool_calls",
-        "unsupported_parameter",
+        f"{A}.tool_calls[0].type",
+        "missing_required_parameter",
+    ),
+    (amsg(tool_calls=[{"id": 1}]), f"{A}.tool_calls[0].id", "invalid_type"),
+    (amsg(tool_calls=[{"id": "1", "type": "custom"}]), f"{A}.tool_calls[0].type", "invalid_value"),
+    (
+        amsg(
+            tool_calls=[{"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}]
+        ),
+        f"{A}.tool_calls[0].function.arguments",
+        "invalid_type",
+    ),
+    (
+        amsg(tool_calls=[{"id": "1", "type": "function", "function": {"name": "f"}, "x": 1}]),
+        f"{A}.tool_calls[0].x",
+        "unknown_parameter",
     ),
     (amsg(tool_calls={}), f"{A}.tool_calls", "invalid_type"),
     (
@@ -596,7 +667,6 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
     # stop
     (request(stop=1), "stop", "invalid_type"),
     (request(stop={"a": 1}), "stop", "invalid_type"),
-    (request(stop=[]), "stop", "empty_array"),
     (request(stop=["a", "b", "c", "d", "e"]), "stop", "array_above_max_length"),
     (request(stop=["a", 1]), "stop[1]", "invalid_type"),
     (request(stop=["a", None]), "stop[1]", "invalid_type"),
@@ -629,38 +699,109 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
     (request(n=0), "n", "integer_below_min_value"),
     (request(n=129), "n", "integer_above_max_value"),
     (request(n="1"), "n", "invalid_type"),
-    (request(logprobs=True), "logprobs", "unsupported_value"),
     (request(logprobs=1), "logprobs", "invalid_type"),
-    (request(top_logprobs=0), "top_logprobs", "unsupported_parameter"),
-    (request(top_logprobs=5), "top_logprobs", "unsupported_parameter"),
-    (request(top_logprobs=21), "top_logprobs", "integer_above_max_value"),
+    (request(top_logprobs=0), "top_logprobs", "invalid_parameter_combination"),
+    (request(top_logprobs=5, logprobs=False), "top_logprobs", "invalid_parameter_combination"),
+    (request(top_logprobs=21, logprobs=True), "top_logprobs", "integer_above_max_value"),
+    (request(top_logprobs=-1, logprobs=True), "top_logprobs", "integer_below_min_value"),
     (request(top_logprobs="5"), "top_logprobs", "invalid_type"),
-    (
-        request(tools=[{"type": "function", "function": {"name": "f"}}]),
-        "tools",
-        "unsupported_parameter",
-    ),
+    # tools
     (request(tools={}), "tools", "invalid_type"),
-    (request(tool_choice="auto"), "tool_choice", "unsupported_parameter"),
-    (request(tool_choice="required"), "tool_choice", "unsupported_parameter"),
+    (request(tools=[FN] * 129), "tools", "array_above_max_length"),
+    (request(tools=[1]), "tools[0]", "invalid_type"),
+    (request(tools=[{"function": {"name": "f"}}]), "tools[0].type", "missing_required_parameter"),
+    (request(tools=[{**FN, "type": "custom"}]), "tools[0].type", "unsupported_value"),
+    (request(tools=[{**FN, "type": "fn"}]), "tools[0].type", "invalid_value"),
+    (request(tools=[{"type": "function"}]), "tools[0].function", "missing_required_parameter"),
+    (request(tools=[{**FN, "x": 1}]), "tools[0].x", "unknown_parameter"),
+    (request(tools=[fn(name="a b")]), "tools[0].function.name", "invalid_value"),
+    (request(tools=[fn(name="")]), "tools[0].function.name", "invalid_value"),
+    (request(tools=[fn(name="f" * 65)]), "tools[0].function.name", "string_above_max_length"),
+    (request(tools=[fn(name=1)]), "tools[0].function.name", "invalid_type"),
+    (request(tools=[fn(name=...)]), "tools[0].function.name", "missing_required_parameter"),
+    (request(tools=[fn(parameters=[])]), "tools[0].function.parameters", "invalid_type"),
+    (request(tools=[fn(strict="yes")]), "tools[0].function.strict", "invalid_type"),
+    (request(tools=[fn(description=1)]), "tools[0].function.description", "invalid_type"),
+    (request(tools=[fn(examples=[])]), "tools[0].function.examples", "unknown_parameter"),
+    (request(tools=[FN, FN]), "tools[1].function.name", "invalid_value"),
+    (request(tool_choice="auto"), "tool_choice", "invalid_parameter_combination"),
+    (request(tool_choice="required"), "tool_choice", "invalid_parameter_combination"),
     (
         request(tool_choice={"type": "function", "function": {"name": "f"}}),
         "tool_choice",
-        "unsupported_parameter",
+        "invalid_parameter_combination",
     ),
-    (request(tool_choice="any"), "tool_choice", "invalid_value"),
+    (
+        request(tools=[FN], tool_choice={"type": "function", "function": {"name": "g"}}),
+        "tool_choice",
+        "invalid_value",
+    ),
+    (
+        request(tools=[FN], tool_choice={"type": "allowed_tools", "allowed_tools": {}}),
+        "tool_choice.type",
+        "unsupported_value",
+    ),
+    (request(tools=[FN], tool_choice={"type": "x"}), "tool_choice.type", "invalid_value"),
+    (
+        request(tools=[FN], tool_choice={"type": "function"}),
+        "tool_choice.function",
+        "missing_required_parameter",
+    ),
+    (
+        request(tools=[FN], tool_choice={"type": "function", "function": {"name": "f", "x": 1}}),
+        "tool_choice.function.x",
+        "unknown_parameter",
+    ),
+    (request(tools=[FN], tool_choice="any"), "tool_choice", "invalid_value"),
     (request(tool_choice=1), "tool_choice", "invalid_type"),
+    (request(parallel_tool_calls=True), "parallel_tool_calls", "invalid_parameter_combination"),
+    (request(tools=[FN], parallel_tool_calls=1), "parallel_tool_calls", "invalid_type"),
     (request(functions=[{"name": "f"}]), "functions", "unsupported_parameter"),
     (request(function_call="auto"), "function_call", "unsupported_parameter"),
     (request(function_call={"name": "f"}), "function_call", "unsupported_parameter"),
-    (request(response_format={"type": "json_object"}), "response_format", "unsupported_value"),
-    (
-        request(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
-        "response_format",
-        "unsupported_value",
-    ),
     (request(response_format="text"), "response_format", "invalid_type"),
-    (request(audio={"voice": "alloy", "format": "wav"}), "audio", "unsupported_parameter"),
+    (request(response_format={}), "response_format.type", "missing_required_parameter"),
+    (request(response_format={"type": "xml"}), "response_format.type", "invalid_value"),
+    (
+        request(response_format={"type": "json_object", "schema": {}}),
+        "response_format.schema",
+        "unknown_parameter",
+    ),
+    (
+        request(response_format={"type": "json_schema"}),
+        "response_format.json_schema",
+        "missing_required_parameter",
+    ),
+    (
+        request(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+        "response_format.json_schema.name",
+        "missing_required_parameter",
+    ),
+    (
+        request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": 1}}),
+        "response_format.json_schema.schema",
+        "invalid_type",
+    ),
+    (
+        request(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": 1}}),
+        "response_format.json_schema.strict",
+        "invalid_type",
+    ),
+    (request(audio="alloy"), "audio", "invalid_type"),
+    (request(reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
+    (request(reasoning_effort=1), "reasoning_effort", "invalid_type"),
+    (request(chat_template_kwargs=[]), "chat_template_kwargs", "invalid_type"),
+    (
+        request(chat_template_kwargs={"x": "y" * 70_000}),
+        "chat_template_kwargs",
+        "string_above_max_length",
+    ),
+    (request(metadata={"k": "v"}), "metadata", "invalid_parameter_combination"),
+    (
+        request(stream_options={"include_usage": True}),
+        "stream_options",
+        "invalid_parameter_combination",
+    ),
     (request(modalities=["text", "audio"]), "modalities", "unsupported_value"),
     (request(modalities=[]), "modalities", "unsupported_value"),
     (request(modalities="text"), "modalities", "invalid_type"),
@@ -670,7 +811,6 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
         "unsupported_parameter",
     ),
     (request(web_search_options={}), "web_search_options", "unsupported_parameter"),
-    (request(reasoning_effort="low"), "reasoning_effort", "unsupported_parameter"),
     (request(verbosity="low"), "verbosity", "unsupported_parameter"),
     (
         request(moderation={"model": "omni-moderation-latest"}),
@@ -726,10 +866,15 @@ def test_refusals(body: dict[str, Any], param: str | None, code: str) -> None:
 
 
 def test_unsupported_messages_say_why() -> None:
-    err = refusal(request(tools=[{"type": "function", "function": {"name": "f"}}]))
+    err = refusal(request(tools=[{**FN, "type": "custom"}]))
     assert err.message == (
-        "Unsupported parameter: 'tools' is not supported with this server: "
-        "tool calling is not implemented."
+        "Unsupported value: 'tools[0].type' does not support 'custom' with this server. "
+        "Only the default (function) value is supported."
+    )
+    err = refusal(request(parallel_tool_calls=False))
+    assert err.message == (
+        "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when "
+        "'tools' are specified."
     )
     err = refusal(request(n=3))
     assert err.message == (
@@ -804,13 +949,21 @@ FULL: dict[str, Any] = {
     "stop": ["a"],
     "logit_bias": {"1": 1},
     "n": 1,
-    "logprobs": False,
-    "tool_choice": "none",
-    "response_format": {"type": "text"},
+    "logprobs": True,
+    "top_logprobs": 2,
+    "tools": [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object"}, "strict": False},
+        }
+    ],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": {}}},
     "modalities": ["text"],
     "service_tier": "auto",
-    "metadata": {"a": "b"},
     "prompt_cache_options": {"mode": "implicit"},
+    "chat_template_kwargs": {"k": [1]},
 }
 
 
@@ -841,3 +994,85 @@ def test_full_is_valid() -> None:
 @given(mutated_requests())
 def test_mutated_requests(value: Any) -> None:
     _check(orjson.dumps(value))
+
+
+def test_tool_history_maps_to_messages() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    chat = parse(
+        request(
+            messages=[
+                USER,
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {
+                    "role": "tool",
+                    "tool_call_id": "call_1",
+                    "content": [{"type": "text", "text": "7"}],
+                },
+                {"role": "assistant", "content": "It is 7.", "tool_calls": []},
+            ],
+            tools=[FN],
+        )
+    )
+    assert chat.messages[1:] == (
+        Message(
+            role="assistant",
+            content="",
+            tool_calls=(ToolCall(id="call_1", name="f", arguments='{"a":1}'),),
+        ),
+        Message(role="tool", content="7", tool_call_id="call_1"),
+        Message(role="assistant", content="It is 7."),
+    )
+    assert (chat.tools, chat.tool_choice, chat.parallel_tool_calls) == (
+        (Tool(name="f"),),
+        "auto",
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ("none", ("none", None)),
+        ("auto", ("auto", None)),
+        ("required", ("required", None)),
+        ({"type": "function", "function": {"name": "f"}}, ("function", "f")),
+    ],
+)
+def test_tool_choice(choice: Any, expected: tuple[str, str | None]) -> None:
+    chat = parse(request(tools=[FN, fn(name="g")], tool_choice=choice))
+    assert (chat.tool_choice, chat.tool_name) == expected
+
+
+def test_tool_choice_none_needs_no_tools() -> None:
+    assert parse(request(tool_choice="none")).tool_choice == "none"
+
+
+def test_response_formats() -> None:
+    assert parse(request(response_format={"type": "text"})).response_format is None
+    assert parse(request(response_format={"type": "json_object"})).response_format == (
+        ResponseFormat("json_object")
+    )
+    spec = {"name": "o", "description": "d", "schema": {"type": "object"}, "strict": None}
+    assert parse(
+        request(response_format={"type": "json_schema", "json_schema": spec})
+    ).response_format == ResponseFormat("json_schema", schema='{"type":"object"}', name="o")
+
+
+def test_model_is_checked_first() -> None:
+    seen: list[str] = []
+
+    def check_model(model: str) -> None:
+        seen.append(model)
+        raise OpenAIError(404, "no", "invalid_request_error", None, "model_not_found")
+
+    # Bad messages and unknown fields are not looked at before the model.
+    body = {"model": "nope", "messages": 1, "bogus": True}
+    with pytest.raises(OpenAIError) as info:
+        parse_chat_object(body, check_model)
+    assert (info.value.status, seen) == (404, ["nope"])
+    err = refusal({"messages": 1, "bogus": True})
+    assert (err.param, err.code) == ("model", "missing_required_parameter")
+
+
+def test_stop_may_be_an_empty_array() -> None:
+    assert parse(request(stop=[])).stop == ()
