@@ -71,6 +71,8 @@ async def _streaming(
         model=chat.model,
         include_usage=chat.include_usage,
         continuous_usage_stats=chat.continuous_usage_stats,
+        logprobs=chat.logprobs,
+        fingerprint=pool.fingerprint(chat.model),
     )
     transport = SseTransport()
     relay = Relay(stream, completion, transport, pool.config, pool.cancel)
@@ -84,7 +86,7 @@ async def _non_streaming(
     chat: ChatRequest,
     completion_id: str,
 ) -> Response[Any]:
-    builder = CompletionBuilder()
+    builder = CompletionBuilder(logprobs=chat.logprobs)
     collector = asyncio.ensure_future(_collect(stream, builder, pool.config.stream_timeout))
     disconnect = asyncio.ensure_future(_disconnected(request))
     try:
@@ -99,7 +101,12 @@ async def _non_streaming(
         # The client is gone; this response is never read.
         return Response(content=b"", status_code=499)
     collector.result()
-    body = builder.body(id=completion_id, created=int(time.time()), model=chat.model)
+    body = builder.body(
+        id=completion_id,
+        created=int(time.time()),
+        model=chat.model,
+        fingerprint=pool.fingerprint(chat.model),
+    )
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 

@@ -211,6 +211,8 @@ class ClientSocket:
                 model=chat.model,
                 include_usage=chat.include_usage,
                 continuous_usage_stats=chat.continuous_usage_stats,
+                logprobs=chat.logprobs,
+                fingerprint=self.pool.fingerprint(chat.model),
                 framing=BrowserFraming(rid),
             )
         )

@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
 import attrs
@@ -42,6 +43,7 @@ from gateway.stream import Failed, RequestStream
 from protocol.closecodes import CloseCode
 from protocol.codec import encode
 from protocol.frames import Chunk, Generate
+from protocol.openai.response import system_fingerprint
 from protocol.session import (
     Delivered,
     Draining,
@@ -54,6 +56,16 @@ from protocol.session import (
 )
 
 log = logging.getLogger("gateway.pool")
+
+
+def _orchard_version() -> str:
+    try:
+        return version("orchard")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "0+unknown"
+
+
+ORCHARD_VERSION: Final = _orchard_version()
 
 MAX_ATTEMPTS = 2
 """A request may be given to this many runners (the first, plus one failover)."""
@@ -159,6 +171,20 @@ class Pool:
 
     def in_flight(self) -> int:
         return sum(c.session.in_flight for c in self.runners.values())
+
+    def fingerprint(self, model: str) -> str:
+        """The `system_fingerprint` of completions of `model`: Orchard's version, the model
+        and the engine of a runner serving it (runners of one pool run the same build)."""
+        engine = next(
+            (
+                info.engine
+                for conn in self.runners.values()
+                for info in conn.hello.models
+                if info.id == model
+            ),
+            None,
+        )
+        return system_fingerprint(ORCHARD_VERSION, model, engine)
 
     def check_model(self, model: str) -> None:
         """Raise `ModelNotFound` (or `ModelUnavailable` in its grace period) for a model no

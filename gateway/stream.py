@@ -51,6 +51,8 @@ def merge(chunks: list[Chunk]) -> Chunk:
         last.usage,
         last.finish_reason,
         last.stats,
+        tuple(delta for c in chunks for delta in c.tool_calls),
+        tuple(entry for c in chunks for entry in c.logprobs),
     )
 
 

@@ -26,6 +26,7 @@ from protocol.frames import (
     GatewayFrame,
     Generate,
     Message,
+    ModelInfo,
     RunnerFrame,
     Usage,
 )
@@ -50,6 +51,7 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
         "reasoning_effort",
     ),
     Error: ("param",),
+    ModelInfo: ("engine",),
 }
 """Fields left off the wire while they hold their default: a plain chunk is as small (and
 takes the decoder's fast path) whatever features other requests use."""

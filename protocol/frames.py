@@ -45,6 +45,9 @@ class ModelInfo:
 
     id: str
     context_length: int
+    engine: str | None = None
+    """What generates with it and which versions ("mlx-lm 0.32.2, mlx 0.32.4, gpu"), for the
+    `system_fingerprint` OpenAI clients see."""
 
 
 @attrs.frozen

@@ -5,8 +5,10 @@ An engine decodes each generated token to a text segment and feeds `(token_id, s
 
 1. `ReasoningSplitter`: routes the segment to the visible content or to the reasoning stream,
    following the model's `<think>` ... `</think>` marker tokens, and counts reasoning tokens;
-2. `StopMatcher`: applies the request's stop strings to the content (never to reasoning),
-   holding back text that may be the start of a stop string;
+2. `runner.tool_calls.ToolCallSplitter` (requests with tools): takes the model's tool calls
+   out of the content, as tool-call deltas;
+3. `StopMatcher`: applies the request's stop strings to the content (never to reasoning or
+   tool calls), holding back text that may be the start of a stop string;
 
 and keeps the `Usage` of the request up to date.
 """
@@ -17,7 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from protocol.frames import Usage
+from protocol.frames import ToolCallDelta, Usage
+from runner.tool_calls import ToolCallSplitter
 
 
 def prompt_opens_reasoning(
@@ -169,6 +172,7 @@ class Piece:
     reasoning: str
     stopped: bool = False
     """A stop string completed: this is the request's last piece."""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 class RequestAccounting:
@@ -190,6 +194,7 @@ class RequestAccounting:
         think_start_text: str = "<think>",
         think_end_text: str = "</think>",
         starts_in_reasoning: bool = False,
+        tool_calls: ToolCallSplitter | None = None,
     ) -> None:
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = cached_tokens
@@ -202,6 +207,12 @@ class RequestAccounting:
             starts_in_reasoning=starts_in_reasoning,
         )
         self._matcher = StopMatcher(stop)
+        self._tools = tool_calls
+
+    @property
+    def tool_calls_made(self) -> int:
+        """Tool calls the model has started so far."""
+        return 0 if self._tools is None else self._tools.calls
 
     @property
     def stopped(self) -> bool:
@@ -213,17 +224,26 @@ class RequestAccounting:
         self.completion_tokens += 1
         was_reasoning = self._splitter.in_reasoning
         content, reasoning = self._splitter.feed(token_id, text)
+        calls: tuple[ToolCallDelta, ...] = ()
+        if self._tools is not None and content:
+            content, deltas = self._tools.feed(content)
+            calls = tuple(deltas)
         visible = self._matcher.feed(content)
         if not self._matcher.stopped:
-            return Piece(visible, reasoning)
+            return Piece(visible, reasoning, tool_calls=calls)
         if not was_reasoning:
             # The segment opened a span: its reasoning comes after the stop string, past the end.
             reasoning = ""
-        return Piece(visible, reasoning, stopped=True)
+        return Piece(visible, reasoning, stopped=True, tool_calls=calls)
 
     def flush(self) -> Piece:
-        """The held-back content, once generation ended without a stop string."""
-        return Piece(self._matcher.flush(), "")
+        """The held-back content (and the rest of a tool call left open), once generation
+        ended without a stop string."""
+        if self._tools is None:
+            return Piece(self._matcher.flush(), "")
+        content, deltas = self._tools.flush()
+        visible = self._matcher.feed(content)
+        return Piece(visible + self._matcher.flush(), "", tool_calls=tuple(deltas))
 
     def usage(self) -> Usage:
         """Usage of the request so far."""

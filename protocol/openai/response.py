@@ -2,12 +2,14 @@
 
 The shapes follow openapi.yaml (CreateChatCompletionStreamResponse,
 CreateChatCompletionResponse, CompletionUsage); the order chunks go in is
-`protocol.openai.stream`'s. Every chunk has id, object, created, model and one choice
-{index 0, delta, logprobs null, finish_reason}; with include_usage every chunk also has
+`protocol.openai.stream`'s. Every chunk has id, object, created, model, system_fingerprint and
+one choice {index 0, delta, logprobs, finish_reason}; with include_usage every chunk also has
 "usage": null (the usage so far with continuous_usage_stats), without it no usage key.
-`system_fingerprint` and `service_tier` are left out: both are optional, and the spec types
-the fingerprint as a string, which we have none of. Reasoning text goes in
-`reasoning_content` (vLLM, exo).
+`system_fingerprint` names the serving configuration: it changes when the model, the runner's
+engine or Orchard's version does (`system_fingerprint()`). Reasoning text goes in
+`reasoning_content` (vLLM, exo). A delta's tool calls are `{index, id, type, function: {name,
+arguments}}` for a call's first piece and `{index, function: {arguments}}` after; a chunk's
+logprobs are `{"content": [...], "refusal": null}` for requests that asked for them.
 
 The internal finish reason "cancelled" is not an OpenAI value; it is sent as "stop" (the text
 ended where the client or the gateway asked it to); the browser socket's `done` message says
@@ -16,11 +18,13 @@ ended where the client or the gateway asked it to); the browser socket's `done` 
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from protocol.frames import FinishReason, Usage
+from protocol.frames import FinishReason, TokenLogprob, ToolCallDelta, Usage
 
 _FINISH_REASONS: dict[str, str] = {
     "stop": "stop",
@@ -29,8 +33,51 @@ _FINISH_REASONS: dict[str, str] = {
     "cancelled": "stop",
 }
 
-_ROLE_DELTA = b'{"role":"assistant","content":""}'
+_ROLE_DELTA = b'{"role":"assistant","content":"","refusal":null}'
 _NO_FINISH = b',"logprobs":null,"finish_reason":null}]'
+
+
+def system_fingerprint(orchard_version: str, model: str, engine: str | None) -> str:
+    """OpenAI's `system_fingerprint` ("fp_" and 10 hex digits): a hash of what decides the
+    output besides the request (Orchard's version, the model, the runner's engine)."""
+    digest = hashlib.sha256(f"{orchard_version}\0{model}\0{engine or ''}".encode()).hexdigest()
+    return f"fp_{digest[:10]}"
+
+
+def tool_call_entries(deltas: Sequence[ToolCallDelta]) -> list[dict[str, Any]]:
+    """A delta's `tool_calls`: consecutive pieces of one call joined into one entry."""
+    entries: list[dict[str, Any]] = []
+    for delta in deltas:
+        if delta.id is None and entries and entries[-1]["index"] == delta.index:
+            entries[-1]["function"]["arguments"] += delta.arguments
+        elif delta.id is None:
+            entries.append({"index": delta.index, "function": {"arguments": delta.arguments}})
+        else:
+            entries.append(
+                {
+                    "index": delta.index,
+                    "id": delta.id,
+                    "type": "function",
+                    "function": {"name": delta.name or "", "arguments": delta.arguments},
+                }
+            )
+    return entries
+
+
+def logprob_entries(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """OpenAI's ChatCompletionTokenLogprob objects."""
+    return [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "bytes": list(entry.bytes),
+            "top_logprobs": [
+                {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)}
+                for top in entry.top_logprobs
+            ],
+        }
+        for entry in entries
+    ]
 
 
 def openai_finish_reason(reason: FinishReason) -> str:
@@ -44,8 +91,13 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": usage.reasoning_tokens,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
 
 
@@ -63,6 +115,7 @@ class ChunkWriter:
         "_usage_head",
         "continuous_usage_stats",
         "include_usage",
+        "logprobs",
     )
 
     def __init__(
@@ -73,15 +126,24 @@ class ChunkWriter:
         include_usage: bool = False,
         continuous_usage_stats: bool = False,
         *,
+        logprobs: bool = False,
+        fingerprint: str | None = None,
         prefix: bytes = b"data: ",
         suffix: bytes = b"\n\n",
     ) -> None:
         """`prefix` and `suffix` frame each chunk: an SSE event by default; the browser socket
-        wraps chunks in its own envelope instead."""
+        wraps chunks in its own envelope instead. `logprobs`: the request asked for them."""
         self.include_usage = include_usage
         self.continuous_usage_stats = continuous_usage_stats and include_usage
+        self.logprobs = logprobs
         head = orjson.dumps(
-            {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
+            {
+                "id": id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "system_fingerprint": fingerprint,
+            }
         )[:-1]
         self._choice_head = prefix + head + b',"choices":[{"index":0,"delta":'
         self._usage_head = prefix + head + b',"choices":[],"usage":'
@@ -94,8 +156,17 @@ class ChunkWriter:
         """
         return self._choice_head + _ROLE_DELTA + _NO_FINISH + self._usage(usage) + self._end
 
-    def delta(self, content: str, reasoning: str, usage: Usage) -> bytes:
+    def delta(
+        self,
+        content: str,
+        reasoning: str,
+        usage: Usage,
+        tool_calls: Sequence[ToolCallDelta] = (),
+        logprobs: Sequence[TokenLogprob] = (),
+    ) -> bytes:
         """A chunk of text; the delta has only the non-empty keys (an empty delta is {})."""
+        if tool_calls or logprobs:
+            return self._rich_delta(content, reasoning, usage, tool_calls, logprobs)
         if reasoning:
             delta = (
                 orjson.dumps({"reasoning_content": reasoning, "content": content})
@@ -107,6 +178,39 @@ class ChunkWriter:
         else:
             delta = b"{}"
         return self._choice_head + delta + _NO_FINISH + self._usage(usage) + self._end
+
+    def _rich_delta(
+        self,
+        content: str,
+        reasoning: str,
+        usage: Usage,
+        tool_calls: Sequence[ToolCallDelta],
+        logprobs: Sequence[TokenLogprob],
+    ) -> bytes:
+        """A delta with tool calls or logprobs (off the plain-text fast path)."""
+        delta: dict[str, Any] = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if content:
+            delta["content"] = content
+        if tool_calls:
+            delta["tool_calls"] = tool_call_entries(tool_calls)
+        choice_logprobs = (
+            {"content": logprob_entries(logprobs), "refusal": None}
+            if self.logprobs and logprobs
+            else None
+        )
+        return b"".join(
+            (
+                self._choice_head,
+                orjson.dumps(delta),
+                b',"logprobs":',
+                orjson.dumps(choice_logprobs),
+                b',"finish_reason":null}]',
+                self._usage(usage),
+                self._end,
+            )
+        )
 
     def finish(self, reason: FinishReason, usage: Usage) -> bytes:
         """The last choice chunk: an empty delta and the finish_reason."""
@@ -147,9 +251,23 @@ def completion(
     reasoning: str,
     finish_reason: FinishReason,
     usage: Usage,
+    tool_calls: Sequence[ToolCallDelta] = (),
+    logprobs: Sequence[TokenLogprob] | None = None,
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming response body (object "chat.completion")."""
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    """The non-streaming response body (object "chat.completion"). `logprobs` None: the
+    request did not ask for them. A message with tool calls and no text has content null."""
+    calls = tool_call_entries(tool_calls)
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None if calls and not content else content,
+        "refusal": None,
+        "annotations": [],
+    }
+    if calls:
+        for call in calls:
+            del call["index"]
+        message["tool_calls"] = calls
     if reasoning:
         message["reasoning_content"] = reasoning
     return {
@@ -157,11 +275,14 @@ def completion(
         "object": "chat.completion",
         "created": created,
         "model": model,
+        "system_fingerprint": fingerprint,
         "choices": [
             {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": None
+                if logprobs is None
+                else {"content": logprob_entries(logprobs), "refusal": None},
                 "finish_reason": _FINISH_REASONS[finish_reason],
             }
         ],

@@ -3,8 +3,9 @@
 `CompletionStream` is fed one request's items as they come (the runner's chunks, an error, a
 cancel) and appends the messages to send. It owns the order of a streamed completion:
 
-    role chunk      delta {"role": "assistant", "content": ""}, once, before any other chunk
-    delta chunks    delta {"reasoning_content"?, "content"?}, only the non-empty keys
+    role chunk      delta {"role": "assistant", "content": "", "refusal": null}, once, first
+    delta chunks    delta {"reasoning_content"?, "content"?, "tool_calls"?}, only the non-empty
+                    keys; with the logprobs of the tokens they cover (requests asking for them)
     finish chunk    delta {}, finish_reason ("cancelled" is sent as "stop")
     usage chunk     choices [] and the whole request's usage (include_usage only)
     end             `data: [DONE]` over SSE; `done` on the browser socket
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from protocol.frames import Chunk, Error, FinishReason, Usage
+from protocol.frames import Chunk, Error, FinishReason, TokenLogprob, ToolCallDelta, Usage
 from protocol.openai.errors import OpenAIError, runner_error, server_error
 from protocol.openai.response import ChunkWriter, completion
 
@@ -100,6 +101,8 @@ class CompletionStream:
         model: str,
         include_usage: bool = False,
         continuous_usage_stats: bool = False,
+        logprobs: bool = False,
+        fingerprint: str | None = None,
         framing: Framing = SSE,
     ) -> None:
         self._framing = framing
@@ -109,6 +112,8 @@ class CompletionStream:
             model,
             include_usage,
             continuous_usage_stats,
+            logprobs=logprobs,
+            fingerprint=fingerprint,
             prefix=framing.chunk_prefix,
             suffix=framing.chunk_suffix,
         )
@@ -142,8 +147,16 @@ class CompletionStream:
                 self.started = True
                 out.append(writer.role(Usage(usage.prompt_tokens, 0, usage.cached_tokens, 0)))
             self._usage = usage
-            if item.text or item.reasoning or (writer.continuous_usage_stats and item.tokens):
-                out.append(writer.delta(item.text, item.reasoning, usage))
+            if (
+                item.text
+                or item.reasoning
+                or item.tool_calls
+                or (item.logprobs and writer.logprobs)
+                or (writer.continuous_usage_stats and item.tokens)
+            ):
+                out.append(
+                    writer.delta(item.text, item.reasoning, usage, item.tool_calls, item.logprobs)
+                )
             if item.finish_reason is None:
                 return False
             self._finish(item.finish_reason, usage, out)
@@ -191,11 +204,23 @@ class CompletionBuilder:
     """The non-streaming response: fed the same items as `CompletionStream`, it collects the
     text and builds the `chat.completion` body."""
 
-    __slots__ = ("_content", "_reasoning", "error", "last", "over")
+    __slots__ = (
+        "_content",
+        "_logprobs",
+        "_reasoning",
+        "_tool_calls",
+        "error",
+        "last",
+        "over",
+        "wants_logprobs",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, *, logprobs: bool = False) -> None:
         self._content: list[str] = []
         self._reasoning: list[str] = []
+        self._tool_calls: list[ToolCallDelta] = []
+        self._logprobs: list[TokenLogprob] = []
+        self.wants_logprobs = logprobs
         self.last: Chunk | None = None
         self.error: OpenAIError | None = None
         self.over = False
@@ -207,6 +232,8 @@ class CompletionBuilder:
         if type(item) is Chunk:
             self._content.append(item.text)
             self._reasoning.append(item.reasoning)
+            self._tool_calls.extend(item.tool_calls)
+            self._logprobs.extend(item.logprobs)
             self.last = item
             self.over = item.finish_reason is not None
             return self.over
@@ -214,7 +241,9 @@ class CompletionBuilder:
         self.over = True
         return True
 
-    def body(self, *, id: str, created: int, model: str) -> dict[str, Any]:
+    def body(
+        self, *, id: str, created: int, model: str, fingerprint: str | None = None
+    ) -> dict[str, Any]:
         """The response body; raises the request's error if it failed (or never finished)."""
         if self.error is not None:
             raise self.error
@@ -229,4 +258,7 @@ class CompletionBuilder:
             reasoning="".join(self._reasoning),
             finish_reason=last.finish_reason,
             usage=last.usage,
+            tool_calls=self._tool_calls,
+            logprobs=self._logprobs if self.wants_logprobs else None,
+            fingerprint=fingerprint,
         )

@@ -51,8 +51,7 @@ def parse_tools(value: Any) -> tuple[Tool, ...]:
     for i, tool in enumerate(tools):
         if tool.name in seen:
             raise invalid_request(
-                f"Invalid 'tools[{i}].function.name': duplicate function name "
-                f"{_show(tool.name)}.",
+                f"Invalid 'tools[{i}].function.name': duplicate function name {_show(tool.name)}.",
                 f"tools[{i}].function.name",
                 "invalid_value",
             )

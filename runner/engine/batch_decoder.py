@@ -149,7 +149,9 @@ class BatchDecoder:
                     detokenizer.add_token(token)
                     if finish is not None:
                         detokenizer.finalize()
-                generation.token(request, token, detokenizer.last_segment, finish)
+                generation.token(
+                    request, token, detokenizer.last_segment, finish, response.logprobs
+                )
             except Exception as exc:
                 # One row's failure (detokenizer, accounting) ends that request only; the
                 # other rows of this step still get their tokens.

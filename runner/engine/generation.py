@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from protocol.frames import FinishReason, Generate, GenerationStats
+from protocol.frames import FinishReason, Generate, GenerationStats, TokenLogprob
 from runner.accounting import Piece
 from runner.engine.base import Failure, Output, Sink, emit
 from runner.engine.mlx_model import MlxModel, Request
@@ -179,32 +179,64 @@ class Generation:
         request.prefill_tokens = len(request.prompt) - reused
         return cache, reused
 
-    def token(self, request: Request, token: int, text: str, model_finish: str | None) -> None:
+    def token(
+        self,
+        request: Request,
+        token: int,
+        text: str,
+        model_finish: str | None,
+        logprobs: Any = None,
+    ) -> None:
         """One generated token of a running request and its text: emit it, or end the
-        request (stop string, end of sequence, length). The hot path: keep it lean."""
+        request (stop string, end of sequence, length). `logprobs`: the step's
+        log-probabilities, used when the request asked for them. The hot path: keep it lean."""
         request.tokens.append(token)
         self._counters.tokens_generated += 1
         piece = request.accounting.feed(token, text)
+        entries: tuple[TokenLogprob, ...] = ()
+        if request.logprobs is not None and logprobs is not None:
+            entries = (request.logprobs(token, logprobs),)
         if piece.stopped:
-            self.finish(request, "stop", piece, tokens=1)
+            self.finish(request, "stop", piece, tokens=1, logprobs=entries)
         elif model_finish is not None:
             tail = request.accounting.flush()
-            piece = Piece(piece.text + tail.text, piece.reasoning)
+            piece = Piece(
+                piece.text + tail.text,
+                piece.reasoning,
+                tool_calls=piece.tool_calls + tail.tool_calls,
+            )
             reason: FinishReason = "stop" if model_finish == "stop" else "length"
-            self.finish(request, reason, piece, tokens=1)
+            self.finish(request, reason, piece, tokens=1, logprobs=entries)
         else:
             emit(
                 self._sink,
                 Output(
-                    request.request_id, piece.text, piece.reasoning, 1, request.accounting.usage()
+                    request.request_id,
+                    piece.text,
+                    piece.reasoning,
+                    1,
+                    request.accounting.usage(),
+                    tool_calls=piece.tool_calls,
+                    logprobs=entries,
                 ),
             )
 
-    def finish(self, request: Request, reason: FinishReason, piece: Piece, *, tokens: int) -> None:
-        """End a request with its terminal Output, then keep its KV cache for later prompts."""
+    def finish(
+        self,
+        request: Request,
+        reason: FinishReason,
+        piece: Piece,
+        *,
+        tokens: int,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> None:
+        """End a request with its terminal Output, then keep its KV cache for later prompts.
+        A request that called tools and stopped finishes with "tool_calls"."""
         now = time.perf_counter()
         self._forget(request)
         self._counters.recent_tokens.append((request.request_id, tuple(request.tokens)))
+        if reason == "stop" and request.accounting.tool_calls_made:
+            reason = "tool_calls"
         emit(
             self._sink,
             Output(
@@ -215,6 +247,8 @@ class Generation:
                 request.accounting.usage(),
                 finish_reason=reason,
                 stats=self._stats(request, now),
+                tool_calls=piece.tool_calls,
+                logprobs=logprobs,
             ),
         )
         self._release(request)

@@ -98,7 +98,9 @@ class InterleavedDecoder:
             return
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
-        self._generation.token(request, int(response.token), response.text, response.finish_reason)
+        self._generation.token(
+            request, int(response.token), response.text, response.finish_reason, response.logprobs
+        )
 
     def release(self, request: Request) -> None:
         entry = self._streams.pop(request.request_id, None)

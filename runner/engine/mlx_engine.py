@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from importlib.metadata import version
 
 import mlx.core as mx
 
@@ -91,7 +92,7 @@ class MlxEngine(ThreadedEngine):
         )
         self._stepping = self._make_stepping(generation)
         self._generation = generation
-        self._models = (ModelInfo(self.model_name, model.context_length),)
+        self._models = (ModelInfo(self.model_name, model.context_length, engine_version()),)
         log.info(
             "loaded %s (context %d tokens, %s)",
             self.model_name,
@@ -124,3 +125,9 @@ class MlxEngine(ThreadedEngine):
             # MLX 0.32 aborts the process at exit ("terminate called without an active
             # exception") unless a thread that used MLX destroys its streams before it ends.
             mx.clear_streams()
+
+
+def engine_version() -> str:
+    """What generates here, for clients' `system_fingerprint`: library versions and device."""
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    return f"mlx-lm {version('mlx-lm')}, mlx {version('mlx')}, {device}"

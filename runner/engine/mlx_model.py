@@ -7,6 +7,7 @@ real prompt usage. It raises `RequestError` for anything the request itself gets
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,9 @@ import mlx_lm
 from protocol.frames import Generate, Message
 from runner.accounting import RequestAccounting, prompt_opens_reasoning
 from runner.demo_model import resolve_model
+from runner.engine.logprobs import LogprobMaker, TokenBytes
 from runner.errors import RequestError
+from runner.tool_calls import ToolCallSplitter
 
 if TYPE_CHECKING:
     from runner.engine.generation import Decoder
@@ -47,6 +50,8 @@ class Request:
     """Prompt tokens actually processed (those not reused from the prefix cache)."""
     first_step_at: float | None = None
     first_token_at: float | None = None
+    logprobs: LogprobMaker | None = None
+    """Set when the request asks for logprobs."""
 
     @property
     def request_id(self) -> str:
@@ -84,6 +89,7 @@ class MlxModel:
         )
         self.eos_token_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self._think_start_id, self._think_end_id = _think_ids(tokenizer)
+        self._token_bytes: TokenBytes | None = None
 
     @classmethod
     def load(cls, name: str, *, context_length: int | None = None) -> MlxModel:
@@ -99,6 +105,7 @@ class MlxModel:
             raise RequestError(
                 "model_not_found", f"This engine serves {self.name}, not {generate.model}."
             )
+        tools = self._tools(generate)
         try:
             prompt = [
                 int(token)
@@ -106,11 +113,13 @@ class MlxModel:
                     [_message_dict(message) for message in generate.messages],
                     add_generation_prompt=True,
                     tokenize=True,
+                    **({"tools": tools} if tools else {}),
+                    **self._template_kwargs(generate),
                 )
             ]
         except Exception as exc:
             raise RequestError(
-                "invalid_request", f"The chat template rejected the messages: {exc}"
+                "invalid_request", f"The chat template rejected the messages: {exc}", "messages"
             ) from exc
         limit = self.context_length
         if len(prompt) >= limit:
@@ -137,6 +146,7 @@ class MlxModel:
                     "invalid_request",
                     f"logit_bias names token {bias.token}, outside this model's vocabulary "
                     f"of {self.vocab_size}.",
+                    "logit_bias",
                 )
         accounting = RequestAccounting(
             prompt_tokens=len(prompt),
@@ -148,17 +158,99 @@ class MlxModel:
             starts_in_reasoning=prompt_opens_reasoning(
                 prompt, self._think_start_id, self._think_end_id
             ),
+            tool_calls=self._tool_call_splitter(tools),
         )
-        return Request(generate, submitted_at, prompt, max_tokens, accounting)
+        request = Request(generate, submitted_at, prompt, max_tokens, accounting)
+        if generate.logprobs:
+            if self._token_bytes is None:
+                self._token_bytes = TokenBytes(self.tokenizer)
+            request.logprobs = LogprobMaker(self._token_bytes, generate.top_logprobs)
+        return request
+
+    def _tools(self, generate: Generate) -> list[dict[str, Any]]:
+        """The request's tools as chat templates take them (none with tool_choice "none": the
+        model is not told about tools it may not call)."""
+        if not generate.tools or generate.tool_choice == "none":
+            return []
+        if not self.tokenizer.has_tool_calling:
+            raise RequestError(
+                "invalid_request",
+                f"The model {self.name} does not support tool calling (its tokenizer has no "
+                "tool-call markup mlx-lm recognises).",
+                "tools",
+            )
+        tools = []
+        for tool in generate.tools:
+            function: dict[str, Any] = {"name": tool.name}
+            if tool.description is not None:
+                function["description"] = tool.description
+            if tool.parameters is not None:
+                function["parameters"] = json.loads(tool.parameters)
+            tools.append({"type": "function", "function": function})
+        return tools
+
+    def _tool_call_splitter(self, tools: list[dict[str, Any]]) -> ToolCallSplitter | None:
+        if not tools:
+            return None
+        tokenizer = self.tokenizer
+        return ToolCallSplitter(
+            tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser, tools
+        )
+
+    def _template_kwargs(self, generate: Generate) -> dict[str, Any]:
+        """chat_template_kwargs, and reasoning_effort as the template's `enable_thinking`."""
+        kwargs: dict[str, Any] = {}
+        if generate.chat_template_kwargs is not None:
+            kwargs = json.loads(generate.chat_template_kwargs)
+            for reserved in ("messages", "tools", "add_generation_prompt", "tokenize"):
+                if reserved in kwargs:
+                    raise RequestError(
+                        "invalid_request",
+                        f"chat_template_kwargs may not set {reserved!r}.",
+                        "chat_template_kwargs",
+                    )
+        effort = generate.reasoning_effort
+        if effort is not None:
+            if not self.tokenizer.has_thinking:
+                raise RequestError(
+                    "invalid_request",
+                    f"reasoning_effort is for reasoning models; {self.name} has no think markers.",
+                    "reasoning_effort",
+                )
+            kwargs.setdefault("enable_thinking", effort not in ("none", "minimal"))
+        return kwargs
 
 
-def _message_dict(message: Message) -> dict[str, str]:
+def _message_dict(message: Message) -> dict[str, Any]:
+    """A message as chat templates take it (transformers' convention: a tool call's arguments
+    are a dict, which templates render with `tojson`)."""
     # Chat templates know "system"; OpenAI's "developer" role is its newer name.
     role = "system" if message.role == "developer" else message.role
-    data = {"role": role, "content": message.content}
+    data: dict[str, Any] = {"role": role, "content": message.content}
     if message.name is not None:
         data["name"] = message.name
+    if message.tool_calls:
+        data["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        data["tool_call_id"] = message.tool_call_id
     return data
+
+
+def _arguments(text: str) -> Any:
+    """A tool call's arguments as the template should render them: the parsed JSON object, or
+    the text itself when it is not one (a model's malformed call, sent back as it was)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def _think_ids(tokenizer: Any) -> tuple[int | None, int | None]:
