@@ -73,8 +73,9 @@ def test_end_exact_bytes() -> None:
     assert BrowserFraming("r1").end("cancelled", Usage(15, 3, 5, 1)) == (
         b'{"type":"done","request_id":"r1","finish_reason":"cancelled","usage":'
         b'{"prompt_tokens":15,"completion_tokens":3,"total_tokens":18,'
-        b'"prompt_tokens_details":{"cached_tokens":5},'
-        b'"completion_tokens_details":{"reasoning_tokens":1}}}'
+        b'"prompt_tokens_details":{"cached_tokens":5,"audio_tokens":0},'
+        b'"completion_tokens_details":{"reasoning_tokens":1,"audio_tokens":0,'
+        b'"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}'
     )
 
 
@@ -131,6 +132,7 @@ def test_a_completion(include_usage: bool, finish: FinishReason) -> None:
     assert orjson.loads(out[0])["chunk"]["choices"][0]["delta"] == {
         "role": "assistant",
         "content": "",
+        "refusal": None,
     }
 
 

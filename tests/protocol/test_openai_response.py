@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from protocol.frames import Chunk, FinishReason, Usage
 from protocol.openai import errors
 from protocol.openai.errors import OpenAIError
-from protocol.openai.response import ChunkWriter, completion, openai_finish_reason, usage_dict
+from protocol.openai.response import (
+    ChunkWriter,
+    completion,
+    openai_finish_reason,
+    system_fingerprint,
+    usage_dict,
+)
 from protocol.openai.stream import SSE, CompletionStream
 from tests.protocol.strategies import text
 
@@ -24,14 +31,26 @@ ID = "chatcmpl-abc"
 CREATED = 1_700_000_000
 MODEL = "llama"
 USAGE = Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=4, reasoning_tokens=2)
-USAGE_DICT = {
+USAGE_DICT: dict[str, Any] = {
     "prompt_tokens": 10,
     "completion_tokens": 5,
     "total_tokens": 15,
-    "prompt_tokens_details": {"cached_tokens": 4},
-    "completion_tokens_details": {"reasoning_tokens": 2},
+    "prompt_tokens_details": {"cached_tokens": 4, "audio_tokens": 0},
+    "completion_tokens_details": {
+        "reasoning_tokens": 2,
+        "audio_tokens": 0,
+        "accepted_prediction_tokens": 0,
+        "rejected_prediction_tokens": 0,
+    },
 }
-HEAD = {"id": ID, "object": "chat.completion.chunk", "created": CREATED, "model": MODEL}
+HEAD = {
+    "id": ID,
+    "object": "chat.completion.chunk",
+    "created": CREATED,
+    "model": MODEL,
+    "system_fingerprint": None,
+}
+ROLE = {"role": "assistant", "content": "", "refusal": None}
 
 
 def writer(include_usage: bool = False, continuous: bool = False) -> ChunkWriter:
@@ -67,13 +86,29 @@ def sdk_chunk(data: bytes) -> ChatCompletionChunk:
 def test_usage_dict() -> None:
     assert usage_dict(USAGE) == USAGE_DICT
     assert list(usage_dict(USAGE)) == list(USAGE_DICT)
+    for key in ("prompt_tokens_details", "completion_tokens_details"):
+        assert list(usage_dict(USAGE)[key]) == list(USAGE_DICT[key])
     assert usage_dict(Usage(prompt_tokens=3, completion_tokens=0)) == {
         "prompt_tokens": 3,
         "completion_tokens": 0,
         "total_tokens": 3,
-        "prompt_tokens_details": {"cached_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
+
+
+def test_system_fingerprint() -> None:
+    fingerprint = system_fingerprint("0.1.0", "llama", "mlx-lm 0.28")
+    assert re.fullmatch(r"fp_[0-9a-f]{10}", fingerprint)
+    assert system_fingerprint("0.1.0", "llama", "mlx-lm 0.28") == fingerprint
+    assert system_fingerprint("0.1.1", "llama", "mlx-lm 0.28") != fingerprint
+    assert system_fingerprint("0.1.0", "qwen", "mlx-lm 0.28") != fingerprint
+    assert system_fingerprint("0.1.0", "llama", None) != fingerprint
 
 
 # --- streaming chunks -----------------------------------------------------------------------
@@ -83,16 +118,33 @@ def test_exact_bytes_of_a_delta_chunk() -> None:
     # Key order as OpenAI sends it; some clients print or diff raw chunks.
     assert writer().delta("Hi", "", USAGE) == (
         b'data: {"id":"chatcmpl-abc","object":"chat.completion.chunk","created":1700000000,'
-        b'"model":"llama","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,'
+        b'"model":"llama","system_fingerprint":null,"choices":[{"index":0,'
+        b'"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}\n\n'
+    )
+    fingerprinted = ChunkWriter(id=ID, created=CREATED, model=MODEL, fingerprint="fp_0123456789")
+    assert fingerprinted.delta("Hi", "", USAGE) == (
+        b'data: {"id":"chatcmpl-abc","object":"chat.completion.chunk","created":1700000000,'
+        b'"model":"llama","system_fingerprint":"fp_0123456789","choices":[{"index":0,'
+        b'"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}\n\n'
+    )
+
+
+def test_exact_bytes_of_the_role_chunk() -> None:
+    assert writer().role() == (
+        b'data: {"id":"chatcmpl-abc","object":"chat.completion.chunk","created":1700000000,'
+        b'"model":"llama","system_fingerprint":null,"choices":[{"index":0,'
+        b'"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,'
         b'"finish_reason":null}]}\n\n'
     )
 
 
 def test_role_chunk() -> None:
-    assert event(writer().role()) == chunk({"role": "assistant", "content": ""})
+    assert event(writer().role()) == chunk(ROLE)
     parsed = sdk_chunk(writer().role())
     assert parsed.choices[0].delta.role == "assistant"
     assert parsed.choices[0].delta.content == ""
+    assert parsed.choices[0].delta.refusal is None
+    assert parsed.system_fingerprint is None
     assert parsed.usage is None
 
 
@@ -137,7 +189,7 @@ def test_without_include_usage_there_is_no_usage_key() -> None:
 
 def test_include_usage_puts_null_usage_on_every_chunk() -> None:
     w = writer(include_usage=True)
-    assert event(w.role()) == {**chunk({"role": "assistant", "content": ""}), "usage": None}
+    assert event(w.role()) == {**chunk(ROLE), "usage": None}
     assert event(w.delta("a", "", USAGE)) == {**chunk({"content": "a"}), "usage": None}
     assert event(w.finish("length", USAGE)) == {**chunk({}, "length"), "usage": None}
     data = w.usage_chunk(USAGE)
@@ -155,7 +207,7 @@ def test_include_usage_puts_null_usage_on_every_chunk() -> None:
 def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk() -> None:
     w = writer(include_usage=True, continuous=True)
     assert w.continuous_usage_stats
-    assert event(w.role()) == {**chunk({"role": "assistant", "content": ""}), "usage": None}
+    assert event(w.role()) == {**chunk(ROLE), "usage": None}
     assert event(w.role(USAGE))["usage"] == USAGE_DICT
     assert event(w.delta("a", "", USAGE)) == {**chunk({"content": "a"}), "usage": USAGE_DICT}
     assert event(w.delta("", "", USAGE)) == {**chunk({}), "usage": USAGE_DICT}
@@ -245,17 +297,32 @@ def test_completion() -> None:
         "object": "chat.completion",
         "created": CREATED,
         "model": MODEL,
+        "system_fingerprint": None,
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "Hello", "refusal": None},
+                "message": {
+                    "role": "assistant",
+                    "content": "Hello",
+                    "refusal": None,
+                    "annotations": [],
+                },
                 "logprobs": None,
                 "finish_reason": "length",
             }
         ],
         "usage": USAGE_DICT,
     }
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
+    assert list(body) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "system_fingerprint",
+        "choices",
+        "usage",
+    ]
+    assert list(body["choices"][0]["message"]) == ["role", "content", "refusal", "annotations"]
     parsed = ChatCompletion.model_validate(body)
     assert parsed.choices[0].message.content == "Hello"
     assert parsed.choices[0].finish_reason == "length"
@@ -279,6 +346,7 @@ def test_completion_with_reasoning_and_cancelled() -> None:
             "role": "assistant",
             "content": "",
             "refusal": None,
+            "annotations": [],
             "reasoning_content": "Let me think.",
         },
         "logprobs": None,

@@ -14,7 +14,13 @@ from protocol.openai.errors import OpenAIError
 from protocol.openai.stream import SSE, CompletionBuilder, CompletionStream
 
 ID, CREATED, MODEL = "chatcmpl-1", 1_700_000_000, "m"
-HEAD = {"id": ID, "object": "chat.completion.chunk", "created": CREATED, "model": MODEL}
+HEAD = {
+    "id": ID,
+    "object": "chat.completion.chunk",
+    "created": CREATED,
+    "model": MODEL,
+    "system_fingerprint": None,
+}
 
 
 def usage(completion: int, prompt: int = 7, cached: int = 3, reasoning: int = 0) -> Usage:
@@ -26,8 +32,13 @@ def usage_dict(u: Usage) -> dict[str, Any]:
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": u.reasoning_tokens,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
 
 
@@ -75,7 +86,7 @@ def choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     }
 
 
-ROLE = choice({"role": "assistant", "content": ""})
+ROLE = choice({"role": "assistant", "content": "", "refusal": None})
 
 
 def test_a_whole_stream_in_order() -> None:
@@ -228,6 +239,7 @@ def test_builder_collects_a_completion() -> None:
         "object": "chat.completion",
         "created": CREATED,
         "model": MODEL,
+        "system_fingerprint": None,
         "choices": [
             {
                 "index": 0,
@@ -235,6 +247,7 @@ def test_builder_collects_a_completion() -> None:
                     "role": "assistant",
                     "content": "Hello",
                     "refusal": None,
+                    "annotations": [],
                     "reasoning_content": "r1r2",
                 },
                 "logprobs": None,
