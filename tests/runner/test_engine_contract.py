@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 import attrs
 import pytest
 
-from protocol.frames import ModelInfo, Usage
+from protocol.frames import Usage
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, EngineEvent, Failure, Output
-from runner.engine.mlx_engine import MlxEngine
+from runner.engine.mlx_engine import MlxEngine, engine_version
 from runner.engine.scripted import ScriptedEngine
 from runner.errors import EngineStateError
 from tests.runner.collect import (
@@ -65,7 +65,14 @@ def started_outputs(collector: Collector, request_id: str) -> list[Output]:
 
 def test_models_and_an_idle_engine_sleeps(start: StartEngine) -> None:
     engine, _ = start()
-    assert engine.models == (ModelInfo(DEMO_MODEL_ID, 2048),)
+    (info,) = engine.models
+    assert (info.id, info.context_length) == (DEMO_MODEL_ID, 2048)
+    if isinstance(engine, MlxEngine):
+        assert info.engine == engine_version()
+        assert info.engine.startswith("mlx-lm ")
+        assert info.engine.endswith(("cpu", "gpu"))
+    else:
+        assert info.engine is None
     cpu = time.process_time()
     time.sleep(0.3)
     # The engine thread blocks on its inbox: no polling.

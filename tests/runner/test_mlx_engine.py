@@ -15,7 +15,7 @@ from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import interleaved
 from runner.engine.base import Failure, Output
 from runner.engine.batched import BatchedMlxEngine
-from runner.engine.mlx_engine import MlxEngine
+from runner.engine.mlx_engine import MlxEngine, engine_version
 from runner.errors import ModelLoadError
 from tests.runner.collect import Collector, engine_starter, final, outputs, run, text_of
 from tests.runner.engines import GREEDY, Reference, ask
@@ -167,7 +167,7 @@ def test_starting_inside_a_think_span_is_reasoning(
 
     with engine_starter(lambda: engine_class(str(thinking))) as start:
         engine, collector = start()
-        assert engine.models == (ModelInfo(str(thinking), 2048),)
+        assert engine.models == (ModelInfo(str(thinking), 2048, engine_version()),)
         request = Generate("r1", str(thinking), (Message("user", "Hi"),), max_tokens=12)
         events = run(engine, collector, request)
     last = final(events)
