@@ -13,8 +13,10 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from gateway.pool import ORCHARD_VERSION
 from protocol.closecodes import CloseCode
 from protocol.frames import Cancel, Chunk, Drain, Error, Generate, Usage
+from protocol.openai.response import system_fingerprint
 from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, sse_events
 
 
@@ -40,6 +42,10 @@ async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 
 def body(**extra: Any) -> dict[str, Any]:
     return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+# The fake runner names no engine: the fingerprint is Orchard's version and the model's.
+FINGERPRINT = system_fingerprint(ORCHARD_VERSION, "fake-model", None)
 
 
 async def test_stream_is_relayed_byte_exact(runner: FakeRunner, http: httpx.AsyncClient) -> None:
@@ -78,12 +84,26 @@ async def test_stream_is_relayed_byte_exact(runner: FakeRunner, http: httpx.Asyn
         assert chunk["object"] == "chat.completion.chunk"
         assert chunk["created"] == first["created"]
         assert chunk["model"] == "fake-model"
+        assert chunk["system_fingerprint"] == FINGERPRINT
+        assert list(chunk) == [
+            "id",
+            "object",
+            "created",
+            "model",
+            "system_fingerprint",
+            "choices",
+            "usage",
+        ]
     for chunk in chunks[:-1]:
         assert chunk["usage"] is None
         assert len(chunk["choices"]) == 1
         assert chunk["choices"][0]["index"] == 0
         assert chunk["choices"][0]["logprobs"] is None
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": "",
+        "refusal": None,
+    }
     assert chunks[1]["choices"][0]["delta"] == {"content": "Hel"}
     assert chunks[2]["choices"][0]["delta"] == {"content": "lo"}
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, None, "stop"]
@@ -93,8 +113,13 @@ async def test_stream_is_relayed_byte_exact(runner: FakeRunner, http: httpx.Asyn
         "prompt_tokens": 3,
         "completion_tokens": 3,
         "total_tokens": 6,
-        "prompt_tokens_details": {"cached_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
 
 
@@ -206,10 +231,16 @@ async def test_non_streaming(runner: FakeRunner, http: httpx.AsyncClient) -> Non
     data = resp.json()
     assert data["object"] == "chat.completion"
     assert data["model"] == "fake-model"
+    assert data["system_fingerprint"] == FINGERPRINT
     assert data["choices"] == [
         {
             "index": 0,
-            "message": {"role": "assistant", "content": "Hi there", "refusal": None},
+            "message": {
+                "role": "assistant",
+                "content": "Hi there",
+                "refusal": None,
+                "annotations": [],
+            },
             "logprobs": None,
             "finish_reason": "length",
         }
@@ -218,8 +249,13 @@ async def test_non_streaming(runner: FakeRunner, http: httpx.AsyncClient) -> Non
         "prompt_tokens": 5,
         "completion_tokens": 2,
         "total_tokens": 7,
-        "prompt_tokens_details": {"cached_tokens": 4},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": 4, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
 
 
@@ -374,11 +410,9 @@ async def test_bad_first_frame_closes_with_code(
         assert (await http.get(f"{gateway.base}/health")).status_code == 200
 
 
-def test_max_tokens_ceiling(gateway: Gateway) -> None:
-    resp = httpx.post(
-        f"{gateway.base}/v1/chat/completions",
-        json={**body(), "max_tokens": 40000},
-    )
+async def test_max_tokens_ceiling(runner: FakeRunner, http: httpx.AsyncClient) -> None:
+    # The model is checked first: the ceiling is only reached for a model a runner serves.
+    resp = await http.post("/v1/chat/completions", json={**body(), "max_tokens": 40000})
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "max_tokens"
     assert "at most 32768" in resp.json()["error"]["message"]

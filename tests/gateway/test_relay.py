@@ -159,7 +159,7 @@ async def test_committing_without_a_first_chunk_sends_the_role_chunk() -> None:
     task = s.start(s.relay(), None)
     await settle()
     assert [orjson.loads(e)["choices"][0]["delta"] for e in s.client.events()] == [
-        {"role": "assistant", "content": ""}
+        {"role": "assistant", "content": "", "refusal": None}
     ]
     s.stream.push(chunk(0, final=True))
     await asyncio.wait_for(task, 1)
