@@ -39,8 +39,21 @@ class Failed:
 StreamItem = Chunk | Error | Failed
 
 
-def merge(chunks: list[Chunk]) -> Chunk:
-    """Consecutive chunks of one request as one (joined once: no quadratic copying)."""
+def merge(chunks: list[Chunk]) -> list[Chunk]:
+    """Consecutive chunks of one request as one per choice (joined once: no quadratic
+    copying): a request with n choices merges to at most n chunks, the one that ends the
+    request last."""
+    by_choice: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        by_choice.setdefault(chunk.index, []).append(chunk)
+    last = chunks[-1]
+    ends = last.index if last.finish_reason is not None else -1
+    return [_merge_run(by_choice[i]) for i in sorted(by_choice, key=lambda i: i == ends)]
+
+
+def _merge_run(chunks: list[Chunk]) -> Chunk:
+    if len(chunks) == 1:
+        return chunks[0]
     last = chunks[-1]
     return Chunk(
         last.request_id,
@@ -53,6 +66,8 @@ def merge(chunks: list[Chunk]) -> Chunk:
         last.stats,
         tuple(delta for c in chunks for delta in c.tool_calls),
         tuple(entry for c in chunks for entry in c.logprobs),
+        last.index,
+        last.choice_finish,
     )
 
 
@@ -131,7 +146,7 @@ class RequestStream:
                 rest.append(item)
         self._overflow = []
         if chunks:
-            self._items.append(merge(chunks))
+            self._items.extend(merge(chunks))
         self._items.extend(rest)
 
     async def get(self) -> StreamItem:

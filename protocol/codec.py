@@ -38,7 +38,7 @@ T = TypeVar("T")
 _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     # Message before Generate: a class's hook is built with the hooks of its fields' classes.
     Message: ("name", "tool_calls", "tool_call_id"),
-    Chunk: ("tool_calls", "logprobs"),
+    Chunk: ("tool_calls", "logprobs", "index", "choice_finish"),
     Generate: (
         "tools",
         "tool_choice",
@@ -49,6 +49,7 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
         "top_logprobs",
         "chat_template_kwargs",
         "reasoning_effort",
+        "n",
     ),
     Error: ("param",),
     ModelInfo: ("engine",),

@@ -181,6 +181,8 @@ class Generate:
     """With logprobs: also the this many most likely tokens at each position."""
     chat_template_kwargs: str | None = None
     """Extra variables for the chat template, as a JSON object's text (vLLM's pass-through)."""
+    n: int = 1
+    """Choices to generate from the one prompt (see `Chunk.index`)."""
     reasoning_effort: ReasoningEffort | None = None
     """For a model with think markers: "none" and "minimal" turn thinking off through the chat
     template (`enable_thinking=False`), the others leave it on."""
@@ -270,6 +272,12 @@ class Chunk:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     """One entry per content token this chunk covers (requests asking for logprobs)."""
+    index: int = 0
+    """Which choice of a request with `n` > 1 the chunk belongs to (`usage` is still the
+    whole request's)."""
+    choice_finish: FinishReason | None = None
+    """n > 1: this choice ended, others go on. The request's last chunk has `finish_reason`
+    instead (the reason of the choice that ended last): that one still ends the request."""
 
 
 @attrs.frozen

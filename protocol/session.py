@@ -377,6 +377,8 @@ class RunnerSession:
         stats: GenerationStats | None = None,
         tool_calls: tuple[ToolCallDelta, ...] = (),
         logprobs: tuple[TokenLogprob, ...] = (),
+        index: int = 0,
+        choice_finish: FinishReason | None = None,
     ) -> Chunk:
         """Build the next chunk of a request, numbered; the final one ends the request."""
         req = self._requests.get(request_id)
@@ -393,6 +395,8 @@ class RunnerSession:
             stats,
             tool_calls,
             logprobs,
+            index,
+            choice_finish,
         )
         req.next_seq += 1
         if finish_reason is not None:

@@ -329,12 +329,12 @@ class Runner:
             if isinstance(event, Output):
                 pending.setdefault(rid, []).append(event)
                 continue
-            piled = pending.pop(rid, None)
-            if piled is not None:
-                self._emit(_merged(piled))
+            for merged in _merged(pending.pop(rid, [])):
+                self._emit(merged)
             self._emit(event)
         for piled in pending.values():
-            self._emit(_merged(piled))
+            for merged in _merged(piled):
+                self._emit(merged)
         self._flush_chunks()
 
     def _flush_chunks(self) -> None:
@@ -368,14 +368,26 @@ class Runner:
                     stats=event.stats,
                     tool_calls=event.tool_calls,
                     logprobs=event.logprobs,
+                    index=event.index,
+                    choice_finish=event.choice_finish,
                 )
             )
         if isinstance(event, Failure) or event.finish_reason is not None:
             self._idle.set()
 
 
-def _merged(outputs: list[Output]) -> Output:
-    """Consecutive outputs of one request as one (strings joined once)."""
+def _merged(outputs: list[Output]) -> list[Output]:
+    """Consecutive outputs of one request as one per choice (strings joined once), the one
+    that ends the request last."""
+    by_choice: dict[int, list[Output]] = {}
+    for output in outputs:
+        by_choice.setdefault(output.index, []).append(output)
+    last = outputs[-1] if outputs else None
+    ends = last.index if last is not None and last.finish_reason is not None else -1
+    return [_merge_run(by_choice[i]) for i in sorted(by_choice, key=lambda i: i == ends)]
+
+
+def _merge_run(outputs: list[Output]) -> Output:
     if len(outputs) == 1:
         return outputs[0]
     last = outputs[-1]
@@ -389,4 +401,6 @@ def _merged(outputs: list[Output]) -> Output:
         last.stats,
         tuple(delta for o in outputs for delta in o.tool_calls),
         tuple(entry for o in outputs for entry in o.logprobs),
+        last.index,
+        last.choice_finish,
     )

@@ -111,7 +111,10 @@ class ChunkWriter:
 
     __slots__ = (
         "_choice_head",
+        "_choice_heads",
         "_end",
+        "_head",
+        "_prefix",
         "_usage_head",
         "continuous_usage_stats",
         "include_usage",
@@ -145,28 +148,44 @@ class ChunkWriter:
                 "system_fingerprint": fingerprint,
             }
         )[:-1]
+        self._prefix = prefix
+        self._head = head
         self._choice_head = prefix + head + b',"choices":[{"index":0,"delta":'
+        self._choice_heads: dict[int, bytes] = {0: self._choice_head}
         self._usage_head = prefix + head + b',"choices":[],"usage":'
         self._end = b"}" + suffix
 
-    def role(self, usage: Usage | None = None) -> bytes:
-        """The first chunk: the assistant role and empty content.
+    def _head_of(self, index: int) -> bytes:
+        """The bytes up to a chunk's delta, for choice `index`."""
+        head = self._choice_heads.get(index)
+        if head is None:
+            head = self._choice_heads[index] = (
+                self._prefix + self._head + b',"choices":[{"index":%d,"delta":' % index
+            )
+        return head
+
+    def role(self, usage: Usage | None = None, index: int = 0) -> bytes:
+        """A choice's first chunk: the assistant role and empty content.
 
         With continuous_usage_stats it carries `usage` if given, else "usage": null.
         """
-        return self._choice_head + _ROLE_DELTA + _NO_FINISH + self._usage(usage) + self._end
+        return self._head_of(index) + _ROLE_DELTA + _NO_FINISH + self._usage(usage) + self._end
 
     def delta(
         self,
         content: str,
         reasoning: str,
         usage: Usage,
+        *,
         tool_calls: Sequence[ToolCallDelta] = (),
         logprobs: Sequence[TokenLogprob] = (),
+        index: int = 0,
     ) -> bytes:
         """A chunk of text; the delta has only the non-empty keys (an empty delta is {})."""
-        if tool_calls or logprobs:
-            return self._rich_delta(content, reasoning, usage, tool_calls, logprobs)
+        if tool_calls or logprobs or index:
+            return self._rich_delta(
+                content, reasoning, usage, tool_calls=tool_calls, logprobs=logprobs, index=index
+            )
         if reasoning:
             delta = (
                 orjson.dumps({"reasoning_content": reasoning, "content": content})
@@ -184,10 +203,13 @@ class ChunkWriter:
         content: str,
         reasoning: str,
         usage: Usage,
+        *,
         tool_calls: Sequence[ToolCallDelta],
         logprobs: Sequence[TokenLogprob],
+        index: int,
     ) -> bytes:
-        """A delta with tool calls or logprobs (off the plain-text fast path)."""
+        """A delta with tool calls or logprobs, or of a choice past the first (off the
+        plain-text fast path)."""
         delta: dict[str, Any] = {}
         if reasoning:
             delta["reasoning_content"] = reasoning
@@ -202,7 +224,7 @@ class ChunkWriter:
         )
         return b"".join(
             (
-                self._choice_head,
+                self._head_of(index),
                 orjson.dumps(delta),
                 b',"logprobs":',
                 orjson.dumps(choice_logprobs),
@@ -212,11 +234,11 @@ class ChunkWriter:
             )
         )
 
-    def finish(self, reason: FinishReason, usage: Usage) -> bytes:
-        """The last choice chunk: an empty delta and the finish_reason."""
+    def finish(self, reason: FinishReason, usage: Usage, index: int = 0) -> bytes:
+        """A choice's last chunk: an empty delta and the finish_reason."""
         return b"".join(
             (
-                self._choice_head,
+                self._head_of(index),
                 b'{},"logprobs":null,"finish_reason":"',
                 _FINISH_REASONS[reason].encode(),
                 b'"}]',
@@ -255,8 +277,51 @@ def completion(
     logprobs: Sequence[TokenLogprob] | None = None,
     fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming response body (object "chat.completion"). `logprobs` None: the
-    request did not ask for them. A message with tool calls and no text has content null."""
+    """The non-streaming response body (object "chat.completion") of one choice."""
+    return completion_body(
+        id=id,
+        created=created,
+        model=model,
+        choices=[
+            choice(0, content, reasoning, finish_reason, tool_calls=tool_calls, logprobs=logprobs)
+        ],
+        usage=usage,
+        fingerprint=fingerprint,
+    )
+
+
+def completion_body(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: Usage,
+    fingerprint: str | None = None,
+) -> dict[str, Any]:
+    """The non-streaming response body (object "chat.completion") of `choices`."""
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": choices,
+        "usage": usage_dict(usage),
+    }
+
+
+def choice(
+    index: int,
+    content: str,
+    reasoning: str,
+    finish_reason: FinishReason,
+    *,
+    tool_calls: Sequence[ToolCallDelta] = (),
+    logprobs: Sequence[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    """One choice of a non-streaming response. `logprobs` None: the request did not ask for
+    them. A message with tool calls and no text has content null."""
     calls = tool_call_entries(tool_calls)
     message: dict[str, Any] = {
         "role": "assistant",
@@ -271,20 +336,10 @@ def completion(
     if reasoning:
         message["reasoning_content"] = reasoning
     return {
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None
-                if logprobs is None
-                else {"content": logprob_entries(logprobs), "refusal": None},
-                "finish_reason": _FINISH_REASONS[finish_reason],
-            }
-        ],
-        "usage": usage_dict(usage),
+        "index": index,
+        "message": message,
+        "logprobs": None
+        if logprobs is None
+        else {"content": logprob_entries(logprobs), "refusal": None},
+        "finish_reason": _FINISH_REASONS[finish_reason],
     }

@@ -8,6 +8,10 @@ cancel) and appends the messages to send. It owns the order of a streamed comple
                     keys; with the logprobs of the tokens they cover (requests asking for them)
     finish chunk    delta {}, finish_reason ("cancelled" is sent as "stop")
     usage chunk     choices [] and the whole request's usage (include_usage only)
+
+With `n` choices, every chunk has one choice, its `index` says which: the role chunks of all
+choices come first, then their deltas as they are generated, each choice's finish chunk when
+it ends, and the usage chunk and the end after the last.
     end             `data: [DONE]` over SSE; `done` on the browser socket
 
 or, at any point, an error and then the end. A request that ends before its first chunk (an
@@ -27,11 +31,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import attrs
 import orjson
 
 from protocol.frames import Chunk, Error, FinishReason, TokenLogprob, ToolCallDelta, Usage
 from protocol.openai.errors import OpenAIError, runner_error, server_error
-from protocol.openai.response import ChunkWriter, completion
+from protocol.openai.response import ChunkWriter, choice, completion_body
 
 Item = Chunk | Error | OpenAIError
 """What a completion stream is fed: a runner's chunk or error frame, or an error the gateway
@@ -91,7 +96,7 @@ class CompletionStream:
     that nothing more is appended whatever is fed.
     """
 
-    __slots__ = ("_framing", "_usage", "_writer", "over", "started")
+    __slots__ = ("_framing", "_open", "_usage", "_writer", "over", "started")
 
     def __init__(
         self,
@@ -103,9 +108,12 @@ class CompletionStream:
         continuous_usage_stats: bool = False,
         logprobs: bool = False,
         fingerprint: str | None = None,
+        n: int = 1,
         framing: Framing = SSE,
     ) -> None:
         self._framing = framing
+        self._open = list(range(n))
+        """Choices not finished yet."""
         self._writer = ChunkWriter(
             id,
             created,
@@ -134,7 +142,8 @@ class CompletionStream:
         if self.started or self.over:
             return
         self.started = True
-        out.append(self._writer.role(usage))
+        for index in self._open:
+            out.append(self._writer.role(usage, index))
 
     def feed(self, item: Item, out: list[bytes]) -> bool:
         """The messages for one item; True when the request is over."""
@@ -144,9 +153,9 @@ class CompletionStream:
             writer = self._writer
             usage = item.usage
             if not self.started:
-                self.started = True
-                out.append(writer.role(Usage(usage.prompt_tokens, 0, usage.cached_tokens, 0)))
+                self.start(out, Usage(usage.prompt_tokens, 0, usage.cached_tokens, 0))
             self._usage = usage
+            index = item.index
             if (
                 item.text
                 or item.reasoning
@@ -155,11 +164,21 @@ class CompletionStream:
                 or (writer.continuous_usage_stats and item.tokens)
             ):
                 out.append(
-                    writer.delta(item.text, item.reasoning, usage, item.tool_calls, item.logprobs)
+                    writer.delta(
+                        item.text,
+                        item.reasoning,
+                        usage,
+                        tool_calls=item.tool_calls,
+                        logprobs=item.logprobs,
+                        index=index,
+                    )
                 )
+            if item.choice_finish is not None and index in self._open:
+                self._open.remove(index)
+                out.append(writer.finish(item.choice_finish, usage, index))
             if item.finish_reason is None:
                 return False
-            self._finish(item.finish_reason, usage, out)
+            self._finish(item.finish_reason, usage, out, index)
             return True
         return self.fail(_error_of(item), out)
 
@@ -189,10 +208,18 @@ class CompletionStream:
         self._finish("cancelled", self._usage or ZERO_USAGE, out)
         return True
 
-    def _finish(self, reason: FinishReason, usage: Usage, out: list[bytes]) -> None:
+    def _finish(
+        self, reason: FinishReason, usage: Usage, out: list[bytes], last: int | None = None
+    ) -> None:
+        """The finish chunks of the open choices (`last` with `reason`, any other one, which
+        only a cancel leaves open, "cancelled"), the usage chunk and the end."""
         self.over = True
         writer = self._writer
-        out.append(writer.finish(reason, usage))
+        for index in self._open:
+            out.append(
+                writer.finish(reason if last in (None, index) else "cancelled", usage, index)
+            )
+        self._open = []
         if writer.include_usage:
             out.append(writer.usage_chunk(usage))
         end = self._framing.end(reason, usage)
@@ -204,22 +231,10 @@ class CompletionBuilder:
     """The non-streaming response: fed the same items as `CompletionStream`, it collects the
     text and builds the `chat.completion` body."""
 
-    __slots__ = (
-        "_content",
-        "_logprobs",
-        "_reasoning",
-        "_tool_calls",
-        "error",
-        "last",
-        "over",
-        "wants_logprobs",
-    )
+    __slots__ = ("_choices", "error", "last", "over", "wants_logprobs")
 
-    def __init__(self, *, logprobs: bool = False) -> None:
-        self._content: list[str] = []
-        self._reasoning: list[str] = []
-        self._tool_calls: list[ToolCallDelta] = []
-        self._logprobs: list[TokenLogprob] = []
+    def __init__(self, *, logprobs: bool = False, n: int = 1) -> None:
+        self._choices = [_Choice() for _ in range(n)]
         self.wants_logprobs = logprobs
         self.last: Chunk | None = None
         self.error: OpenAIError | None = None
@@ -230,10 +245,16 @@ class CompletionBuilder:
         if self.over:
             return True
         if type(item) is Chunk:
-            self._content.append(item.text)
-            self._reasoning.append(item.reasoning)
-            self._tool_calls.extend(item.tool_calls)
-            self._logprobs.extend(item.logprobs)
+            if not 0 <= item.index < len(self._choices):
+                self.error = server_error(f"The runner sent a chunk for choice {item.index}.")
+                self.over = True
+                return True
+            choice = self._choices[item.index]
+            choice.content.append(item.text)
+            choice.reasoning.append(item.reasoning)
+            choice.tool_calls.extend(item.tool_calls)
+            choice.logprobs.extend(item.logprobs)
+            choice.finish = item.choice_finish or item.finish_reason
             self.last = item
             self.over = item.finish_reason is not None
             return self.over
@@ -250,15 +271,33 @@ class CompletionBuilder:
         last = self.last
         if last is None or last.finish_reason is None:
             raise server_error("The request ended without an answer.")
-        return completion(
+        return completion_body(
             id=id,
             created=created,
             model=model,
-            content="".join(self._content),
-            reasoning="".join(self._reasoning),
-            finish_reason=last.finish_reason,
+            choices=[
+                choice(
+                    index,
+                    "".join(c.content),
+                    "".join(c.reasoning),
+                    # A choice still open when the request ended was cut short with it.
+                    c.finish or "cancelled",
+                    tool_calls=c.tool_calls,
+                    logprobs=c.logprobs if self.wants_logprobs else None,
+                )
+                for index, c in enumerate(self._choices)
+            ],
             usage=last.usage,
-            tool_calls=self._tool_calls,
-            logprobs=self._logprobs if self.wants_logprobs else None,
             fingerprint=fingerprint,
         )
+
+
+@attrs.define
+class _Choice:
+    """What a non-streaming response collects of one choice."""
+
+    content: list[str] = attrs.Factory(list)
+    reasoning: list[str] = attrs.Factory(list)
+    tool_calls: list[ToolCallDelta] = attrs.Factory(list)
+    logprobs: list[TokenLogprob] = attrs.Factory(list)
+    finish: FinishReason | None = None

@@ -46,6 +46,9 @@ class Output:
     """Set on the terminal output."""
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    index: int = 0
+    """The choice, for a request with n > 1 (see `protocol.frames.Chunk`)."""
+    choice_finish: FinishReason | None = None
 
 
 @attrs.frozen

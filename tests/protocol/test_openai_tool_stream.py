@@ -186,3 +186,64 @@ def test_a_text_answer_keeps_its_content_and_has_no_tool_calls_key() -> None:
     builder.feed(chunk(0, "hi", finish_reason="stop"))
     message = builder.body(id="c1", created=7, model="m")["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "hi", "refusal": None, "annotations": []}
+
+
+def indexed(index: int, delta: dict[str, Any], finish: str | None = None) -> Any:
+    return {
+        **HEAD,
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def test_n_choices_stream_with_their_indexes() -> None:
+    items = [
+        chunk(0, "a", index=0),
+        chunk(1, "b", index=1),
+        chunk(2, "c", index=1, choice_finish="length"),
+        chunk(3, "d", index=0, finish_reason="stop"),
+    ]
+    role = {"role": "assistant", "content": "", "refusal": None}
+    assert events(items, n=2) == [
+        indexed(0, role),
+        indexed(1, role),
+        indexed(0, {"content": "a"}),
+        indexed(1, {"content": "b"}),
+        indexed(1, {"content": "c"}),
+        indexed(1, {}, "length"),
+        indexed(0, {"content": "d"}),
+        indexed(0, {}, "stop"),
+    ]
+
+
+def test_a_cancel_finishes_every_open_choice() -> None:
+    stream = CompletionStream(id="c1", created=7, model="m", fingerprint="fp_0123456789", n=3)
+    out: list[bytes] = []
+    stream.feed(chunk(0, "a", index=2, choice_finish="stop"), out)
+    stream.cancel(out)
+    finishes = [
+        (event["choices"][0]["index"], event["choices"][0]["finish_reason"])
+        for event in (
+            orjson.loads(e.removeprefix(b"data: ")) for e in b"".join(out).split(b"\n\n")[:-2]
+        )
+        if event["choices"][0]["finish_reason"]
+    ]
+    assert finishes == [(2, "stop"), (0, "stop"), (1, "stop")]
+
+
+def test_the_non_streamed_body_has_every_choice() -> None:
+    builder = CompletionBuilder(n=2)
+    builder.feed(chunk(0, "x", index=1, choice_finish="length"))
+    builder.feed(chunk(1, "y", index=0, finish_reason="stop"))
+    body = builder.body(id="c1", created=7, model="m")
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "y", "stop"),
+        (1, "x", "length"),
+    ]
+    assert body["usage"]["completion_tokens"] == 2
+
+
+def test_a_chunk_for_a_choice_that_does_not_exist_is_a_server_error() -> None:
+    builder = CompletionBuilder(n=1)
+    assert builder.feed(chunk(0, "x", index=1))
+    assert builder.error is not None
+    assert builder.error.status == 500
