@@ -234,12 +234,13 @@ def structure(obj: dict[str, Any], cls: type[M]) -> M:
         raise FrameError(f"invalid {TAGS[cls]} message: {messages}") from exc
 
 
-def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
+def chat_request(body: Any, max_tokens_limit: int, *, store: bool = False) -> ChatRequest:
     """A create's body as a `ChatRequest`, validated as the HTTP API does, plus the socket's
-    rule that it always streams. Raises `OpenAIError`."""
+    rule that it always streams. `store`: the gateway keeps stored completions. Raises
+    `OpenAIError`."""
     if type(body) is dict and "stream" not in body:
         body = {**body, "stream": True}  # streaming is implied
-    chat = parse_chat_object(body)
+    chat = parse_chat_object(body, store=store)
     check_max_tokens(chat, max_tokens_limit)
     if not chat.stream:
         raise errors.stream_required()

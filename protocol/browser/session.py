@@ -126,13 +126,16 @@ class ClientSession(Generic[H]):
         max_requests: int,
         max_message_bytes: int,
         max_tokens_limit: int,
+        store: bool = False,
     ) -> None:
         """`verify_key` checks an `auth` message's key; None: the socket needs no `auth`
-        (the gateway has no keys, or the upgrade request had a valid `Authorization`)."""
+        (the gateway has no keys, or the upgrade request had a valid `Authorization`).
+        `store`: the gateway keeps stored completions (`store: true` is accepted)."""
         self._verify_key = verify_key
         self.max_requests = max_requests
         self.max_message_bytes = max_message_bytes
         self.max_tokens_limit = max_tokens_limit
+        self.store = store
         self.state = State.OPEN if verify_key is None else State.AWAIT_AUTH
         self.subscribed = False
         """A `pool.subscribe` has been taken."""
@@ -208,7 +211,7 @@ class ClientSession(Generic[H]):
             return self._error(rid, errors.too_many_requests(self.max_requests))
         try:
             create = structure(obj, Create)  # a valid request_id, any body: only extra keys
-            chat = chat_request(create.body, self.max_tokens_limit)
+            chat = chat_request(create.body, self.max_tokens_limit, store=self.store)
         except OpenAIError as err:
             return self._error(rid, err)  # refused requests are not tracked
         self._requests[rid] = _Request()

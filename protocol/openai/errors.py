@@ -9,6 +9,7 @@ answers an HTTP client). Every kind of error this API answers is made by one fun
     400     invalid_request_error   context_length_exceeded    context_length_exceeded()
     401     authentication_error    invalid_api_key            authentication()
     404     invalid_request_error   model_not_found            model_not_found()
+    404     invalid_request_error   null                       completion_not_found()
     413     invalid_request_error   request_too_large          too_large()
     429     rate_limit_error        rate_limit_exceeded        rate_limited()
     429     rate_limit_error        queue_full                 queue_full()
@@ -90,6 +91,18 @@ def model_not_found(model: str) -> OpenAIError:
         "invalid_request_error",
         None,
         "model_not_found",
+    )
+
+
+def completion_not_found(completion_id: str) -> OpenAIError:
+    """404: no stored chat completion has this id (never stored, deleted or expired)."""
+    shown = completion_id if len(completion_id) <= 100 else completion_id[:100] + "..."
+    return OpenAIError(
+        404,
+        f"No chat completion found with id '{shown}'.",
+        "invalid_request_error",
+        None,
+        None,
     )
 
 

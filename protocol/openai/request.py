@@ -8,10 +8,14 @@ A JSON null means "not given" for every optional field.
 
 Parameters we do not implement are refused with a 400 naming them (code
 "unsupported_parameter" or "unsupported_value"), never silently dropped; their default values
-are accepted (n=1, store=false, modalities ["text"], ...). Fields with no effect on the output
-are accepted: user, metadata (with store), service_tier auto/default, safety_identifier, the
-prompt-cache hints, and `audio` when `modalities` does not ask for audio (OpenAI ignores it
-there too). Tools and response formats are parsed in `protocol.openai.tools`.
+are accepted (n=1, modalities ["text"], ...). Fields with no effect on the output are
+accepted: user, service_tier auto/default, safety_identifier, the prompt-cache hints, and
+`audio` when `modalities` does not ask for audio (OpenAI ignores it there too). Tools and
+response formats are parsed in `protocol.openai.tools`.
+
+`store: true` is accepted where the server keeps stored completions (`store=True`; the
+request then carries a `StoreRequest`, protocol.openai.stored), refused otherwise; `metadata`
+only with it, as at OpenAI.
 
 The model is examined first: a missing or mistyped `model`, then (with a `check_model`) an
 unknown one, are answered before anything else in the body, as OpenAI does.
@@ -60,6 +64,7 @@ from protocol.openai._fields import (
     _str,
 )
 from protocol.openai.errors import invalid_request
+from protocol.openai.stored import StoreRequest, parse_metadata, store_request
 from protocol.openai.tools import (
     check_parallel_tool_calls,
     parse_response_format,
@@ -129,9 +134,11 @@ _KNOWN = frozenset((
     "parallel_tool_calls", "response_format", "reasoning_effort", "chat_template_kwargs",
     # Refused unless default (_check_unimplemented).
     "n", "functions", "function_call", "modalities", "prediction", "web_search_options",
-    "verbosity", "moderation", "store", "service_tier",
+    "verbosity", "moderation", "service_tier",
+    # Refused where the server stores nothing (_check_unimplemented); metadata needs it.
+    "store", "metadata",
     # Accepted, no effect on the output (_check_accepted).
-    "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+    "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "audio",
 ))
 # fmt: on
@@ -172,6 +179,8 @@ class ChatRequest:
     top_logprobs: int = 0
     chat_template_kwargs: str | None = None
     reasoning_effort: ReasoningEffort | None = None
+    store: StoreRequest | None = None
+    """`store: true`: what the stored completion keeps of the request."""
 
     def to_generate(self, request_id: str) -> Generate:
         """The internal request a runner executes."""
@@ -198,8 +207,11 @@ CheckModel = Callable[[str], None]
 """Raises the error for a model nothing serves (404 model_not_found)."""
 
 
-def parse_chat_request(body: bytes, check_model: CheckModel | None = None) -> ChatRequest:
-    """Validate a `POST /v1/chat/completions` body; raise `OpenAIError` (400) on any problem."""
+def parse_chat_request(
+    body: bytes, check_model: CheckModel | None = None, *, store: bool = False
+) -> ChatRequest:
+    """Validate a `POST /v1/chat/completions` body; raise `OpenAIError` (400) on any problem.
+    `store`: the server keeps stored completions (else `store: true` is refused)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -209,10 +221,12 @@ def parse_chat_request(body: bytes, check_model: CheckModel | None = None) -> Ch
             None,
             "invalid_json",
         ) from exc
-    return parse_chat_object(data, check_model)
+    return parse_chat_object(data, check_model, store=store)
 
 
-def parse_chat_object(data: Any, check_model: CheckModel | None = None) -> ChatRequest:
+def parse_chat_object(
+    data: Any, check_model: CheckModel | None = None, *, store: bool = False
+) -> ChatRequest:
     """Validate an already-decoded request body (the WebSocket API's `body`)."""
     if type(data) is not dict:
         raise invalid_request(
@@ -259,9 +273,11 @@ def parse_chat_object(data: Any, check_model: CheckModel | None = None) -> ChatR
     parallel_tool_calls = check_parallel_tool_calls(data.get("parallel_tool_calls"), tools)
     response_format = parse_response_format(data.get("response_format"))
     logprobs, top_logprobs = _logprobs(data)
-    _check_unimplemented(data)
+    _check_unimplemented(data, store)
     _check_accepted(data)
-    if data.get("metadata") is not None and not data.get("store"):
+    metadata = parse_metadata(data.get("metadata"))
+    stored = data.get("store") is True
+    if metadata is not None and not stored:
         raise invalid_request(
             "Invalid value for 'metadata': 'metadata' is only allowed when 'store' is enabled.",
             "metadata",
@@ -285,6 +301,7 @@ def parse_chat_object(data: Any, check_model: CheckModel | None = None) -> ChatR
         top_logprobs=top_logprobs,
         chat_template_kwargs=_template_kwargs(data.get("chat_template_kwargs")),
         reasoning_effort=_reasoning_effort(data.get("reasoning_effort")),
+        store=store_request(data, messages, sampling, metadata) if stored else None,
     )
 
 
@@ -579,8 +596,9 @@ def _logit_bias(value: Any) -> tuple[LogitBias, ...]:
     return tuple(LogitBias(token=token, bias=bias) for token, bias in biases.items())
 
 
-def _check_unimplemented(data: dict[str, Any]) -> None:
-    """Refuse every parameter we do not implement unless it has its default value."""
+def _check_unimplemented(data: dict[str, Any], store: bool) -> None:
+    """Refuse every parameter we do not implement unless it has its default value (`store`
+    where the server keeps no stored completions)."""
     n = _int(data, "n", 1, 128)
     if n is not None and n != 1:
         _fail_unsupported_value("n", n, "1")
@@ -594,7 +612,7 @@ def _check_unimplemented(data: dict[str, Any]) -> None:
         if type(modalities) is not list:
             _fail_type("modalities", "an array", modalities)
         _fail_unsupported_value("modalities", modalities, '["text"]')
-    if _bool(data, "store"):
+    if _bool(data, "store") and not store:
         _fail_unsupported_value("store", True, "false")
 
     tier = _str(data, "service_tier")
@@ -635,16 +653,3 @@ def _check_accepted(data: dict[str, Any]) -> None:
             _fail_unsupported_value("prompt_cache_options.mode", mode, "implicit")
         if mode not in (None, "implicit"):
             _fail_value("prompt_cache_options.mode", mode, ("implicit", "explicit"))
-    metadata = data.get("metadata")
-    if metadata is not None:
-        if type(metadata) is not dict:
-            _fail_type("metadata", "an object", metadata)
-        if len(metadata) > 16:
-            _fail_too_many("metadata", 16, len(metadata))
-        for key, item in metadata.items():
-            if len(key) > 64:
-                _fail_too_long(f"metadata.{_clip(key)}", 64, len(key))
-            if type(item) is not str:
-                _fail_type(f"metadata.{key}", "a string", item)
-            if len(item) > 512:
-                _fail_too_long(f"metadata.{key}", 512, len(item))

@@ -1,0 +1,324 @@
+"""Stored chat completions (`store: true`) as OpenAI serves them: the objects, the query
+parameters and the pagination, decided here. No I/O; the gateway's store is gateway.stored.
+
+What a stored completion keeps of its request is a `StoreRequest`, made by the request parser
+(protocol.openai.request) for a request with `store: true`. The stored object
+(`GET /v1/chat/completions/{id}`, openapi.yaml's example there) is the `chat.completion` body
+the client was answered, plus:
+
+    request_id          the request's id (the `x-request-id` header of its HTTP response)
+    metadata            the request's metadata (an object, empty when none was given)
+    seed, temperature, top_p, presence_penalty, frequency_penalty
+                        the sampling parameters in effect (seed null when none was given)
+    tools, tool_choice, response_format
+                        as the request sent them (null when it did not)
+    input_user          the request's `user` (null when not given)
+    service_tier        "default"
+
+Its messages (`GET /v1/chat/completions/{id}/messages`) are the request's, in order, each
+`{id, role, content, name, content_parts}`: id `<completion id>-<index>`; content the text
+the model was given (text parts joined with newlines; null for an assistant message with
+only tool calls); content_parts the parts as sent (null for string content). An assistant
+message with tool calls also has `tool_calls`, a tool message `tool_call_id`.
+
+The list endpoints take `after` (the last id of the previous page), `limit` (1 to 100,
+default 20) and `order` (`asc` or `desc` by creation, default `asc`); the completion list
+also `model` and `metadata[key]=value` filters (all must match). A bad value, an unknown
+parameter, a parameter given twice, or an `after` that names nothing (deleted or expired) is
+a 400 naming the parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar
+
+import attrs
+import orjson
+
+from protocol.frames import Message, SamplingParams
+from protocol.openai._fields import (
+    _check_range,
+    _clip,
+    _fail_too_long,
+    _fail_too_many,
+    _fail_type,
+    _fail_unknown,
+    _fail_value,
+    _kind,
+    _show,
+)
+from protocol.openai.errors import invalid_request
+
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+
+Order = Literal["asc", "desc"]
+_ORDERS: tuple[Order, ...] = ("asc", "desc")
+
+T = TypeVar("T")
+
+
+def parse_metadata(value: Any, param: str = "metadata") -> dict[str, str] | None:
+    """Validate a `metadata` object (OpenAI's Metadata: at most 16 keys of up to 64
+    characters, string values of up to 512). None: not given (JSON null)."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        _fail_type(param, "an object", value)
+    if len(value) > MAX_METADATA_KEYS:
+        _fail_too_many(param, MAX_METADATA_KEYS, len(value))
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            _fail_too_long(f"{param}.{_clip(key)}", MAX_METADATA_KEY_CHARS, len(key))
+        if type(item) is not str:
+            _fail_type(f"{param}.{key}", "a string", item)
+        if len(item) > MAX_METADATA_VALUE_CHARS:
+            _fail_too_long(f"{param}.{key}", MAX_METADATA_VALUE_CHARS, len(item))
+    return dict(value)
+
+
+# --- what is stored ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class StoreRequest:
+    """What a stored completion keeps of its request (see the module docstring)."""
+
+    metadata: dict[str, str]
+    messages: tuple[dict[str, Any], ...]
+    """The message items, without their ids (those need the completion's id)."""
+    settings: dict[str, Any]
+    """The request's parameters the stored object shows."""
+
+
+def store_request(
+    data: dict[str, Any],
+    messages: Sequence[Message],
+    sampling: SamplingParams,
+    metadata: dict[str, str] | None,
+) -> StoreRequest:
+    """The `StoreRequest` of a validated request body (`data`) and what it was parsed into."""
+    items = []
+    for raw, message in zip(data["messages"], messages, strict=True):
+        parts = raw.get("content")
+        item: dict[str, Any] = {
+            "role": message.role,
+            "content": None if raw.get("content") is None else message.content,
+            "name": message.name,
+            "content_parts": parts if type(parts) is list else None,
+        }
+        if message.tool_calls:
+            item["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in message.tool_calls
+            ]
+        if message.tool_call_id is not None:
+            item["tool_call_id"] = message.tool_call_id
+        items.append(item)
+    settings = {
+        "seed": sampling.seed,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "tools": data.get("tools"),
+        "tool_choice": data.get("tool_choice"),
+        "response_format": data.get("response_format"),
+        "input_user": data.get("user"),
+        "service_tier": "default",
+    }
+    return StoreRequest(metadata=metadata or {}, messages=tuple(items), settings=settings)
+
+
+def stored_completion(
+    body: dict[str, Any], request: StoreRequest, request_id: str, metadata: dict[str, str]
+) -> dict[str, Any]:
+    """The stored object of a completion: its `chat.completion` body and what the request
+    adds (see the module docstring), with `metadata` (the request's, or as updated since)."""
+    return {**body, "request_id": request_id, "metadata": metadata, **request.settings}
+
+
+def stored_messages(completion_id: str, request: StoreRequest) -> list[dict[str, Any]]:
+    """The message list items of a stored completion, with their ids."""
+    return [
+        {"id": f"{completion_id}-{index}", **item} for index, item in enumerate(request.messages)
+    ]
+
+
+def completion_deleted(completion_id: str) -> dict[str, Any]:
+    """The answer to `DELETE /v1/chat/completions/{id}` (ChatCompletionDeleted)."""
+    return {"object": "chat.completion.deleted", "id": completion_id, "deleted": True}
+
+
+# --- query parameters ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class PageQuery:
+    """Which page of a list: after which id, how many, in which order."""
+
+    after: str | None = None
+    limit: int = DEFAULT_LIMIT
+    order: Order = "asc"
+
+
+@attrs.frozen
+class ListQuery:
+    """`GET /v1/chat/completions`: a page of the stored completions that match the filters."""
+
+    page: PageQuery = PageQuery()
+    model: str | None = None
+    metadata: dict[str, str] = attrs.Factory(dict)
+    """Every key must have this value."""
+
+    def matches(self, model: str, metadata: dict[str, str]) -> bool:
+        """True when a completion of `model` with `metadata` passes the filters."""
+        if self.model is not None and model != self.model:
+            return False
+        return all(metadata.get(key) == value for key, value in self.metadata.items())
+
+
+def parse_list_query(params: Iterable[tuple[str, str]]) -> ListQuery:
+    """The query of `GET /v1/chat/completions`; raises `OpenAIError` (400) for a bad one."""
+    fields = _single(params)
+    metadata: dict[str, str] = {}
+    for key, value in fields.items():
+        if key.startswith("metadata[") and key.endswith("]") and len(key) > len("metadata[]"):
+            metadata[key[len("metadata[") : -1]] = value
+        elif key == "metadata" or key.startswith("metadata["):
+            raise invalid_request(
+                f"Invalid query parameter {_show(key)}: filter on metadata with "
+                "'metadata[key]=value'.",
+                "metadata",
+                "invalid_type",
+            )
+        elif key not in ("after", "limit", "order", "model"):
+            _fail_unknown(key)
+    return ListQuery(page=_page_query(fields), model=fields.get("model"), metadata=metadata)
+
+
+def parse_messages_query(params: Iterable[tuple[str, str]]) -> PageQuery:
+    """The query of `GET /v1/chat/completions/{id}/messages`; raises `OpenAIError` (400)."""
+    fields = _single(params)
+    for key in fields:
+        if key not in ("after", "limit", "order"):
+            _fail_unknown(key)
+    return _page_query(fields)
+
+
+def _single(params: Iterable[tuple[str, str]]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for key, value in params:
+        if key in fields:
+            raise invalid_request(
+                f"Invalid query: {_show(key)} is given more than once.",
+                _clip(key),
+                "invalid_value",
+            )
+        fields[key] = value
+    return fields
+
+
+def _page_query(fields: dict[str, str]) -> PageQuery:
+    limit = DEFAULT_LIMIT
+    text = fields.get("limit")
+    if text is not None:
+        # Digits only: int() would also take " 1", "+1" and "1_0".
+        digits = text.removeprefix("-")
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+            raise invalid_request(
+                f"Invalid type for 'limit': expected an integer, but got {_show(text)} instead.",
+                "limit",
+                "invalid_type",
+            )
+        limit = int(text)
+        _check_range("limit", "integer", limit, 1, MAX_LIMIT)
+    order = fields.get("order", "asc")
+    if order not in _ORDERS:
+        _fail_value("order", order, _ORDERS)
+    checked: Order = "asc" if order == "asc" else "desc"
+    return PageQuery(after=fields.get("after"), limit=limit, order=checked)
+
+
+def parse_update(body: bytes) -> dict[str, str]:
+    """The body of `POST /v1/chat/completions/{id}`: `{"metadata": {...}}`, the new metadata
+    (it replaces the old; null clears it). Raises `OpenAIError` (400)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(
+            f"We could not parse the JSON body of your request ({exc}). "
+            "The API expects a JSON object.",
+            None,
+            "invalid_json",
+        ) from exc
+    if type(data) is not dict:
+        raise invalid_request(
+            f"Invalid type for the request body: expected an object, but got {_kind(data)} "
+            "instead.",
+            None,
+            "invalid_type",
+        )
+    for key in data:
+        if key != "metadata":
+            _fail_unknown(key)
+    if "metadata" not in data:
+        raise invalid_request(
+            "Missing required parameter: 'metadata'.", "metadata", "missing_required_parameter"
+        )
+    return parse_metadata(data["metadata"]) or {}
+
+
+# --- pages ----------------------------------------------------------------------------------
+
+
+def page(
+    items: Sequence[T], query: PageQuery, id_of: Callable[[T], str], what: str
+) -> tuple[list[T], bool]:
+    """The page `query` asks for of `items` (given oldest first), in the page's order, and
+    whether more follow it. An `after` that is none of the items' ids is a 400 (`what`
+    names the items in its message)."""
+    ordered = items if query.order == "asc" else items[::-1]
+    start = 0
+    if query.after is not None:
+        for index, item in enumerate(ordered):
+            if id_of(item) == query.after:
+                start = index + 1
+                break
+        else:
+            raise invalid_request(
+                f"Invalid value for 'after': no {what} has the id {_show(query.after)} "
+                "(it may have been deleted, or have expired).",
+                "after",
+                "invalid_value",
+            )
+    end = start + query.limit
+    return list(ordered[start:end]), end < len(ordered)
+
+
+def list_body(data: Sequence[bytes], ids: Sequence[str], has_more: bool) -> bytes:
+    """A list object (ChatCompletionList, ChatCompletionMessageList) of items already in
+    JSON; `first_id` and `last_id` are null for an empty page."""
+    first = ids[0] if ids else None
+    last = ids[-1] if ids else None
+    return b"".join(
+        (
+            b'{"object":"list","data":[',
+            b",".join(data),
+            b'],"first_id":',
+            orjson.dumps(first),
+            b',"last_id":',
+            orjson.dumps(last),
+            b',"has_more":',
+            b"true" if has_more else b"false",
+            b"}",
+        )
+    )
