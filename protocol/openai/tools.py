@@ -34,7 +34,8 @@ MAX_NAME_CHARS = 64
 MAX_TOOL_CALLS = 128
 """Tool calls in one assistant message of the history."""
 _NAME = re.compile(r"[a-zA-Z0-9_-]+")
-_NAME_PATTERN = "^[a-zA-Z0-9_-]+$"
+NAME_PATTERN = "^[a-zA-Z0-9_-]+$"
+"""What a function (and a json_schema response format) may be named."""
 _CHOICES: dict[str, ToolChoice] = {"none": "none", "auto": "auto", "required": "required"}
 
 
@@ -106,7 +107,7 @@ def _function_name(value: Any, param: str) -> str:
     if not _NAME.fullmatch(value):
         raise invalid_request(
             f"Invalid '{param}': string does not match pattern. Expected a string that "
-            f"matches the pattern '{_NAME_PATTERN}'.",
+            f"matches the pattern '{NAME_PATTERN}'.",
             param,
             "invalid_value",
         )

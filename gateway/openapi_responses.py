@@ -1,0 +1,185 @@
+"""The OpenAPI schemas of what `POST /v1/chat/completions` answers: `CHAT_COMPLETION` (the
+non-streaming body) and `CHAT_COMPLETION_CHUNK` (each event of a stream), as
+`protocol.openai.response` writes them.
+
+They describe Orchard's answers exactly (no keys beyond these), so a test can hold every body
+the protocol builds against them.
+"""
+
+from __future__ import annotations
+
+from litestar.openapi.spec import Reference, Schema
+from litestar.openapi.spec.enums import OpenAPIType
+
+_STRING = Schema(type=OpenAPIType.STRING)
+_INTEGER = Schema(type=OpenAPIType.INTEGER)
+_NULL = Schema(type=OpenAPIType.NULL)
+_COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0)
+_FINISH_REASONS = ["stop", "length", "tool_calls"]
+
+
+def _only(*values: str) -> Schema:
+    return Schema(type=OpenAPIType.STRING, enum=list(values))
+
+
+def _closed(required: list[str], **properties: Schema | Reference) -> Schema:
+    return Schema(
+        type=OpenAPIType.OBJECT,
+        required=required,
+        properties=properties,
+        additional_properties=False,
+    )
+
+
+def _counts(*names: str) -> Schema:
+    return _closed(list(names), **dict.fromkeys(names, _COUNT))
+
+
+_USAGE = _closed(
+    [
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    ],
+    prompt_tokens=_COUNT,
+    completion_tokens=_COUNT,
+    total_tokens=_COUNT,
+    prompt_tokens_details=_counts("cached_tokens", "audio_tokens"),
+    completion_tokens_details=_counts(
+        "reasoning_tokens",
+        "audio_tokens",
+        "accepted_prediction_tokens",
+        "rejected_prediction_tokens",
+    ),
+)
+
+_BYTES = Schema(
+    type=OpenAPIType.ARRAY, items=Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=255)
+)
+_TOP_LOGPROB = _closed(
+    ["token", "logprob", "bytes"],
+    token=_STRING,
+    logprob=Schema(type=OpenAPIType.NUMBER),
+    bytes=_BYTES,
+)
+_TOKEN_LOGPROB = _closed(
+    ["token", "logprob", "bytes", "top_logprobs"],
+    token=_STRING,
+    logprob=Schema(type=OpenAPIType.NUMBER),
+    bytes=_BYTES,
+    top_logprobs=Schema(type=OpenAPIType.ARRAY, items=_TOP_LOGPROB),
+)
+_LOGPROBS = Schema(
+    one_of=[
+        _NULL,
+        _closed(
+            ["content", "refusal"],
+            content=Schema(type=OpenAPIType.ARRAY, items=_TOKEN_LOGPROB),
+            refusal=_NULL,
+        ),
+    ],
+    description="Null unless the request asked for logprobs.",
+)
+_FINGERPRINT = Schema(
+    type=[OpenAPIType.STRING, OpenAPIType.NULL],
+    pattern="^fp_[0-9a-f]{10}$",
+    description="The serving configuration (Orchard's version, the model, the runner's engine).",
+)
+
+# --- the non-streaming body -----------------------------------------------------------------
+
+_MESSAGE = _closed(
+    ["role", "content", "refusal", "annotations"],
+    role=_only("assistant"),
+    content=Schema(
+        type=[OpenAPIType.STRING, OpenAPIType.NULL], description="Null when it only calls tools."
+    ),
+    refusal=_NULL,
+    annotations=Schema(type=OpenAPIType.ARRAY, max_items=0),
+    tool_calls=Schema(
+        type=OpenAPIType.ARRAY,
+        items=_closed(
+            ["id", "type", "function"],
+            id=_STRING,
+            type=_only("function"),
+            function=_closed(["name", "arguments"], name=_STRING, arguments=_STRING),
+        ),
+        min_items=1,
+    ),
+    reasoning_content=_STRING,
+)
+
+CHAT_COMPLETION = _closed(
+    ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"],
+    id=_STRING,
+    object=_only("chat.completion"),
+    created=_INTEGER,
+    model=_STRING,
+    system_fingerprint=_FINGERPRINT,
+    choices=Schema(
+        type=OpenAPIType.ARRAY,
+        items=_closed(
+            ["index", "message", "logprobs", "finish_reason"],
+            index=_INTEGER,
+            message=_MESSAGE,
+            logprobs=_LOGPROBS,
+            finish_reason=_only(*_FINISH_REASONS),
+        ),
+        min_items=1,
+        max_items=1,
+    ),
+    usage=_USAGE,
+)
+
+# --- one event of a stream ------------------------------------------------------------------
+
+_DELTA = _closed(
+    [],
+    role=_only("assistant"),
+    content=_STRING,
+    refusal=_NULL,
+    reasoning_content=_STRING,
+    tool_calls=Schema(
+        type=OpenAPIType.ARRAY,
+        items=_closed(
+            ["index", "function"],
+            index=_INTEGER,
+            id=_STRING,
+            type=_only("function"),
+            function=_closed(["arguments"], name=_STRING, arguments=_STRING),
+        ),
+        min_items=1,
+        description="A call's first piece has its id, type and name; later ones only more "
+        "arguments.",
+    ),
+)
+
+CHAT_COMPLETION_CHUNK = _closed(
+    ["id", "object", "created", "model", "system_fingerprint", "choices"],
+    id=_STRING,
+    object=_only("chat.completion.chunk"),
+    created=_INTEGER,
+    model=_STRING,
+    system_fingerprint=_FINGERPRINT,
+    choices=Schema(
+        type=OpenAPIType.ARRAY,
+        items=_closed(
+            ["index", "delta", "logprobs", "finish_reason"],
+            index=_INTEGER,
+            delta=_DELTA,
+            logprobs=_LOGPROBS,
+            finish_reason=Schema(
+                type=[OpenAPIType.STRING, OpenAPIType.NULL], enum=[*_FINISH_REASONS, None]
+            ),
+        ),
+        max_items=1,
+        description="Empty in the last chunk, which carries the whole request's usage.",
+    ),
+    usage=Schema(
+        one_of=[_NULL, _USAGE],
+        description="Only with stream_options.include_usage: null but in the last chunk (the "
+        "usage so far in every chunk with continuous_usage_stats).",
+    ),
+)
