@@ -16,7 +16,18 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
     "protocol": frozenset({"attrs", "cattrs", "orjson"}),
     "gateway": frozenset({"attrs", "cattrs", "orjson", "litestar", "uvicorn", "protocol"}),
     "runner": frozenset(
-        {"attrs", "orjson", "websockets", "mlx", "mlx_lm", "tokenizers", "psutil", "protocol"}
+        {
+            "attrs",
+            "orjson",
+            "websockets",
+            "mlx",
+            "mlx_lm",
+            "tokenizers",
+            "llguidance",
+            "numpy",
+            "psutil",
+            "protocol",
+        }
     ),
     "orchard": frozenset({"attrs", "click", "uvloop", "protocol", "gateway", "runner"}),
 }

@@ -24,6 +24,7 @@ import attrs
 from mlx_lm.generate import BatchGenerator
 
 from protocol.frames import SamplingParams
+from runner.engine.constraint import ConstraintProcessor
 from runner.engine.generation import Generation
 from runner.engine.mlx_model import Request
 from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
@@ -38,6 +39,8 @@ class _Row:
     request: Request
     uid: int
     detokenizer: Any
+    guard: ConstraintProcessor | None
+    """Its constraint's logits processor, if it has one."""
 
 
 class BatchDecoder:
@@ -91,7 +94,8 @@ class BatchDecoder:
         params = request.generate.sampling
         # The batch's token context is the whole prompt (all_tokens + the suffix), so the
         # penalties skip all of it.
-        processors = make_logits_processors(params, len(request.prompt))
+        guard = request.constraint.processor() if request.constraint is not None else None
+        processors = make_logits_processors(params, len(request.prompt), guard)
         request.first_step_at = time.perf_counter()
         (uid,) = self._batch.insert(
             [request.prompt[reused:]],
@@ -101,7 +105,7 @@ class BatchDecoder:
             samplers=[self._shared_sampler(params)],
             logits_processors=[processors],
         )
-        row = _Row(request, uid, self._model.tokenizer.detokenizer)
+        row = _Row(request, uid, self._model.tokenizer.detokenizer, guard)
         self._rows[request.request_id] = row
         self._by_uid[uid] = row
 
@@ -139,6 +143,8 @@ class BatchDecoder:
                     # The batch has dropped the row already and hands back its cache.
                     del self._rows[request.request_id], by_uid[row.uid]
                     request.cache = response.prompt_cache
+                if row.guard is not None and row.guard.error is not None:
+                    raise RuntimeError(f"constraint: {row.guard.error}")
                 token = int(response.token)
                 detokenizer = row.detokenizer
                 # As stream_generate: an end-of-sequence token adds no text; the last token

@@ -19,6 +19,7 @@ from typing import Any
 
 from mlx_lm.generate import stream_generate
 
+from runner.engine.constraint import ConstraintProcessor
 from runner.engine.generation import Decoder, Generation
 from runner.engine.mlx_model import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
@@ -32,6 +33,8 @@ class InterleavedDecoder:
     def __init__(self, generation: Generation) -> None:
         self._generation = generation
         self._streams: dict[str, tuple[Request, Iterator[Any]]] = {}
+        self._guards: dict[str, ConstraintProcessor] = {}
+        """The constraint processors of constrained requests."""
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -63,6 +66,9 @@ class InterleavedDecoder:
         request.cache = cache
         suffix = request.prompt[reused:]
         params = request.generate.sampling
+        guard = None
+        if request.constraint is not None:
+            guard = self._guards[request.request_id] = request.constraint.processor()
         self._streams[request.request_id] = (
             request,
             stream_generate(
@@ -72,7 +78,7 @@ class InterleavedDecoder:
                 max_tokens=request.max_tokens,
                 sampler=make_sampler_for(params, model.vocab_size),
                 # None, not [], when there are none: mlx-lm then skips the token bookkeeping.
-                logits_processors=make_logits_processors(params, len(suffix)) or None,
+                logits_processors=make_logits_processors(params, len(suffix), guard) or None,
                 prompt_cache=cache,
             ),
         )
@@ -98,11 +104,16 @@ class InterleavedDecoder:
             return
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
+        if request.constraint is not None:
+            guard = self._guards[request.request_id]
+            if guard.error is not None:
+                raise RuntimeError(f"constraint: {guard.error}")
         self._generation.token(
             request, int(response.token), response.text, response.finish_reason, response.logprobs
         )
 
     def release(self, request: Request) -> None:
+        self._guards.pop(request.request_id, None)
         entry = self._streams.pop(request.request_id, None)
         if entry is not None:
             _close(request, entry[1])
@@ -111,6 +122,7 @@ class InterleavedDecoder:
         for request, stream in self._streams.values():
             _close(request, stream)
         self._streams.clear()
+        self._guards.clear()
 
 
 def _close(request: Request, stream: Iterator[Any]) -> None:

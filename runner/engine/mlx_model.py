@@ -17,6 +17,7 @@ import mlx_lm
 from protocol.frames import Generate, Message
 from runner.accounting import RequestAccounting, prompt_opens_reasoning
 from runner.demo_model import resolve_model
+from runner.engine.constraint import Constraint, constraint_for
 from runner.engine.logprobs import LogprobMaker, TokenBytes
 from runner.errors import RequestError
 from runner.tool_calls import ToolCallSplitter
@@ -52,6 +53,8 @@ class Request:
     first_token_at: float | None = None
     logprobs: LogprobMaker | None = None
     """Set when the request asks for logprobs."""
+    constraint: Constraint | None = None
+    """Its compiled grammar (response format, forced tool calls), if it has one."""
 
     @property
     def request_id(self) -> str:
@@ -148,6 +151,11 @@ class MlxModel:
                     f"of {self.vocab_size}.",
                     "logit_bias",
                 )
+        in_reasoning = prompt_opens_reasoning(prompt, self._think_start_id, self._think_end_id)
+        # Compiled here, at intake, so that a schema that cannot be enforced fails at once.
+        constraint = constraint_for(
+            generate, self.tokenizer, vocab_size=self.vocab_size, starts_in_reasoning=in_reasoning
+        )
         accounting = RequestAccounting(
             prompt_tokens=len(prompt),
             stop=generate.stop,
@@ -155,12 +163,11 @@ class MlxModel:
             think_end_id=self._think_end_id,
             think_start_text=self.tokenizer.think_start or "<think>",
             think_end_text=self.tokenizer.think_end or "</think>",
-            starts_in_reasoning=prompt_opens_reasoning(
-                prompt, self._think_start_id, self._think_end_id
-            ),
+            starts_in_reasoning=in_reasoning,
             tool_calls=self._tool_call_splitter(tools),
         )
         request = Request(generate, submitted_at, prompt, max_tokens, accounting)
+        request.constraint = constraint
         if generate.logprobs:
             if self._token_bytes is None:
                 self._token_bytes = TokenBytes(self.tokenizer)

@@ -65,9 +65,13 @@ class RandomSampler:
         return mx.random.categorical(scaled, key=key)
 
 
-def make_logits_processors(params: SamplingParams, prompt_length: int) -> list[LogitsProcessor]:
-    """Logit bias and penalties; `prompt_length` is the number of prompt tokens given to
-    mlx-lm (after the prefix cache), which its `tokens` argument starts with."""
+def make_logits_processors(
+    params: SamplingParams, prompt_length: int, constraint: LogitsProcessor | None = None
+) -> list[LogitsProcessor]:
+    """Logit bias and penalties, then the request's constraint (`constraint.Constraint`'s
+    processor), last: its mask must have the final word. `prompt_length` is the number of
+    prompt tokens given to mlx-lm (after the prefix cache), which its `tokens` argument
+    starts with."""
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
         bias = {entry.token: entry.bias for entry in params.logit_bias}
@@ -76,6 +80,8 @@ def make_logits_processors(params: SamplingParams, prompt_length: int) -> list[L
         processors.append(
             Penalties(params.presence_penalty, params.frequency_penalty, prompt_length)
         )
+    if constraint is not None:
+        processors.append(constraint)
     return processors
 
 
