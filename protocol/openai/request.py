@@ -131,9 +131,9 @@ _KNOWN = frozenset((
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed",
     "stop", "logit_bias", "logprobs", "top_logprobs", "tools", "tool_choice",
-    "parallel_tool_calls", "response_format", "reasoning_effort", "chat_template_kwargs",
+    "parallel_tool_calls", "response_format", "reasoning_effort", "chat_template_kwargs", "n",
     # Refused unless default (_check_unimplemented).
-    "n", "functions", "function_call", "modalities", "prediction", "web_search_options",
+    "functions", "function_call", "modalities", "prediction", "web_search_options",
     "verbosity", "moderation", "service_tier",
     # Refused where the server stores nothing (_check_unimplemented); metadata needs it.
     "store", "metadata",
@@ -151,6 +151,8 @@ _NOT_IMPLEMENTED = {
     "moderation": "moderation is not implemented",
 }
 MAX_TOP_LOGPROBS = 20
+MAX_N = 128
+"""OpenAI's bound on `n`; a gateway sets its own, lower one (`check_choices`)."""
 MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
 _REASONING_EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)
 
@@ -179,6 +181,7 @@ class ChatRequest:
     top_logprobs: int = 0
     chat_template_kwargs: str | None = None
     reasoning_effort: ReasoningEffort | None = None
+    n: int = 1
     store: StoreRequest | None = None
     """`store: true`: what the stored completion keeps of the request."""
 
@@ -200,6 +203,7 @@ class ChatRequest:
             top_logprobs=self.top_logprobs,
             chat_template_kwargs=self.chat_template_kwargs,
             reasoning_effort=self.reasoning_effort,
+            n=self.n,
         )
 
 
@@ -301,6 +305,7 @@ def parse_chat_object(
         top_logprobs=top_logprobs,
         chat_template_kwargs=_template_kwargs(data.get("chat_template_kwargs")),
         reasoning_effort=_reasoning_effort(data.get("reasoning_effort")),
+        n=_int(data, "n", 1, MAX_N) or 1,
         store=store_request(data, messages, sampling, metadata) if stored else None,
     )
 
@@ -355,6 +360,16 @@ def check_max_tokens(chat: ChatRequest, limit: int) -> None:
         raise invalid_request(
             f"max_tokens is {chat.max_tokens}; this gateway allows at most {limit}.",
             "max_tokens",
+            "integer_above_max_value",
+        )
+
+
+def check_choices(chat: ChatRequest, limit: int) -> None:
+    """Refuse more choices than the gateway allows (`--max-choices`)."""
+    if chat.n > limit:
+        raise invalid_request(
+            f"n is {chat.n}; this gateway allows at most {limit} choices per request.",
+            "n",
             "integer_above_max_value",
         )
 
@@ -599,9 +614,6 @@ def _logit_bias(value: Any) -> tuple[LogitBias, ...]:
 def _check_unimplemented(data: dict[str, Any], store: bool) -> None:
     """Refuse every parameter we do not implement unless it has its default value (`store`
     where the server keeps no stored completions)."""
-    n = _int(data, "n", 1, 128)
-    if n is not None and n != 1:
-        _fail_unsupported_value("n", n, "1")
     for key, reason in _NOT_IMPLEMENTED.items():
         if data.get(key) is not None:
             _fail_unsupported(key, reason)

@@ -19,6 +19,7 @@ Everything here runs on the generation thread and is not thread-safe.
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -30,11 +31,15 @@ from mlx_lm.models.cache import make_prompt_cache
 from protocol.frames import FinishReason, Generate, GenerationStats, TokenLogprob
 from runner.accounting import Piece
 from runner.engine.base import Failure, Output, Sink, emit
-from runner.engine.mlx_model import MlxModel, Request
+from runner.engine.mlx_model import ChoiceGroup, MlxModel, Request
 from runner.engine.prefix_cache import PrefixCache
 from runner.errors import RequestError
 
 log = logging.getLogger("runner.engine")
+
+PREFILL_CHUNK = 512
+"""Prompt tokens per forward pass when the generation thread prefills by itself (the one
+prefill of a request with several choices)."""
 
 
 class Counters(Protocol):
@@ -118,8 +123,9 @@ class Generation:
             log.error("ignoring a second request with id %s", request_id)
             return
         try:
-            request = self.model.prepare(generate, submitted_at)
-            check(request)
+            requests = self.model.prepare_choices(generate, submitted_at)
+            for request in requests:
+                check(request)
         except RequestError as exc:
             self._reject(request_id, exc)
             return
@@ -127,7 +133,7 @@ class Generation:
             log.exception("request %s could not be prepared", request_id)
             self._reject(request_id, RequestError("internal_error", f"{type(exc).__name__}: {exc}"))
             return
-        self.waiting.append(request)
+        self.waiting.extend(requests)
         self._counters.waiting_requests = len(self.waiting)
 
     def _reject(self, request_id: str, error: RequestError) -> None:
@@ -135,17 +141,15 @@ class Generation:
         emit(self._sink, Failure(request_id, error.code, str(error), error.param))
 
     def cancel(self, request_id: str) -> None:
-        """End a request with finish "cancelled"; unknown or finished ids are ignored."""
-        request = self.active.get(request_id)
-        if request is not None:
+        """End a request (every choice of it) with finish "cancelled"; unknown or finished ids
+        are ignored."""
+        for request in [r for r in self.active.values() if r.generate.request_id == request_id]:
             self.finish(request, "cancelled", request.accounting.flush(), tokens=0)
-            return
-        for queued in self.waiting:
-            if queued.request_id == request_id:
-                self.waiting.remove(queued)
-                self._counters.waiting_requests = len(self.waiting)
-                self.finish(queued, "cancelled", Piece("", ""), tokens=0)
-                return
+        queued = [r for r in self.waiting if r.generate.request_id == request_id]
+        for request in queued:
+            self.waiting.remove(request)
+            self._counters.waiting_requests = len(self.waiting)
+            self.finish(request, "cancelled", Piece("", ""), tokens=0)
 
     def admit(self, place: Callable[[Request], Decoder | None]) -> None:
         """Start waiting requests, in order, while slots are free and `place` finds them a
@@ -169,7 +173,21 @@ class Generation:
 
     def take_cache(self, request: Request) -> tuple[list[Any], int]:
         """The KV cache to start `request` from: the prefix cache's longest match for its
-        prompt or a fresh one, and how many prompt tokens it holds already."""
+        prompt or a fresh one, and how many prompt tokens it holds already.
+
+        The choices of a request with n > 1 share one prefill: the first to start prefills
+        all of the prompt but its last token here, and each later one starts from a copy.
+        """
+        group = request.group
+        if group is not None and group.shared is not None:
+            shared, held = group.shared
+            group.started += 1
+            if group.started == len(group.requests):
+                group.shared = None  # the last choice to start takes it, no copy needed
+            else:
+                shared = copy.deepcopy(shared)
+            request.prefill_tokens = len(request.prompt) - held
+            return shared, held
         cache, reused = self.prefix_cache.take(request.prompt)
         if cache is None:
             cache = make_prompt_cache(self.model.model)
@@ -177,7 +195,20 @@ class Generation:
             self._counters.prefix_cache_hits += 1
         request.accounting.cached_tokens = reused
         request.prefill_tokens = len(request.prompt) - reused
+        if group is not None:
+            held = len(request.prompt) - 1
+            self._prefill(cache, request.prompt[reused:held])
+            group.started += 1
+            group.shared = (copy.deepcopy(cache), held)
+            return cache, held
         return cache, reused
+
+    def _prefill(self, cache: list[Any], tokens: list[int]) -> None:
+        """Run `tokens` through the model into `cache`, a chunk at a time."""
+        model = self.model.model
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            model(mx.array([tokens[start : start + PREFILL_CHUNK]]), cache=cache)
+            mx.eval([c.state for c in cache])
 
     def token(
         self,
@@ -211,13 +242,14 @@ class Generation:
             emit(
                 self._sink,
                 Output(
-                    request.request_id,
+                    request.generate.request_id,
                     piece.text,
                     piece.reasoning,
                     1,
-                    request.accounting.usage(),
+                    request.usage(),
                     tool_calls=piece.tool_calls,
                     logprobs=entries,
+                    index=request.index,
                 ),
             )
 
@@ -231,24 +263,32 @@ class Generation:
         logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
         """End a request with its terminal Output, then keep its KV cache for later prompts.
-        A request that called tools and stopped finishes with "tool_calls"."""
+        A request that called tools and stopped finishes with "tool_calls". A choice of a
+        request with n > 1 that is not the last to end only ends itself (`choice_finish`)."""
         now = time.perf_counter()
         self._forget(request)
         self._counters.recent_tokens.append((request.request_id, tuple(request.tokens)))
         if reason == "stop" and request.accounting.tool_calls_made:
             reason = "tool_calls"
+        group = request.group
+        last = True
+        if group is not None:
+            group.open -= 1
+            last = group.open == 0
         emit(
             self._sink,
             Output(
-                request.request_id,
+                request.generate.request_id,
                 piece.text,
                 piece.reasoning,
                 tokens,
-                request.accounting.usage(),
-                finish_reason=reason,
-                stats=self._stats(request, now),
+                request.usage(),
+                finish_reason=reason if last else None,
+                stats=self._stats(request, now) if last else None,
                 tool_calls=piece.tool_calls,
                 logprobs=logprobs,
+                index=request.index,
+                choice_finish=None if last else reason,
             ),
         )
         self._release(request)
@@ -262,10 +302,24 @@ class Generation:
         self._forget(request)
         emit(
             self._sink,
-            Failure(request.request_id, "internal_error", f"{type(exc).__name__}: {exc}"),
+            Failure(request.generate.request_id, "internal_error", f"{type(exc).__name__}: {exc}"),
         )
         self._release(request)
         request.cache = None  # its state is unknown after an error
+        if request.group is not None:
+            self._drop_choices(request.group)
+
+    def _drop_choices(self, group: ChoiceGroup) -> None:
+        """The request has failed: its other choices stop without events."""
+        for other in group.requests:
+            if other in self.waiting:
+                self.waiting.remove(other)
+                self._counters.waiting_requests = len(self.waiting)
+            elif self.is_running(other):
+                self._forget(other)
+                self._release(other)
+        group.open = 0
+        group.shared = None
 
     def drop_all(self) -> None:
         """Forget every request without events (the engine is closing)."""

@@ -87,6 +87,8 @@ class InterleavedDecoder:
         """One token for every running request."""
         generation = self._generation
         for request, stream in list(self._streams.values()):
+            if not generation.is_running(request):
+                continue  # ended during this step (a failing choice stops its siblings)
             try:
                 self._advance(request, stream)
             except Exception as exc:  # handling its token failed: that request ends, alone

@@ -28,6 +28,7 @@ from protocol.openai.request import (
     MAX_PROMPT_CHARS,
     MAX_STOP_CHARS,
     ChatRequest,
+    check_choices,
     check_max_tokens,
     parse_chat_object,
     parse_chat_request,
@@ -695,7 +696,6 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
         "object_above_max_properties",
     ),
     # not implemented
-    (request(n=2), "n", "unsupported_value"),
     (request(n=0), "n", "integer_below_min_value"),
     (request(n=129), "n", "integer_above_max_value"),
     (request(n="1"), "n", "invalid_type"),
@@ -876,10 +876,10 @@ def test_unsupported_messages_say_why() -> None:
         "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when "
         "'tools' are specified."
     )
-    err = refusal(request(n=3))
+    err = refusal(request(prediction={"type": "content", "content": "x"}))
     assert err.message == (
-        "Unsupported value: 'n' does not support 3 with this server. "
-        "Only the default (1) value is supported."
+        "Unsupported parameter: 'prediction' is not supported with this server: "
+        "predicted outputs are not implemented."
     )
 
 
@@ -1076,3 +1076,15 @@ def test_model_is_checked_first() -> None:
 
 def test_stop_may_be_an_empty_array() -> None:
     assert parse(request(stop=[])).stop == ()
+
+
+def test_n_choices_up_to_the_gateways_limit() -> None:
+    chat = parse(request(n=5))
+    assert (chat.n, chat.to_generate("r").n) == (5, 5)
+    assert parse(request()).n == 1
+    check_choices(chat, 5)
+    with pytest.raises(OpenAIError) as info:
+        check_choices(chat, 4)
+    err = info.value
+    assert (err.status, err.param, err.code) == (400, "n", "integer_above_max_value")
+    assert err.message == "n is 5; this gateway allows at most 4 choices per request."

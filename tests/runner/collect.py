@@ -38,6 +38,14 @@ class Collector:
                 raise AssertionError(f"{request_id} did not finish: {self.events[request_id]}")
             return list(self.events[request_id])
 
+    def wait_for_outputs(self, request_id: str, count: int, timeout: float = 20) -> None:
+        """Wait until `count` events of a request have come."""
+        with self._changed:
+            if not self._changed.wait_for(
+                lambda: len(self.events.get(request_id, ())) >= count, timeout * UNIT
+            ):
+                raise AssertionError(f"{request_id}: {self.events[request_id]}")
+
 
 def is_terminal(event: EngineEvent) -> bool:
     return isinstance(event, Failure) or event.finish_reason is not None
