@@ -26,7 +26,7 @@ serve *ARGS: venv
     {{bin}}/orchard serve {{ARGS}}
 
 # Run the whole test suite (extra arguments go to pytest).
-test *ARGS: venv browser
+test *ARGS: venv browser js
     {{bin}}/pytest {{ARGS}}
 
 # Debian's chromium, which the browser tests drive (installed with apt-get when missing).
@@ -40,6 +40,22 @@ browser:
         echo "The browser tests need Debian's chromium at /usr/bin/chromium; run:" >&2
         echo "    sudo apt-get update && sudo apt-get install -y chromium" >&2
         exit 1
+    fi
+
+# The openai npm package the browser tests load (npm ci in tests/js when its lock file changed).
+js:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cd tests/js
+    want=$(sha256sum package-lock.json | cut -d' ' -f1)
+    if [ "$(cat node_modules/.orchard-stamp 2>/dev/null)" != "$want" ]; then
+        if ! command -v npm >/dev/null; then
+            echo "The browser tests load the openai npm package; install Node.js and npm." >&2
+            exit 1
+        fi
+        # tests/js/.npmrc keeps registry hosts out of the lock file (omit-lockfile-registry-resolved).
+        npm ci --loglevel=error
+        echo "$want" > node_modules/.orchard-stamp
     fi
 
 # ruff (lint + format check) and mypy --strict.
