@@ -1,10 +1,14 @@
 // Orchard's browser client for the gateway's WebSocket API (docs/websocket-api.md).
-// A dependency-free ES module: `import { OrchardClient } from "/static/orchard.js"`.
+// A dependency-free ES module (with its sibling openai-http.js):
+// `import { OrchardClient } from "/static/orchard.js"`.
 //
 // One socket carries every request. When it drops, the requests it carried fail with
 // "connection lost" (the gateway cancels them); new requests wait in a queue while the client
 // reconnects with exponential backoff and jitter, and pool subscriptions are sent again.
 // A refusal (wrong API key, origin not allowed) is final until setApiKey().
+// `client.fetch` lets the openai SDK (or any fetch caller) use the socket as the HTTP API.
+
+import { badRequest, chunkJson, CompletionBody, errorResponse, SSE_DONE } from "./openai-http.js";
 
 /** @typedef {{message: string, type: string, param: string | null, code: string | null}} OpenAIErrorBody */
 /**
@@ -128,6 +132,11 @@ export class Completion {
     });
     // A caller that only reads chunks still sees the error there; no unhandled rejection.
     this.usage.catch(() => {});
+    /**
+     * Set by `fetch()`: takes each chunk, with its JSON text as the gateway sent it, instead of
+     * `chunks`. @type {((chunk: ChatCompletionChunk, json: string) => void) | null}
+     */
+    this.onChunk = null;
   }
 
   /** Stop generating; the request then ends with finishReason "cancelled". */
@@ -169,6 +178,8 @@ export class OrchardClient {
     this.attempt = 0;
     /** @type {ReturnType<typeof setTimeout> | null} */ this.retryTimer = null;
     this.closed = false;
+    // The openai SDK calls its fetch with no `this`.
+    this.fetch = this.fetch.bind(this);
     this.connect();
   }
 
@@ -196,6 +207,53 @@ export class OrchardClient {
       this.flush();
     }
     return completion;
+  }
+
+  /**
+   * A `fetch` for the openai SDK: `new OpenAI({fetch: client.fetch, …})` (docs/websocket-api.md).
+   * `POST …/chat/completions` goes over this socket and is answered as the HTTP API answers
+   * it: Server-Sent Events for `stream: true`, else the `chat.completion` JSON; an error with
+   * the HTTP API's status and body; a lost socket as a network error. Aborting `init.signal`,
+   * or cancelling the body, cancels the request. Any other request goes to
+   * `globalThis.fetch`. Headers are not sent: the socket has authenticated itself.
+   * @param {RequestInfo | URL} input @param {RequestInit} [init] @returns {Promise<Response>}
+   */
+  async fetch(input, init) {
+    const isRequest = input instanceof Request;
+    const method = (init?.method ?? (isRequest ? input.method : "GET")).toUpperCase();
+    const url = new URL(isRequest ? input.url : String(input), globalThis.location?.href);
+    if (method !== "POST" || !url.pathname.endsWith("/chat/completions")) {
+      return globalThis.fetch(input, init);
+    }
+    const request = new Request(input, init);
+    const text = await request.text();
+    request.signal.throwIfAborted(); // as fetch() rejects: with the signal's reason
+    let body;
+    try {
+      body = JSON.parse(text);
+    } catch (exc) {
+      const reason = exc instanceof Error ? exc.message : String(exc);
+      return badRequest(
+        `We could not parse the JSON body of your request (${reason}). `
+          + "The API expects a JSON object.",
+        null,
+        "invalid_json",
+      );
+    }
+    // The socket always streams: a plain request is streamed with its usage, then collected.
+    const collect = body !== null && typeof body === "object" && !Array.isArray(body)
+      && (body.stream === false || body.stream == null);
+    if (!collect) return this.respond(this.create(body), request.signal, null);
+    if (body.stream_options != null) {
+      return badRequest(
+        "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        "stream_options",
+        "invalid_parameter_combination",
+      );
+    }
+    const streamed = { ...body, stream: true, stream_options: { include_usage: true } };
+    const collected = new CompletionBody(body.logprobs === true);
+    return this.respond(this.create(streamed), request.signal, collected);
   }
 
   /** Cancel a request by id; one still queued here ends at once as "cancelled". @param {string} requestId */
@@ -354,6 +412,86 @@ export class OrchardClient {
     });
   }
 
+  /**
+   * The Response of a request made by `fetch()`: SSE as its chunks come or, given
+   * `collected`, the completion's JSON once it ends. Settled once, unless `signal` aborts
+   * first (which cancels the request).
+   * @private @param {Completion} completion @param {AbortSignal} signal
+   * @param {CompletionBody | null} collected @returns {Promise<Response>}
+   */
+  respond(completion, signal, collected) {
+    const headers = { "x-request-id": completion.requestId };
+    const encoder = new TextEncoder();
+    return new Promise((resolve, reject) => {
+      /** The SSE body, once the response is out. @type {ReadableStreamDefaultController | null} */
+      let sse = null;
+      let over = false;
+      const end = () => {
+        over = true;
+        signal.removeEventListener("abort", abort);
+        completion.onChunk = () => {}; // what still comes before `done` is dropped
+      };
+      const abort = () => {
+        if (over) return;
+        end();
+        completion.cancel();
+        if (sse) sse.error(signal.reason);
+        else reject(signal.reason);
+      };
+      const open = () => {
+        const body = new ReadableStream({
+          start: (controller) => { sse = controller; },
+          cancel: () => {
+            if (over) return;
+            end();
+            completion.cancel();
+          },
+        });
+        const contentType = { "content-type": "text/event-stream" };
+        resolve(new Response(body, { headers: { ...headers, ...contentType } }));
+        return /** @type {ReadableStreamDefaultController} */ (sse);
+      };
+      signal.addEventListener("abort", abort);
+      completion.onChunk = (chunk, json) => {
+        if (collected) collected.add(chunk);
+        else (sse ?? open()).enqueue(encoder.encode(`data: ${json}\n\n`));
+      };
+      completion.usage.then((done) => {
+        if (over) return;
+        end();
+        if (!collected) {
+          const controller = sse ?? open(); // ended before any chunk: only the end
+          controller.enqueue(encoder.encode(SSE_DONE));
+          controller.close();
+        } else if (collected.first) {
+          const json = JSON.stringify(collected.body(done.usage));
+          const contentType = { "content-type": "application/json" };
+          resolve(new Response(json, { headers: { ...headers, ...contentType } }));
+        } else {
+          const message = "The request ended without an answer."; // as the gateway says it
+          const error = { message, type: "server_error", param: null, code: null };
+          resolve(errorResponse(error, headers));
+        }
+      }, (/** @type {OrchardError} */ failure) => {
+        if (over) return;
+        end();
+        const { error } = failure;
+        if (error.type === "connection_error") {
+          // The socket dropped, or the client was closed: a network error, as fetch has them.
+          const networkError = new TypeError(error.message, { cause: failure });
+          if (sse) sse.error(networkError);
+          else reject(networkError);
+        } else if (sse) {
+          // After the first byte the HTTP API sends an error event, then the end.
+          sse.enqueue(encoder.encode(`data: ${JSON.stringify({ error })}\n\n${SSE_DONE}`));
+          sse.close();
+        } else {
+          resolve(errorResponse(error, headers));
+        }
+      });
+    });
+  }
+
   /** @private @param {Completion} completion @param {OrchardError} error */
   finish(completion, error) {
     completion.chunks.end(error);
@@ -373,7 +511,12 @@ export class OrchardClient {
     const entry = message.request_id == null ? undefined : this.requests.get(message.request_id);
     switch (message.type) {
       case "chunk":
-        entry?.completion.chunks.push(message.chunk);
+        if (!entry) break;
+        if (entry.completion.onChunk) {
+          entry.completion.onChunk(message.chunk, chunkJson(data, message));
+        } else {
+          entry.completion.chunks.push(message.chunk);
+        }
         break;
       case "done":
         if (!entry) break;
