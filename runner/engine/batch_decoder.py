@@ -24,7 +24,7 @@ import attrs
 from mlx_lm.generate import BatchGenerator
 
 from protocol.frames import SamplingParams
-from runner.engine.constraint import ConstraintProcessor
+from runner.engine.constraint import BatchConstraints, ConstraintProcessor
 from runner.engine.generation import Generation
 from runner.engine.mlx_model import Request
 from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
@@ -63,6 +63,7 @@ class BatchDecoder:
         self._samplers: dict[tuple[float, float, float, int], Sampler] = {}
         self._rows: dict[str, _Row] = {}
         self._by_uid: dict[int, _Row] = {}
+        self._constraints = BatchConstraints()
         # Any: several of BatchGenerator's methods are unannotated.
         self._batch: Any = self._new_batch()
 
@@ -106,6 +107,8 @@ class BatchDecoder:
             logits_processors=[processors],
         )
         row = _Row(request, uid, self._model.tokenizer.detokenizer, guard)
+        if guard is not None:
+            self._constraints.add(uid, guard)
         self._rows[request.request_id] = row
         self._by_uid[uid] = row
 
@@ -123,6 +126,8 @@ class BatchDecoder:
         """One batch step: decode a token for every row, prefill what joined."""
         generation = self._generation
         try:
+            if self._constraints:
+                self._constraints.new_step(self._batch)
             _, responses = self._batch.next()
         except Exception as exc:
             self._fail_batch(exc)
@@ -142,6 +147,8 @@ class BatchDecoder:
                 if finish is not None:
                     # The batch has dropped the row already and hands back its cache.
                     del self._rows[request.request_id], by_uid[row.uid]
+                    if row.guard is not None:
+                        self._constraints.remove(row.uid)
                     request.cache = response.prompt_cache
                 if row.guard is not None and row.guard.error is not None:
                     raise RuntimeError(f"constraint: {row.guard.error}")
@@ -171,6 +178,7 @@ class BatchDecoder:
         failed = [row.request for row in self._rows.values()]
         self._rows.clear()
         self._by_uid.clear()
+        self._constraints.clear()
         self._batch.close()
         self._batch = self._new_batch()
         for request in failed:
@@ -182,6 +190,7 @@ class BatchDecoder:
         if row is None:
             return
         del self._by_uid[row.uid]
+        self._constraints.remove(row.uid)
         try:
             caches = self._batch.remove([row.uid], return_prompt_caches=True)
         except Exception:
@@ -193,4 +202,5 @@ class BatchDecoder:
     def drop_all(self) -> None:
         self._rows.clear()
         self._by_uid.clear()
+        self._constraints.clear()
         self._batch.close()

@@ -81,7 +81,10 @@ class ConstraintProcessor:
 
     mlx-lm calls it once per generated token, with the token context so far: on the first
     call the prompt (or only its part after the prefix cache), then with the token just
-    sampled appended, which the matcher consumes before the next mask is computed.
+    sampled appended, which the matcher consumes before the next mask is computed. The
+    token is read before this step's forward pass is started (`mx.async_eval`), so the mask
+    is computed while the forward pass runs. A row of a batch is advanced by its
+    `BatchConstraints` instead, all rows at once.
 
     It never raises (an exception inside a batch step would fail every row of the batch): if
     the matcher refuses a token, `error` says why and only end-of-sequence tokens are allowed
@@ -90,26 +93,147 @@ class ConstraintProcessor:
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos: list[int]) -> None:
         self.error: str | None = None
-        self._matcher = matcher
-        self._eos = eos
-        self._bitmask = np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32)
-        self._started = False
+        self.matcher = matcher
+        self.eos = eos
+        self.batch: BatchConstraints | None = None
+        """Set while the processor is a row of a batch."""
+        self.started = False
+        """Past its first call (the one on the prompt)."""
+        self.words = (vocab_size + 31) // 32
+        """32-bit words in a mask."""
+        self._bitmask = np.zeros((1, self.words), dtype=np.int32)
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
-        matcher = self._matcher
-        if self._started:
-            token = int(tokens[-1].item())
-            if self.error is None and not matcher.consume_token(token):
-                self.error = f"the grammar refused token {token}: {matcher.get_error()}"
+        if not self.started:
+            self.started = True
+        elif self.batch is not None:
+            return self.batch.masked(self, logits)
         else:
-            self._started = True
+            # Read the new token first: evaluated after the forward pass, it would wait for it.
+            self.consume(int(tokens[-1].item()))
+            mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx's stub lacks types
         if self.error is None:
             bitmask = self._bitmask
-            matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
-            if not matcher.is_error():
+            self.matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+            if not self.matcher.is_error():
                 return apply_bitmask(logits, bitmask)
-            self.error = matcher.get_error()
-        return _only(logits, self._eos)
+            self.error = self.matcher.get_error()
+        return _only(logits, self.eos)
+
+    def consume(self, token: int) -> None:
+        """Advance the matcher by the token just sampled."""
+        if self.error is None and not self.matcher.consume_token(token):
+            self.error = f"the grammar refused token {token}: {self.matcher.get_error()}"
+
+
+class BatchConstraints:
+    """The constraint processors of one mlx-lm `BatchGenerator`'s rows, advanced together.
+
+    mlx-lm calls each row's processor in turn; the first call of a step does the work of
+    every row: one read of the tokens the batch just sampled (one wait, where each row would
+    wait in turn), the forward pass started, then every row's mask computed on llguidance's
+    threads while it runs, and all of them unpacked at once. Each row's call then only
+    applies its row of the mask.
+
+    It reads the rows' new tokens from the generator's current generation batch
+    (`_generation_batch._current_tokens` and `.uids`, mlx-lm 0.32's names, checked by the
+    tests), which is where its `_step` keeps the tokens it passes to the processors.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, ConstraintProcessor] = {}
+        self._generator: Any = None
+        self._step = 0
+        self._done = -1
+        self._index: dict[int, int] = {}
+        self._allowed: Any = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, uid: int, processor: ConstraintProcessor) -> None:
+        processor.batch = self
+        self._rows[uid] = processor
+
+    def remove(self, uid: int) -> None:
+        processor = self._rows.pop(uid, None)
+        if processor is not None:
+            processor.batch = None
+
+    def clear(self) -> None:
+        for processor in self._rows.values():
+            processor.batch = None
+        self._rows.clear()
+
+    def new_step(self, generator: Any) -> None:
+        """Called before each `generator.next()`."""
+        self._generator = generator
+        self._step += 1
+
+    def masked(self, processor: ConstraintProcessor, logits: Any) -> Any:
+        """A started row's logits, masked (the step's shared work done on its first call)."""
+        if self._done != self._step:
+            self._done = self._step
+            self._index = {}
+            try:
+                self._advance(logits)
+            except Exception as exc:  # e.g. mlx-lm's internals changed: end the rows, loudly
+                for row in self._rows.values():
+                    row.error = row.error or f"advancing the batch's rows failed: {exc!r}"
+        index = self._index.get(id(processor))
+        if index is None:  # mlx-lm called it outside its batch's step: a bug, end the row
+            processor.error = processor.error or "the row was not in its batch's step"
+            return _only(logits, processor.eos)
+        return mx.where(self._allowed[index : index + 1], logits, -mx.inf)
+
+    def _advance(self, logits: Any) -> None:
+        batch = self._generator._generation_batch
+        rows = [
+            (uid, token)
+            for uid, token in zip(batch.uids, batch._current_tokens.tolist(), strict=True)
+            if uid in self._rows and self._rows[uid].started
+        ]
+        mx.async_eval(logits)  # type: ignore[no-untyped-call]  # this step's forward pass
+        processors = [self._rows[uid] for uid, _ in rows]
+        if not processors:
+            return
+        for processor, (_, token) in zip(processors, rows, strict=True):
+            processor.consume(token)
+        vocab = logits.shape[-1]
+        words = max(p.words for p in processors)
+        bitmask = np.zeros((len(processors), words), dtype=np.int32)
+        work = [(p.matcher, i) for i, p in enumerate(processors) if p.error is None]
+        if work:
+            _executor().unsafe_compute_mask_ptr(work, bitmask.ctypes.data, words * 4, len(bitmask))
+        for i, processor in enumerate(processors):
+            if processor.error is None and processor.matcher.is_error():
+                processor.error = processor.matcher.get_error()
+            if processor.error is not None:
+                bits = bitmask.view(np.uint32)
+                bits[i] = 0
+                for token in processor.eos:
+                    bits[i, token // 32] |= np.uint32(1 << (token % 32))
+        self._allowed = mx.array(_unpack(bitmask, vocab))
+        self._index = {id(p): i for i, p in enumerate(processors)}
+
+
+_executors: list[llguidance.LLExecutor] = []
+
+
+def _executor() -> llguidance.LLExecutor:
+    """llguidance's thread pool, made on first use."""
+    if not _executors:
+        _executors.append(llguidance.LLExecutor())
+    return _executors[0]
+
+
+def _unpack(bitmask: np.ndarray[Any, Any], vocab: int) -> np.ndarray[Any, Any]:
+    """A (rows, vocab) bool array from (rows, words) bits, little-endian within each word;
+    tokens past the mask are refused."""
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little").view(np.bool_)
+    if allowed.shape[-1] >= vocab:
+        return allowed[:, :vocab]
+    return np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[-1])))
 
 
 def apply_bitmask(logits: Any, bitmask: np.ndarray[Any, Any]) -> Any:
@@ -119,13 +243,7 @@ def apply_bitmask(logits: Any, bitmask: np.ndarray[Any, Any]) -> Any:
     which keeps the logits' dtype. A vocabulary wider than the mask (a model's padded
     embedding) has its extra tokens disallowed.
     """
-    vocab = logits.shape[-1]
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little").view(np.bool_)
-    if allowed.shape[-1] >= vocab:
-        allowed = allowed[:, :vocab]
-    else:
-        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[-1])))
-    return mx.where(mx.array(allowed), logits, -mx.inf)
+    return mx.where(mx.array(_unpack(bitmask, logits.shape[-1])), logits, -mx.inf)
 
 
 def _only(logits: Any, tokens: list[int]) -> Any:

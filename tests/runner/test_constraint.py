@@ -24,7 +24,13 @@ from runner.demo_model import DEMO_MODEL_ID, DEMO_MODEL_VERSION
 from runner.engine import constraint as constraint_module
 from runner.engine.base import Failure, Output
 from runner.engine.batched import BatchedMlxEngine
-from runner.engine.constraint import Constraint, ConstraintProcessor, apply_bitmask, constraint_for
+from runner.engine.constraint import (
+    BatchConstraints,
+    Constraint,
+    ConstraintProcessor,
+    apply_bitmask,
+    constraint_for,
+)
 from runner.engine.mlx_engine import MlxEngine
 from runner.errors import RequestError
 from tests.runner.collect import Collector, engine_starter, final, hold, outputs, run, text_of
@@ -466,8 +472,16 @@ def test_the_mask_comes_after_logit_bias(start_engine: StartEngine, reference: R
 
 
 def test_rows_with_different_grammars_and_none_share_a_batch(
-    start_engine: StartEngine, reference: Reference
+    start_engine: StartEngine, reference: Reference, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    steps: list[int] = []
+    advance = BatchConstraints._advance
+
+    def counted(self: BatchConstraints, logits: Any) -> None:
+        steps.append(len(self))
+        advance(self, logits)
+
+    monkeypatch.setattr(BatchConstraints, "_advance", counted)
     engine, collector = start_engine(max_concurrent=8)
     other: dict[str, Any] = {
         "type": "object",
@@ -535,6 +549,63 @@ def test_rows_with_different_grammars_and_none_share_a_batch(
     assert [o.text for o in outputs(collector.wait("free"))] == reference.greedy(free)[1]
     if isinstance(engine, BatchedMlxEngine):
         assert engine.peak_batch_size == 5
+        # The constrained rows advanced together, once a step.
+        assert max(steps) == 4
+
+
+def test_constrained_rows_join_a_running_batch(start_engine: StartEngine) -> None:
+    engine, collector = start_engine(max_concurrent=8)
+    crates = {
+        "type": "object",
+        "properties": {
+            "crates": {
+                "type": "array",
+                "items": {"type": "boolean"},
+                "minItems": 40,
+                "maxItems": 44,
+            },
+            "done": {"const": True},
+        },
+        "required": ["crates", "done"],
+        "additionalProperties": False,
+    }
+    first = ask(
+        "first", "Crates?", max_tokens=400, sampling=GREEDY, response_format=schema_format(crates)
+    )
+    joiners = [
+        ask(
+            "small",
+            "Apples?",
+            max_tokens=200,
+            sampling=GREEDY,
+            response_format=schema_format(SMALL),
+        ),
+        ask("free", "Pears?", max_tokens=30, sampling=GREEDY),
+        ask(
+            "crates",
+            "More?",
+            max_tokens=400,
+            sampling=GREEDY,
+            response_format=schema_format(crates),
+        ),
+    ]
+    joined: list[str] = []
+
+    def join(event: Any) -> None:
+        # Each joiner arrives while the rows before it are decoding.
+        if isinstance(event, Output) and event.usage.completion_tokens == 3 and joiners:
+            request = joiners.pop(0)
+            joined.append(request.request_id)
+            engine.submit(request)
+
+    collector.on_event = join
+    engine.submit(first)
+    for name, schema in (("first", crates), ("small", SMALL), ("crates", crates)):
+        events = collector.wait(name)
+        jsonschema.validate(json.loads(text_of(events)), schema)
+        assert final(events).finish_reason == "stop"
+    assert final(collector.wait("free")).usage.completion_tokens == 30
+    assert joined == ["small", "free", "crates"]
 
 
 def test_cancel_mid_constraint_keeps_the_cache(start_engine: StartEngine) -> None:
