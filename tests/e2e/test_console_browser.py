@@ -260,15 +260,24 @@ def check_stream(run: dict[str, Any], max_tokens: int) -> str:
     chunks = run["chunks"]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert len({c["id"] for c in chunks}) == 1
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": "",
+        "refusal": None,
+    }
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert run["done"]["finishReason"] == "length"
     usage = run["done"]["usage"]
     assert usage["completion_tokens"] == max_tokens
     assert usage["total_tokens"] == usage["prompt_tokens"] + max_tokens
-    assert set(usage["prompt_tokens_details"]) == {"cached_tokens"}
-    assert set(usage["completion_tokens_details"]) == {"reasoning_tokens"}
+    assert set(usage["prompt_tokens_details"]) == {"cached_tokens", "audio_tokens"}
+    assert set(usage["completion_tokens_details"]) == {
+        "reasoning_tokens",
+        "audio_tokens",
+        "accepted_prediction_tokens",
+        "rejected_prediction_tokens",
+    }
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
 
 

@@ -14,6 +14,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from runner.engine.mlx_engine import engine_version
 from tests.support import UNIT, Gateway, Process, gateway_with_runner, sse_events, wait_until
 
 MODEL = "orchard-demo"
@@ -374,9 +375,9 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ),
         (
             b'{"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}],'
-            b' "logprobs": true}',
+            b' "top_logprobs": 2}',  # only with logprobs: true
             400,
-            "logprobs",
+            "top_logprobs",
         ),
         (
             b'{"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}],'
@@ -386,9 +387,9 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ),
         (
             b'{"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}],'
-            b' "response_format": {"type": "json_object"}}',
+            b' "response_format": {"type": "xml"}}',
             400,
-            "response_format",
+            "response_format.type",
         ),
         (
             b'{"model": "orchard-demo", "messages": [{"role": "wizard", "content": "hi"}]}',
@@ -521,7 +522,7 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
         "kv_cache",
     }
     assert info["name"] == "test-runner"
-    assert info["models"] == [{"id": MODEL, "context_length": 2048}]
+    assert info["models"] == [{"id": MODEL, "context_length": 2048, "engine": engine_version()}]
     assert info["max_concurrent"] == 8
     assert info["draining"] is False
     assert set(info["hardware"]) == {"chip", "cpu_count", "memory_bytes", "backend", "platform"}

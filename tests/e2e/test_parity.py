@@ -167,7 +167,7 @@ async def test_a_finished_stream(gateway: Gateway, options: dict[str, Any], fini
     assert done is not None
     assert done["finish_reason"] == finish
     assert done["usage"]["completion_tokens"] == 4
-    assert done["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert done["usage"]["prompt_tokens_details"] == {"cached_tokens": 4, "audio_tokens": 0}
     if options:
         assert sse[-1]["usage"] == done["usage"]
 
@@ -210,7 +210,7 @@ async def test_a_stream_that_fails(gateway: Gateway, steps: list[Step], code: st
     ws, done = await over_ws(gateway, request, steps)
     assert same_stream(ws) == same_stream(sse)
     assert done is None  # an error ends it: no done
-    assert ws[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert ws[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
     assert ws[-1]["error"]["code"] == code
     assert ws[-1]["error"]["type"] == "server_error"
 

@@ -100,7 +100,11 @@ async def test_concurrent_requests_interleave_each_with_own_done(
         stream = chunks[rid]
         first = stream[0]
         assert first["object"] == "chat.completion.chunk"
-        assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert first["choices"][0]["delta"] == {
+            "role": "assistant",
+            "content": "",
+            "refusal": None,
+        }
         assert all(c["id"] == first["id"] for c in stream)
         assert all("usage" not in c for c in stream)  # include_usage not asked
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in stream)
