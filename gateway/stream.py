@@ -68,6 +68,7 @@ def _merge_run(chunks: list[Chunk]) -> Chunk:
         tuple(entry for c in chunks for entry in c.logprobs),
         last.index,
         last.choice_finish,
+        chunks[0].echo,  # a choice's first chunk carries it
     )
 
 

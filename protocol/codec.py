@@ -20,6 +20,7 @@ from protocol.frames import (
     TAGS,
     Batch,
     Chunk,
+    Echo,
     Error,
     FinishReason,
     Frame,
@@ -27,6 +28,7 @@ from protocol.frames import (
     Generate,
     Message,
     ModelInfo,
+    PromptToken,
     RunnerFrame,
     Usage,
 )
@@ -38,7 +40,9 @@ T = TypeVar("T")
 _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     # Message before Generate: a class's hook is built with the hooks of its fields' classes.
     Message: ("name", "tool_calls", "tool_call_id"),
-    Chunk: ("tool_calls", "logprobs", "index", "choice_finish"),
+    PromptToken: ("logprob", "top_logprobs"),
+    Echo: ("tokens",),
+    Chunk: ("tool_calls", "logprobs", "index", "choice_finish", "echo"),
     Generate: (
         "tools",
         "tool_choice",
@@ -50,6 +54,10 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
         "chat_template_kwargs",
         "reasoning_effort",
         "n",
+        "prompt",
+        "prompt_tokens",
+        "echo",
+        "prompt_logprobs",
     ),
     Error: ("param",),
     ModelInfo: ("engine",),

@@ -158,7 +158,8 @@ class SamplingParams:
 
 @attrs.frozen
 class Generate:
-    """Run one chat completion."""
+    """Run one completion: of a chat (`messages`, through the model's chat template) or of a
+    raw prompt (`prompt` text or `prompt_tokens`, as given; `messages` is then empty)."""
 
     request_id: str
     model: str
@@ -186,6 +187,16 @@ class Generate:
     reasoning_effort: ReasoningEffort | None = None
     """For a model with think markers: "none" and "minimal" turn thinking off through the chat
     template (`enable_thinking=False`), the others leave it on."""
+    prompt: str | None = None
+    """A raw prompt, tokenized as the model's tokenizer does (its beginning-of-text token
+    included where it adds one), with no chat template."""
+    prompt_tokens: tuple[int, ...] | None = None
+    """A raw prompt as token ids, given to the model as they are."""
+    echo: bool = False
+    """The first chunk of each choice carries the prompt back (`Chunk.echo`)."""
+    prompt_logprobs: bool = False
+    """With echo: also each prompt token's log-probability given the ones before it (and the
+    `top_logprobs` most likely tokens there)."""
 
 
 @attrs.frozen
@@ -253,6 +264,27 @@ class TokenLogprob:
 
 
 @attrs.frozen
+class PromptToken:
+    """A prompt token sent back with `echo`: its log-probability given the tokens before it
+    (None for the first, which nothing precedes) and the most likely tokens there."""
+
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float | None = None
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+@attrs.frozen
+class Echo:
+    """A raw prompt sent back (`Generate.echo`): its text (the text given, or the decoded
+    token ids) and, with `prompt_logprobs`, its tokens (a beginning-of-text token the
+    tokenizer added is not part of the text and not listed)."""
+
+    text: str
+    tokens: tuple[PromptToken, ...] = ()
+
+
+@attrs.frozen
 class Chunk:
     """Output of one or more tokens of a request.
 
@@ -278,6 +310,8 @@ class Chunk:
     choice_finish: FinishReason | None = None
     """n > 1: this choice ended, others go on. The request's last chunk has `finish_reason`
     instead (the reason of the choice that ended last): that one still ends the request."""
+    echo: Echo | None = None
+    """The prompt, on the first chunk of each choice of a request with `echo`."""
 
 
 @attrs.frozen

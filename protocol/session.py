@@ -39,6 +39,7 @@ from protocol.frames import (
     Cancel,
     Chunk,
     Drain,
+    Echo,
     Error,
     ErrorCode,
     FinishReason,
@@ -379,6 +380,7 @@ class RunnerSession:
         logprobs: tuple[TokenLogprob, ...] = (),
         index: int = 0,
         choice_finish: FinishReason | None = None,
+        echo: Echo | None = None,
     ) -> Chunk:
         """Build the next chunk of a request, numbered; the final one ends the request."""
         req = self._requests.get(request_id)
@@ -397,6 +399,7 @@ class RunnerSession:
             logprobs,
             index,
             choice_finish,
+            echo,
         )
         req.next_seq += 1
         if finish_reason is not None:

@@ -370,6 +370,7 @@ class Runner:
                     logprobs=event.logprobs,
                     index=event.index,
                     choice_finish=event.choice_finish,
+                    echo=event.echo,
                 )
             )
         if isinstance(event, Failure) or event.finish_reason is not None:
@@ -403,4 +404,5 @@ def _merge_run(outputs: list[Output]) -> Output:
         tuple(entry for o in outputs for entry in o.logprobs),
         last.index,
         last.choice_finish,
+        outputs[0].echo,  # a choice's first output carries it
     )

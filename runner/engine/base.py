@@ -19,6 +19,7 @@ from collections.abc import Callable
 import attrs
 
 from protocol.frames import (
+    Echo,
     ErrorCode,
     FinishReason,
     Generate,
@@ -49,6 +50,8 @@ class Output:
     index: int = 0
     """The choice, for a request with n > 1 (see `protocol.frames.Chunk`)."""
     choice_finish: FinishReason | None = None
+    echo: Echo | None = None
+    """The prompt, on the first output of each choice of a request with `echo`."""
 
 
 @attrs.frozen

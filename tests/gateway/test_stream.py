@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gateway.errors import RunnerLost
-from gateway.stream import MAX_PENDING, Failed, RequestStream
-from protocol.frames import Chunk, Generate, Message, Usage
+from gateway.stream import MAX_PENDING, Failed, RequestStream, merge
+from protocol.frames import Chunk, Echo, Generate, Message, Usage
 
 
 def chunk(seq: int, final: bool = False) -> Chunk:
@@ -54,3 +54,24 @@ async def test_no_merging_while_the_reader_keeps_up() -> None:
         assert isinstance(got, Chunk)
         assert got.seq == seq
     assert s.merged == 0
+
+
+def test_merging_keeps_each_choices_echo() -> None:
+    """A choice's first chunk carries the prompt back (echo): merged with what follows, the
+    merged chunk still does, once, whichever choice it belongs to."""
+    echo = Echo("Hi")
+    chunks = [
+        Chunk("r", 0, "a", "", 1, Usage(1, 1), index=0, echo=echo),
+        Chunk("r", 1, "b", "", 1, Usage(1, 2), index=1, echo=echo),
+        Chunk("r", 2, "c", "", 1, Usage(1, 3), index=0),
+        Chunk("r", 3, "d", "", 1, Usage(1, 4), index=1, finish_reason="length"),
+    ]
+    first, second = merge(chunks)
+    assert (first.index, first.text, first.echo) == (0, "ac", echo)
+    assert (second.index, second.text, second.echo, second.finish_reason) == (
+        1,
+        "bd",
+        echo,
+        "length",
+    )
+    assert merge(chunks[2:])[0].echo is None

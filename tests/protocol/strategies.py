@@ -18,6 +18,7 @@ from protocol.frames import (
     Cancel,
     Chunk,
     Drain,
+    Echo,
     Error,
     ErrorCode,
     FinishReason,
@@ -31,8 +32,10 @@ from protocol.frames import (
     LogitBias,
     Message,
     ModelInfo,
+    PromptToken,
     RunnerFrame,
     SamplingParams,
+    TopLogprob,
     Usage,
     Welcome,
 )
@@ -117,6 +120,10 @@ generates = st.builds(
     max_tokens=st.none() | ints,
     stop=_tuples(text),
     sampling=sampling_params,
+    prompt=optional_text,
+    prompt_tokens=st.none() | _tuples(ints),
+    echo=st.booleans(),
+    prompt_logprobs=st.booleans(),
 )
 cancels = st.builds(Cancel, request_id=text)
 usages = st.builds(
@@ -129,6 +136,16 @@ generation_stats = st.builds(
     peak_memory_bytes=ints,
     time_to_first_token=floats,
 )
+_bytes = _tuples(st.integers(0, 255))
+top_logprobs = st.builds(TopLogprob, token=text, logprob=floats, bytes=_bytes)
+prompt_tokens = st.builds(
+    PromptToken,
+    token=text,
+    bytes=_bytes,
+    logprob=st.none() | floats,
+    top_logprobs=_tuples(top_logprobs),
+)
+echoes = st.builds(Echo, text=text, tokens=_tuples(prompt_tokens))
 chunks = st.builds(
     Chunk,
     request_id=text,
@@ -140,6 +157,17 @@ chunks = st.builds(
     finish_reason=st.none() | finish_reasons,
     stats=st.none() | generation_stats,
 )
+echo_chunks = st.builds(
+    Chunk,
+    request_id=text,
+    seq=ints,
+    text=text,
+    reasoning=text,
+    tokens=ints,
+    usage=usages,
+    echo=echoes,
+)
+"""A choice's first chunk of a request with echo (off the decoder's fast path)."""
 errors = st.builds(Error, request_id=optional_text, code=error_codes, message=text)
 heartbeats = st.builds(
     Heartbeat, sent_at=floats, kv_bytes=st.none() | ints, kv_limit_bytes=st.none() | ints
@@ -152,7 +180,7 @@ FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Welcome: welcomes,
     Generate: generates,
     Cancel: cancels,
-    Chunk: chunks,
+    Chunk: chunks | echo_chunks,
     Error: errors,
     Heartbeat: heartbeats,
     Drain: drains,

@@ -27,6 +27,7 @@ from protocol.frames import (
     Cancel,
     Chunk,
     Drain,
+    Echo,
     Error,
     Frame,
     GatewayFrame,
@@ -38,8 +39,10 @@ from protocol.frames import (
     LogitBias,
     Message,
     ModelInfo,
+    PromptToken,
     RunnerFrame,
     SamplingParams,
+    TopLogprob,
     Usage,
     Welcome,
 )
@@ -212,6 +215,39 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
             },
         },
     ),
+    (
+        # A raw prompt (legacy completions): messages empty, the prompt as given.
+        Generate(
+            request_id="req-3",
+            model="m",
+            messages=(),
+            max_tokens=0,
+            prompt_tokens=(1212, 318),
+            echo=True,
+            prompt_logprobs=True,
+        ),
+        {
+            "type": "generate",
+            "request_id": "req-3",
+            "model": "m",
+            "messages": [],
+            "max_tokens": 0,
+            "stop": [],
+            "sampling": {
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "top_k": 0,
+                "min_p": 0.0,
+                "seed": None,
+                "presence_penalty": 0.0,
+                "frequency_penalty": 0.0,
+                "logit_bias": [],
+            },
+            "prompt_tokens": [1212, 318],
+            "echo": True,
+            "prompt_logprobs": True,
+        },
+    ),
     (Cancel(request_id="req-1"), {"type": "cancel", "request_id": "req-1"}),
     (
         Chunk("req-1", 0, "Hel", "", 2, Usage(prompt_tokens=12, completion_tokens=2)),
@@ -267,6 +303,53 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
                 "generation_tps": 88.25,
                 "peak_memory_bytes": 1073741824,
                 "time_to_first_token": 0.125,
+            },
+        },
+    ),
+    (
+        # The first chunk of a choice of a request with echo: the first prompt token has no
+        # logprob (nothing precedes it), so its key is left off.
+        Chunk(
+            "req-3",
+            0,
+            "",
+            "",
+            0,
+            Usage(2, 0),
+            echo=Echo(
+                "Hi!",
+                (
+                    PromptToken("Hi", (72, 105)),
+                    PromptToken("!", (33,), -2.5, (TopLogprob(",", -0.5, (44,)),)),
+                ),
+            ),
+        ),
+        {
+            "type": "chunk",
+            "request_id": "req-3",
+            "seq": 0,
+            "text": "",
+            "reasoning": "",
+            "tokens": 0,
+            "usage": {
+                "prompt_tokens": 2,
+                "completion_tokens": 0,
+                "cached_tokens": 0,
+                "reasoning_tokens": 0,
+            },
+            "finish_reason": None,
+            "stats": None,
+            "echo": {
+                "text": "Hi!",
+                "tokens": [
+                    {"token": "Hi", "bytes": [72, 105]},
+                    {
+                        "token": "!",
+                        "bytes": [33],
+                        "logprob": -2.5,
+                        "top_logprobs": [{"token": ",", "logprob": -0.5, "bytes": [44]}],
+                    },
+                ],
             },
         },
     ),

@@ -15,13 +15,16 @@ from protocol.frames import (
     PROTOCOL_VERSION,
     Batch,
     Chunk,
+    Echo,
     Generate,
     Hello,
     Message,
+    Usage,
     Welcome,
 )
 from protocol.session import Delivered, GatewaySession
-from runner.client import GATHER_MIN_REQUESTS, GATHER_S, Runner
+from runner.client import GATHER_MIN_REQUESTS, GATHER_S, Runner, _merged
+from runner.engine.base import Output
 from runner.engine.scripted import ScriptedEngine
 from runner.hardware import detect
 
@@ -155,3 +158,17 @@ async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
         mine = [c for c in session_frames if c.request_id == f"r{i}"]
         assert sum(c.tokens for c in mine) == tokens
         assert "".join(c.text for c in mine) == big * tokens
+
+
+def test_merged_outputs_keep_each_choices_echo() -> None:
+    """Outputs that piled up are merged per choice; a choice's first output carries its echo,
+    and the merged one keeps it."""
+    echo = Echo("Hi")
+    outputs = [
+        Output("r", "a", "", 1, Usage(1, 1), echo=echo),
+        Output("r", "b", "", 1, Usage(1, 2), index=1, echo=echo),
+        Output("r", "c", "", 1, Usage(1, 3)),
+    ]
+    merged = {output.index: output for output in _merged(outputs)}
+    assert (merged[0].text, merged[0].echo) == ("ac", echo)
+    assert (merged[1].text, merged[1].echo) == ("b", echo)
