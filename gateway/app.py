@@ -21,6 +21,7 @@ from gateway.config import GatewayConfig
 from gateway.http_errors import handle_http_exception, handle_openai_error, handle_unexpected
 from gateway.pool import Pool
 from gateway.runner_link import runner_socket
+from gateway.stored import CompletionStore
 from protocol.openai.errors import OpenAIError
 
 log = logging.getLogger("gateway")
@@ -35,7 +36,8 @@ async def console() -> File:
 
 
 def create_app(config: GatewayConfig | None = None) -> Litestar:
-    """Build the gateway app; its pool lives in `app.state.pool`."""
+    """Build the gateway app; its pool lives in `app.state.pool`, its stored completions in
+    `app.state.store`."""
     config = config or GatewayConfig()
     pool = Pool(config)
     return Litestar(
@@ -49,7 +51,14 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
             console,
             create_static_files_router(path="/static", directories=[STATIC], name="static"),
         ],
-        state=State({"pool": pool, "config": config, "client_sockets": []}),
+        state=State(
+            {
+                "pool": pool,
+                "store": CompletionStore.from_config(config),
+                "config": config,
+                "client_sockets": [],
+            }
+        ),
         exception_handlers={
             OpenAIError: handle_openai_error,
             HTTPException: handle_http_exception,

@@ -5,6 +5,9 @@ is relayed to the client by `gateway.relay.Relay` over `gateway.sse.SseTransport
 one is collected by `protocol.openai.stream.CompletionBuilder`. Errors that happen before
 the first byte (bad input, unknown model, queue full, a runner refusing the request) are
 HTTP errors in OpenAI's shape; errors after it are an SSE error event followed by `[DONE]`.
+
+Every response has an `x-request-id` header, as OpenAI's; a `store: true` request's stored
+completion (gateway.stored) names it as its `request_id`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from gateway.openapi import ChatCompletionsOperation
 from gateway.pool import Pool
 from gateway.relay import Relay, as_item, first_item
 from gateway.sse import SseResponse, SseTransport
+from gateway.stored import CompletionStore, Keeper, keepable
 from gateway.stream import Failed, RequestStream, next_item
 from protocol.frames import Chunk
 from protocol.openai.request import ChatRequest, check_max_tokens, parse_chat_request
@@ -41,6 +45,7 @@ def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
 async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a chat completion (OpenAI wire format; `stream: true` for SSE)."""
     pool: Pool = state.pool
+    store: CompletionStore = state.store
 
     def check_model(model: str) -> None:
         try:
@@ -48,34 +53,59 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
         except Exception as exc:
             raise openai_error_for(exc) from exc
 
-    chat = check_limits(parse_chat_request(await request.body(), check_model), pool.config)
+    body = await request.body()
+    chat = check_limits(parse_chat_request(body, check_model, store=store.enabled), pool.config)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = f"req_{uuid.uuid4().hex}"
     try:
         stream = await pool.submit(chat.to_generate(completion_id))
     except Exception as exc:
         raise openai_error_for(exc) from exc
     if chat.stream:
-        return await _streaming(pool, stream, chat, completion_id)
-    return await _non_streaming(request, pool, stream, chat, completion_id)
+        response = await _streaming(
+            pool, stream, chat, completion_id, store=store, request_id=request_id
+        )
+    else:
+        response = await _non_streaming(
+            request, pool, stream, chat, completion_id, store=store, request_id=request_id
+        )
+    response.headers["x-request-id"] = request_id
+    return response
 
 
 async def _streaming(
-    pool: Pool, stream: RequestStream, chat: ChatRequest, completion_id: str
+    pool: Pool,
+    stream: RequestStream,
+    chat: ChatRequest,
+    completion_id: str,
+    *,
+    store: CompletionStore,
+    request_id: str,
 ) -> Response[Any]:
     first = await first_item(stream, pool.config, pool.cancel)
     if first is not None and not isinstance(first, Chunk):
         raise openai_error_for(first)  # nothing sent yet: a proper HTTP error
+    created = int(time.time())
+    fingerprint = pool.fingerprint(chat.model)
     completion = CompletionStream(
         id=completion_id,
-        created=int(time.time()),
+        created=created,
         model=chat.model,
         include_usage=chat.include_usage,
         continuous_usage_stats=chat.continuous_usage_stats,
         logprobs=chat.logprobs,
-        fingerprint=pool.fingerprint(chat.model),
+        fingerprint=fingerprint,
+    )
+    keeper = Keeper.of(
+        store,
+        chat,
+        id=completion_id,
+        created=created,
+        fingerprint=fingerprint,
+        request_id=request_id,
     )
     transport = SseTransport()
-    relay = Relay(stream, completion, transport, pool.config, pool.cancel)
+    relay = Relay(stream, completion, transport, pool.config, pool.cancel, keeper=keeper)
     return SseResponse(relay, transport, first)
 
 
@@ -85,6 +115,9 @@ async def _non_streaming(
     stream: RequestStream,
     chat: ChatRequest,
     completion_id: str,
+    *,
+    store: CompletionStore,
+    request_id: str,
 ) -> Response[Any]:
     builder = CompletionBuilder(logprobs=chat.logprobs)
     collector = asyncio.ensure_future(_collect(stream, builder, pool.config.stream_timeout))
@@ -107,6 +140,8 @@ async def _non_streaming(
         model=chat.model,
         fingerprint=pool.fingerprint(chat.model),
     )
+    if chat.store is not None and keepable(builder):
+        store.keep(body, chat.store, request_id)
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 

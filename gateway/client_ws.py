@@ -28,6 +28,7 @@ from gateway.config import GatewayConfig
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
 from gateway.relay import Relay, first_item
+from gateway.stored import CompletionStore, Keeper
 from gateway.stream import RequestStream
 from protocol.browser.framing import BrowserFraming
 from protocol.browser.messages import CLIENT_WS_PATH, PoolState, encode
@@ -49,10 +50,12 @@ class _Closed(Exception):
 class _Request:
     """What the socket holds for one request in flight (the session's handle)."""
 
-    __slots__ = ("completion", "stream", "task")
+    __slots__ = ("completion", "keeper", "stream", "task")
 
-    def __init__(self, completion: CompletionStream) -> None:
+    def __init__(self, completion: CompletionStream, keeper: Keeper | None) -> None:
         self.completion = completion
+        self.keeper = keeper
+        """Stores the completion (`store: true` requests only)."""
         self.task: asyncio.Task[None] | None = None
         self.stream: RequestStream | None = None
         """Set once a runner has it: from then on a cancel goes to the runner."""
@@ -61,9 +64,12 @@ class _Request:
 class ClientSocket:
     """The I/O of one browser socket."""
 
-    def __init__(self, socket: WebSocket[Any, Any, Any], pool: Pool) -> None:
+    def __init__(
+        self, socket: WebSocket[Any, Any, Any], pool: Pool, store: CompletionStore
+    ) -> None:
         self.socket = socket
         self.pool = pool
+        self.store = store
         self.config = config = pool.config
         authenticated = not config.api_keys or secret_in(bearer(socket.headers), config.api_keys)
         self.session: ClientSession[_Request] = ClientSession(
@@ -71,6 +77,7 @@ class ClientSocket:
             max_requests=config.max_client_requests,
             max_message_bytes=config.max_client_message_bytes,
             max_tokens_limit=config.max_tokens_limit,
+            store=store.enabled,
         )
         self._outbox: collections.deque[bytes] = collections.deque()
         self._outbox_bytes = 0
@@ -204,17 +211,27 @@ class ClientSocket:
 
     def _start(self, rid: str, chat: ChatRequest) -> None:
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        fingerprint = self.pool.fingerprint(chat.model)
         request = _Request(
             CompletionStream(
                 id=completion_id,
-                created=int(time.time()),
+                created=created,
                 model=chat.model,
                 include_usage=chat.include_usage,
                 continuous_usage_stats=chat.continuous_usage_stats,
                 logprobs=chat.logprobs,
-                fingerprint=self.pool.fingerprint(chat.model),
+                fingerprint=fingerprint,
                 framing=BrowserFraming(rid),
-            )
+            ),
+            Keeper.of(
+                self.store,
+                chat,
+                id=completion_id,
+                created=created,
+                fingerprint=fingerprint,
+                request_id=f"req_{uuid.uuid4().hex}",
+            ),
         )
         task = asyncio.create_task(self._run(chat.to_generate(completion_id), request))
         request.task = task
@@ -234,7 +251,14 @@ class ClientSocket:
         relay: Relay | None = None
         try:
             first = await first_item(stream, self.config, self.pool.cancel)
-            relay = Relay(stream, request.completion, self, self.config, self.pool.cancel)
+            relay = Relay(
+                stream,
+                request.completion,
+                self,
+                self.config,
+                self.pool.cancel,
+                keeper=request.keeper,
+            )
             relay.start(first, commit=first is None)
             await relay.done
         finally:
@@ -296,7 +320,7 @@ async def client_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     pool: Pool = state.pool
     pool.trimmer.busy(len(open_sockets))
     try:
-        await ClientSocket(socket, pool).run()
+        await ClientSocket(socket, pool, state.store).run()
     except Exception:  # a bug here must not take the server down; it must be seen
         log.exception("client socket failed")
         with contextlib.suppress(Exception):

@@ -66,3 +66,13 @@ class GatewayConfig:
     to 200 and sending keep-alive comments; errors before then get a proper HTTP status."""
     keepalive_interval: float = 10.0
     """Seconds of silence on an SSE stream before a `: keep-alive` comment is sent."""
+
+    store_max_completions: int = 10_000
+    """Chat completions stored with `store: true` kept in memory at once; past it the oldest
+    is dropped. 0: the gateway stores nothing and refuses `store: true`."""
+    store_max_bytes: int = 128 * 1024 * 1024
+    """Their total size as JSON (the completion and the request's messages); past it the
+    oldest are dropped."""
+    store_ttl: float = 24 * 3600.0
+    """Seconds a stored completion is kept (OpenAI keeps them 30 days; ours live in memory
+    and are lost when the gateway stops)."""

@@ -16,6 +16,8 @@ response body (gateway.sse) or the browser socket's outbox (gateway.client_ws).
   ends the request with an error).
 - **Cancel on close.** Closing a relay before its request ended (the client left, the
   timeout) cancels the request on its runner.
+- **Stored completions.** A `store: true` request's relay has a `Keeper` (gateway.stored):
+  every chunk rendered is also fed to it, and it stores the completion when it finishes.
 - **Fault isolation.** Anything that goes wrong while serving this client (rendering,
   writing, a bug here) ends this request with an error to this client, is logged once with
   the request id, and never reaches the runner link or any other request. A transport
@@ -32,6 +34,7 @@ from typing import Protocol
 from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
+from gateway.stored import Keeper
 from gateway.stream import Failed, RequestStream, StreamItem, next_item
 from protocol.frames import Chunk
 from protocol.openai.errors import server_error
@@ -95,6 +98,7 @@ class Relay:
         "completion",
         "config",
         "done",
+        "keeper",
         "sends_suspended",
         "stream",
         "transport",
@@ -107,6 +111,8 @@ class Relay:
         transport: Transport,
         config: GatewayConfig,
         cancel: Callable[[RequestStream], None],
+        *,
+        keeper: Keeper | None = None,
     ) -> None:
         self.stream = stream
         self.completion = completion
@@ -114,6 +120,8 @@ class Relay:
         self.config = config
         self.cancel = cancel
         """Stops the request on its runner (`Pool.cancel`)."""
+        self.keeper = keeper
+        """Stores the completion (`store: true` requests only)."""
         self._loop = asyncio.get_running_loop()
         self.done: asyncio.Future[None] = self._loop.create_future()
         """Resolved when the request's last message is written, or its client is gone."""
@@ -161,7 +169,10 @@ class Relay:
     def _render(self, item: StreamItem, out: list[bytes]) -> bool:
         """The messages for one item; True when the request is over."""
         if type(item) is Chunk:
-            return self.completion.feed(item, out)
+            finished = self.completion.feed(item, out)
+            if self.keeper is not None:
+                self.keeper.feed(item)  # after the render: a chunk that failed it is not kept
+            return finished
         return self.completion.feed(as_item(item), out)
 
     def _render_queued(self, out: list[bytes]) -> bool:

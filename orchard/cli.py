@@ -71,6 +71,22 @@ def _config_option(name: str, help: str) -> Callable[[F], F]:
     return click.option(flag, default=field.default, show_default=True, help=help)
 
 
+def _store_options(command: F) -> F:
+    """The stored completions' bounds (`store: true`), on `gateway` and `serve` alike."""
+    options = (
+        _config_option(
+            "store_max_completions",
+            "Stored chat completions kept in memory; past it the oldest goes (0: store "
+            "nothing, refuse store: true).",
+        ),
+        _config_option("store_max_bytes", "Their total size as JSON; past it the oldest go."),
+        _config_option("store_ttl", "Seconds a stored chat completion is kept."),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @main.command()
 @_config_option("host", "Address to listen on.")
 @_config_option("port", "Port to listen on.")
@@ -97,6 +113,7 @@ def _config_option(name: str, help: str) -> Callable[[F], F]:
 @_config_option("max_body_bytes", "Largest HTTP body.")
 @_config_option("max_tokens_limit", "Largest max_tokens a request may ask for.")
 @_config_option("max_client_sockets", "Browser WebSocket connections open at once.")
+@_store_options
 @click.option(
     "--runner-token",
     envvar="ORCHARD_RUNNER_TOKEN",
@@ -401,6 +418,7 @@ async def _run_runner(
     envvar="ORCHARD_RUNNER_TOKEN",
     help="Token for runners (env ORCHARD_RUNNER_TOKEN); a random one is made when unset.",
 )
+@_store_options
 @log_level_option
 def serve(
     host: str,
@@ -409,12 +427,13 @@ def serve(
     max_concurrent: int,
     runner_token: str | None,
     log_level: str,
+    **store: Any,
 ) -> None:
     """Run the gateway plus one local runner (a separate process, same WebSocket path)."""
     _setup_logging(log_level)
     # Always a token: the local runner gets it through its environment, never argv.
     token = runner_token or secrets.token_urlsafe(24)
-    config = GatewayConfig(host=host, port=port, runner_token=token)
+    config = GatewayConfig(host=host, port=port, runner_token=token, **store)
     _check_exposure(config)
     _run(_serve(config, model, max_concurrent, log_level))
 

@@ -96,3 +96,25 @@ def test_a_model_that_does_not_load_is_one_clear_line(tmp_path: Path) -> None:
     [line] = proc.stderr.strip().splitlines()
     assert f"runner: could not load {missing}: " in line
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["gateway", "serve"])
+def test_the_store_flags_set_their_config_fields(
+    started: list[GatewayConfig], command: str
+) -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            command,
+            *("--store-max-completions", "5"),
+            *("--store-max-bytes", "4096"),
+            *("--store-ttl", "2.5"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    [config] = started
+    assert (config.store_max_completions, config.store_max_bytes, config.store_ttl) == (
+        5,
+        4096,
+        2.5,
+    )
