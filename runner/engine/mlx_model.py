@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import mlx_lm
 
-from protocol.frames import Generate, Message
+from protocol.frames import Echo, Generate, Message, Usage
 from runner.accounting import RequestAccounting, prompt_opens_reasoning
 from runner.demo_model import resolve_model
 from runner.engine.constraint import Constraint, constraint_for
@@ -29,6 +29,8 @@ log = logging.getLogger("runner.engine")
 
 DEFAULT_CONTEXT_LENGTH = 4096
 """Used when the model config names no `max_position_embeddings`."""
+_SEED_STRIDE = 0x9E3779B97F4A7C15
+"""Choice i of a seeded request draws from seed + i * this (mod 2**64): far apart seeds."""
 
 
 @attrs.define(eq=False)
@@ -55,10 +57,61 @@ class Request:
     """Set when the request asks for logprobs."""
     constraint: Constraint | None = None
     """Its compiled grammar (response format, forced tool calls), if it has one."""
+    index: int = 0
+    """Which choice of a request with n > 1 this is."""
+    group: ChoiceGroup | None = None
+    """The choices of a request with n > 1, this one among them."""
+    echo: Echo | None = None
+    """The prompt to send back with the request's first output (`Generate.echo`), once known;
+    None again once sent."""
+    echo_text: str | None = None
+    """With `Generate.echo`: the raw prompt's text."""
+    echo_skip: int = 0
+    """Leading prompt tokens that are not part of that text (a beginning-of-text token the
+    tokenizer added): the echo's logprobs leave them out."""
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """The echo needs the prompt's logprobs, which only a pass over the prompt gives."""
+        return self.echo_text is not None and self.generate.prompt_logprobs
 
     @property
     def request_id(self) -> str:
-        return self.generate.request_id
+        """Unique among running requests: the wire id, and "#i" for choice i > 0."""
+        rid = self.generate.request_id
+        return rid if self.index == 0 else f"{rid}#{self.index}"
+
+    def usage(self) -> Usage:
+        """The usage to report: the whole request's, all its choices together."""
+        if self.group is None:
+            return self.accounting.usage()
+        return self.group.usage()
+
+
+@attrs.define(eq=False)
+class ChoiceGroup:
+    """The choices of one request with n > 1: they share one prefill of the prompt, and
+    the request ends when the last of them does."""
+
+    requests: list[Request]
+    open: int
+    """Choices not ended yet."""
+    shared: tuple[list[Any], int] | None = None
+    """After the one prefill: the prompt's KV cache (all but the last token) and how many
+    tokens it holds, copied for each choice that starts after it."""
+    started: int = 0
+    echo: Echo | None = None
+    """The echo with the prompt's logprobs, once the first choice to start worked it out."""
+
+    def usage(self) -> Usage:
+        """The prompt once, every choice's completion tokens."""
+        first = self.requests[0].accounting
+        return Usage(
+            prompt_tokens=first.prompt_tokens,
+            completion_tokens=sum(r.accounting.completion_tokens for r in self.requests),
+            cached_tokens=first.cached_tokens,
+            reasoning_tokens=sum(r.accounting.usage().reasoning_tokens for r in self.requests),
+        )
 
 
 class MlxModel:
@@ -102,15 +155,115 @@ class MlxModel:
         model, tokenizer, config = loaded
         return cls(name, model, tokenizer, config, context_length=context_length)
 
+    def prepare_choices(self, generate: Generate, submitted_at: float) -> list[Request]:
+        """The requests of each of `generate.n` choices (one without n > 1). A seeded request's
+        choices draw from seeds derived from it: they differ, and repeat."""
+        first = self.prepare(generate, submitted_at)
+        if generate.n <= 1:
+            return [first]
+        choices = [first]
+        seed = generate.sampling.seed
+        for index in range(1, generate.n):
+            sampling = generate.sampling
+            if seed is not None:
+                sampling = attrs.evolve(sampling, seed=(seed + index * _SEED_STRIDE) % 2**64)
+            choice = self.prepare(attrs.evolve(generate, sampling=sampling), submitted_at)
+            choice.index = index
+            choices.append(choice)
+        group = ChoiceGroup(choices, open=len(choices))
+        for choice in choices:
+            choice.group = group
+        return choices
+
     def prepare(self, generate: Generate, submitted_at: float) -> Request:
         """Template and check a request; `RequestError` if it cannot be served."""
         if generate.model != self.name:
             raise RequestError(
                 "model_not_found", f"This engine serves {self.name}, not {generate.model}."
             )
-        tools = self._tools(generate)
+        raw = generate.prompt is not None or generate.prompt_tokens is not None
+        tools: list[dict[str, Any]] = []
+        echo_skip = 0
+        if raw:
+            prompt, echo_skip = self._raw_prompt(generate)
+        else:
+            tools = self._tools(generate)
+            prompt = self._templated(generate, tools)
+        # What the client sent: a chat's messages or a raw prompt (OpenAI's names for them).
+        param, what = ("prompt", "the prompt") if raw else ("messages", "the messages")
+        limit = self.context_length
+        if len(prompt) >= limit:
+            raise RequestError(
+                "context_length_exceeded",
+                f"This model's maximum context length is {limit} tokens; "
+                f"{what} take{'s' if raw else ''} {len(prompt)}.",
+                param,
+            )
+        max_tokens = generate.max_tokens
+        if max_tokens is None:
+            max_tokens = limit - len(prompt)
+        elif max_tokens < 0:
+            raise RequestError("invalid_request", f"max_tokens must be at least 0: {max_tokens}")
+        elif len(prompt) + max_tokens > limit:
+            raise RequestError(
+                "context_length_exceeded",
+                f"This model's maximum context length is {limit} tokens; you requested "
+                f"{len(prompt) + max_tokens} ({len(prompt)} in {what}, {max_tokens} "
+                "in the completion).",
+                param,
+            )
+        for bias in generate.sampling.logit_bias:
+            if not 0 <= bias.token < self.vocab_size:
+                raise RequestError(
+                    "invalid_request",
+                    f"logit_bias names token {bias.token}, outside this model's vocabulary "
+                    f"of {self.vocab_size}.",
+                    "logit_bias",
+                )
+        # A raw completion is all text: the model's think markers are text there too.
+        think_start_id, think_end_id = (
+            (None, None) if raw else (self._think_start_id, self._think_end_id)
+        )
+        in_reasoning = prompt_opens_reasoning(prompt, think_start_id, think_end_id)
+        # Compiled here, at intake, so that a schema that cannot be enforced fails at once.
+        constraint = constraint_for(
+            generate, self.tokenizer, vocab_size=self.vocab_size, starts_in_reasoning=in_reasoning
+        )
+        accounting = RequestAccounting(
+            prompt_tokens=len(prompt),
+            stop=generate.stop,
+            think_start_id=think_start_id,
+            think_end_id=think_end_id,
+            think_start_text=self.tokenizer.think_start or "<think>",
+            think_end_text=self.tokenizer.think_end or "</think>",
+            starts_in_reasoning=in_reasoning,
+            tool_calls=self._tool_call_splitter(tools),
+        )
+        request = Request(generate, submitted_at, prompt, max_tokens, accounting)
+        request.constraint = constraint
+        if generate.logprobs:
+            request.logprobs = LogprobMaker(self.token_bytes, generate.top_logprobs)
+        if raw and generate.echo:
+            text = generate.prompt
+            if text is None:
+                text = str(self.tokenizer.decode(prompt))
+            request.echo_text = text
+            request.echo_skip = echo_skip
+            if not generate.prompt_logprobs:
+                request.echo = Echo(text)
+        return request
+
+    @property
+    def token_bytes(self) -> TokenBytes:
+        """Each token id's string and raw bytes (made on first use)."""
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(self.tokenizer)
+        return self._token_bytes
+
+    def _templated(self, generate: Generate, tools: list[dict[str, Any]]) -> list[int]:
+        """A chat's prompt: its messages through the model's chat template."""
         try:
-            prompt = [
+            return [
                 int(token)
                 for token in self.tokenizer.apply_chat_template(
                     [_message_dict(message) for message in generate.messages],
@@ -124,55 +277,47 @@ class MlxModel:
             raise RequestError(
                 "invalid_request", f"The chat template rejected the messages: {exc}", "messages"
             ) from exc
-        limit = self.context_length
-        if len(prompt) >= limit:
+
+    def _raw_prompt(self, generate: Generate) -> tuple[list[int], int]:
+        """A raw prompt's tokens, and how many of the first ones the tokenizer added (not part
+        of the text). Text is tokenized as mlx-lm's `stream_generate` does: with the special
+        tokens the tokenizer adds (a beginning-of-text token), unless it starts with one."""
+        if generate.messages or generate.tools or generate.chat_template_kwargs is not None:
             raise RequestError(
-                "context_length_exceeded",
-                f"This model's maximum context length is {limit} tokens; "
-                f"the messages take {len(prompt)}.",
+                "invalid_request", "A raw prompt takes no messages, tools or chat template."
             )
-        max_tokens = generate.max_tokens
-        if max_tokens is None:
-            max_tokens = limit - len(prompt)
-        elif max_tokens < 1:
-            raise RequestError("invalid_request", f"max_tokens must be at least 1: {max_tokens}")
-        elif len(prompt) + max_tokens > limit:
+        if generate.prompt_tokens is not None:
+            if generate.prompt is not None:
+                raise RequestError("invalid_request", "Give prompt text or token ids, not both.")
+            tokens = list(generate.prompt_tokens)
+            for token in tokens:
+                if not 0 <= token < self.vocab_size:
+                    raise RequestError(
+                        "invalid_request",
+                        f"The prompt holds token {token}, outside this model's vocabulary of "
+                        f"{self.vocab_size}.",
+                        "prompt",
+                    )
+            skip = 0
+        else:
+            text = generate.prompt or ""
+            bos = self.tokenizer.bos_token
+            special = bos is None or not text.startswith(bos)
+            tokens = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=special)]
+            skip = 0
+            if special and generate.echo:
+                plain = self.tokenizer.encode(text, add_special_tokens=False)
+                added = len(tokens) - len(plain)
+                if added > 0 and tokens[added:] == [int(t) for t in plain]:
+                    skip = added
+        if not tokens:
             raise RequestError(
-                "context_length_exceeded",
-                f"This model's maximum context length is {limit} tokens; you requested "
-                f"{len(prompt) + max_tokens} ({len(prompt)} in the messages, {max_tokens} "
-                "in the completion).",
+                "invalid_request",
+                f"The prompt is empty, and {self.name}'s tokenizer adds no beginning-of-text "
+                "token to start from.",
+                "prompt",
             )
-        for bias in generate.sampling.logit_bias:
-            if not 0 <= bias.token < self.vocab_size:
-                raise RequestError(
-                    "invalid_request",
-                    f"logit_bias names token {bias.token}, outside this model's vocabulary "
-                    f"of {self.vocab_size}.",
-                    "logit_bias",
-                )
-        in_reasoning = prompt_opens_reasoning(prompt, self._think_start_id, self._think_end_id)
-        # Compiled here, at intake, so that a schema that cannot be enforced fails at once.
-        constraint = constraint_for(
-            generate, self.tokenizer, vocab_size=self.vocab_size, starts_in_reasoning=in_reasoning
-        )
-        accounting = RequestAccounting(
-            prompt_tokens=len(prompt),
-            stop=generate.stop,
-            think_start_id=self._think_start_id,
-            think_end_id=self._think_end_id,
-            think_start_text=self.tokenizer.think_start or "<think>",
-            think_end_text=self.tokenizer.think_end or "</think>",
-            starts_in_reasoning=in_reasoning,
-            tool_calls=self._tool_call_splitter(tools),
-        )
-        request = Request(generate, submitted_at, prompt, max_tokens, accounting)
-        request.constraint = constraint
-        if generate.logprobs:
-            if self._token_bytes is None:
-                self._token_bytes = TokenBytes(self.tokenizer)
-            request.logprobs = LogprobMaker(self._token_bytes, generate.top_logprobs)
-        return request
+        return tokens, skip
 
     def _tools(self, generate: Generate) -> list[dict[str, Any]]:
         """The request's tools as chat templates take them (none with tool_choice "none": the
