@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import copy
 import json
+import os
 import re
 import threading
 import weakref
@@ -131,9 +132,9 @@ class BatchConstraints:
 
     mlx-lm calls each row's processor in turn; the first call of a step does the work of
     every row: one read of the tokens the batch just sampled (one wait, where each row would
-    wait in turn), the forward pass started, then every row's mask computed on llguidance's
-    threads while it runs, and all of them unpacked at once. Each row's call then only
-    applies its row of the mask.
+    wait in turn), the forward pass started, then every row's mask computed while it runs
+    (on llguidance's threads, given 4 cores or more), and all of them unpacked at once.
+    Each row's call then only applies its row of the mask.
 
     It reads the rows' new tokens from the generator's current generation batch
     (`_generation_batch._current_tokens` and `.uids`, mlx-lm 0.32's names, checked by the
@@ -203,8 +204,11 @@ class BatchConstraints:
         words = max(p.words for p in processors)
         bitmask = np.zeros((len(processors), words), dtype=np.int32)
         work = [(p.matcher, i) for i, p in enumerate(processors) if p.error is None]
-        if work:
+        if len(work) > 1 and _PARALLEL_MASKS:
             _executor().unsafe_compute_mask_ptr(work, bitmask.ctypes.data, words * 4, len(bitmask))
+        else:
+            for matcher, i in work:
+                matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data + i * words * 4, words * 4)
         for i, processor in enumerate(processors):
             if processor.error is None and processor.matcher.is_error():
                 processor.error = processor.matcher.get_error()
@@ -217,6 +221,10 @@ class BatchConstraints:
         self._index = {id(p): i for i, p in enumerate(processors)}
 
 
+_PARALLEL_MASKS = (os.cpu_count() or 1) >= 4
+"""Compute a batch's masks on llguidance's thread pool. On 2 cores (bench.grammars, §6 of
+docs/benchmarks.md) its batch call was no faster than one mask after another, and up to 3x
+slower while the forward pass and other processes wanted the same cores."""
 _executors: list[llguidance.LLExecutor] = []
 
 

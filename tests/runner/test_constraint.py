@@ -471,9 +471,15 @@ def test_the_mask_comes_after_logit_bias(start_engine: StartEngine, reference: R
     assert final(events).finish_reason == "stop"
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["masks-in-turn", "masks-on-pool"])
 def test_rows_with_different_grammars_and_none_share_a_batch(
-    start_engine: StartEngine, reference: Reference, monkeypatch: pytest.MonkeyPatch
+    start_engine: StartEngine,
+    reference: Reference,
+    monkeypatch: pytest.MonkeyPatch,
+    parallel: bool,
 ) -> None:
+    # llguidance's thread pool computes a batch's masks on machines with 4 cores or more.
+    monkeypatch.setattr(constraint_module, "_PARALLEL_MASKS", parallel)
     steps: list[int] = []
     advance = BatchConstraints._advance
 
