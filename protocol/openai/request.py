@@ -113,7 +113,7 @@ _MESSAGE_KEYS: dict[str, frozenset[str]] = {
     # (reasoning_content is ours, from the response; earlier turns' reasoning is not re-fed).
     "assistant": frozenset(
         {"role", "content", "name", "refusal", "audio", "tool_calls", "function_call"}
-        | {"reasoning_content"}
+        | {"annotations", "reasoning_content"}
     ),
     "tool": frozenset({"role", "content", "tool_call_id"}),
 }
@@ -455,6 +455,9 @@ def _assistant_extras(value: dict[str, Any], path: str) -> tuple[ToolCall, ...]:
     if _str(value, "refusal", path) is not None:
         _fail_unsupported(f"{path}.refusal", "refusals cannot be given back to the model")
     _str(value, "reasoning_content", path)
+    annotations = value.get("annotations")
+    if annotations is not None and type(annotations) is not list:
+        _fail_type(f"{path}.annotations", "an array", annotations)
     return tool_calls
 
 

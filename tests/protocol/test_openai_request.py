@@ -600,7 +600,7 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
     (amsg(refusal="I can't"), f"{A}.refusal", "unsupported_parameter"),
     (amsg(refusal=1), f"{A}.refusal", "invalid_type"),
     (amsg(reasoning_content=1), f"{A}.reasoning_content", "invalid_type"),
-    (amsg(annotations=[]), f"{A}.annotations", "unknown_parameter"),
+    (amsg(annotations={}), f"{A}.annotations", "invalid_type"),
     # stream
     (request(stream="true"), "stream", "invalid_type"),
     (request(stream=1), "stream", "invalid_type"),
@@ -1088,3 +1088,21 @@ def test_n_choices_up_to_the_gateways_limit() -> None:
     err = info.value
     assert (err.status, err.param, err.code) == (400, "n", "integer_above_max_value")
     assert err.message == "n is 5; this gateway allows at most 4 choices per request."
+
+
+def test_an_sdk_reply_goes_back_into_the_history_as_it_is() -> None:
+    """What the OpenAI SDK sends when a client appends a response's message (model_dump)."""
+    reply = {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "annotations": [],
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    tool = {"role": "tool", "tool_call_id": "call_1", "content": "ok"}
+    chat = parse(request(messages=[USER, reply, tool], tools=[FN]))
+    assert chat.messages[1] == Message(
+        role="assistant", content="", tool_calls=(ToolCall("call_1", "f", "{}"),)
+    )
