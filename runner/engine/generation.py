@@ -28,9 +28,17 @@ from typing import Any, Protocol
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from protocol.frames import FinishReason, Generate, GenerationStats, TokenLogprob
+from protocol.frames import (
+    Echo,
+    FinishReason,
+    Generate,
+    GenerationStats,
+    PromptToken,
+    TokenLogprob,
+)
 from runner.accounting import Piece
 from runner.engine.base import Failure, Output, Sink, emit
+from runner.engine.logprobs import prompt_entries
 from runner.engine.mlx_model import ChoiceGroup, MlxModel, Request
 from runner.engine.prefix_cache import PrefixCache
 from runner.errors import RequestError
@@ -157,6 +165,10 @@ class Generation:
         counters = self._counters
         while self.waiting and len(self.active) < self.max_concurrent:
             request = self.waiting[0]
+            if request.max_tokens == 0:
+                self.waiting.popleft()
+                self._end_at_once(request)
+                continue
             decoder = place(request)
             if decoder is None:
                 break
@@ -176,7 +188,8 @@ class Generation:
         prompt or a fresh one, and how many prompt tokens it holds already.
 
         The choices of a request with n > 1 share one prefill: the first to start prefills
-        all of the prompt but its last token here, and each later one starts from a copy.
+        all of the prompt but its last token here, and each later one starts from a copy. So
+        does a request whose echo needs its prompt's logprobs (`_echo_pass`), from scratch.
         """
         group = request.group
         if group is not None and group.shared is not None:
@@ -187,7 +200,20 @@ class Generation:
             else:
                 shared = copy.deepcopy(shared)
             request.prefill_tokens = len(request.prompt) - held
+            if group.echo is not None:
+                request.echo = group.echo
             return shared, held
+        if request.wants_prompt_logprobs:
+            # The prompt's logprobs need the logits at every position: no prefix cache.
+            fresh = make_prompt_cache(self.model.model)
+            held = len(request.prompt) - 1
+            request.echo = self._echo_pass(request, fresh)
+            request.prefill_tokens = len(request.prompt)
+            if group is not None:
+                group.echo = request.echo
+                group.started += 1
+                group.shared = (copy.deepcopy(fresh), held)
+            return fresh, held
         cache, reused = self.prefix_cache.take(request.prompt)
         if cache is None:
             cache = make_prompt_cache(self.model.model)
@@ -202,6 +228,49 @@ class Generation:
             group.shared = (copy.deepcopy(cache), held)
             return cache, held
         return cache, reused
+
+    def _echo_pass(self, request: Request, cache: list[Any]) -> Echo:
+        """The echo of a request that wants its prompt's logprobs: the prompt but its last
+        token run through the model into `cache`, each position's log-softmax giving the
+        logprob of the token after it (and the most likely tokens there)."""
+        prompt, skip = request.prompt, request.echo_skip
+        assert request.echo_text is not None
+        token_bytes = self.model.token_bytes
+        top = request.generate.top_logprobs
+        entries: list[PromptToken] = []
+        if skip < len(prompt):
+            entries.append(PromptToken(*token_bytes(prompt[skip])))
+        model = self.model.model
+        held = len(prompt) - 1
+        for start in range(0, held, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, held)
+            logits = model(mx.array([prompt[start:end]]), cache=cache)[0].astype(mx.float32)
+            first = max(start, skip)  # the positions whose next token is echoed
+            if first < end:
+                logprobs = logits[first - start :] - mx.logsumexp(
+                    logits[first - start :], axis=-1, keepdims=True
+                )
+                entries.extend(
+                    prompt_entries(logprobs, prompt[first + 1 : end + 1], top, token_bytes)
+                )
+            mx.eval([c.state for c in cache])
+        return Echo(request.echo_text, tuple(entries))
+
+    def _end_at_once(self, request: Request) -> None:
+        """A request for no token (max_tokens 0): its echo, if it asked for one, and its end."""
+        try:
+            if request.wants_prompt_logprobs:
+                group = request.group
+                if group is not None and group.echo is not None:
+                    request.echo = group.echo
+                else:
+                    request.echo = self._echo_pass(request, make_prompt_cache(self.model.model))
+                    if group is not None:
+                        group.echo = request.echo
+        except Exception as exc:
+            self.fail(request, exc)
+            return
+        self.finish(request, "length", Piece("", ""), tokens=0)
 
     def _prefill(self, cache: list[Any], tokens: list[int]) -> None:
         """Run `tokens` through the model into `cache`, a chunk at a time."""
@@ -239,6 +308,9 @@ class Generation:
             reason: FinishReason = "stop" if model_finish == "stop" else "length"
             self.finish(request, reason, piece, tokens=1, logprobs=entries)
         else:
+            echo = request.echo
+            if echo is not None:
+                request.echo = None  # on the choice's first output only
             emit(
                 self._sink,
                 Output(
@@ -250,6 +322,7 @@ class Generation:
                     tool_calls=piece.tool_calls,
                     logprobs=entries,
                     index=request.index,
+                    echo=echo,
                 ),
             )
 
@@ -275,6 +348,7 @@ class Generation:
         if group is not None:
             group.open -= 1
             last = group.open == 0
+        echo, request.echo = request.echo, None
         emit(
             self._sink,
             Output(
@@ -289,6 +363,7 @@ class Generation:
                 logprobs=logprobs,
                 index=request.index,
                 choice_finish=None if last else reason,
+                echo=echo,
             ),
         )
         self._release(request)

@@ -20,7 +20,7 @@ from mlx_lm.tokenizer_utils import (
     _byte_decoder,
 )
 
-from protocol.frames import TokenLogprob, TopLogprob
+from protocol.frames import PromptToken, TokenLogprob, TopLogprob
 
 
 class TokenBytes:
@@ -90,6 +90,46 @@ class LogprobMaker:
         return TokenLogprob(*self._entry(token, value), top)
 
     def _entry(self, token: int, value: float) -> tuple[str, float, tuple[int, ...]]:
-        text, raw = self._bytes(token)
-        # A masked token has -inf; JSON has no infinities, and OpenAI floors at about -9999.
-        return text, max(value, -9999.0), raw
+        return _entry(self._bytes, token, value)
+
+
+def prompt_entries(
+    logprobs: Any, targets: list[int], top: int, token_bytes: TokenBytes
+) -> list[PromptToken]:
+    """The echoed prompt tokens `targets`, each with its logprob in the matching row of
+    `logprobs` (positions x vocabulary: the log-softmax at the position before it) and the
+    `top` most likely tokens there; all rows worked out at once and read back in one go."""
+    chosen = mx.take_along_axis(logprobs, mx.array(targets)[:, None], axis=-1)[:, 0]
+    arrays = [chosen]
+    if top:
+        k = min(top, logprobs.shape[-1])
+        ids = mx.argpartition(-logprobs, k - 1, axis=-1)[:, :k]
+        arrays += [ids, mx.take_along_axis(logprobs, ids, axis=-1)]
+    mx.eval(arrays)
+    values: list[float] = chosen.tolist()  # type: ignore[assignment]  # 1-D: floats
+    tops: list[tuple[TopLogprob, ...]] = [()] * len(targets)
+    if top:
+        id_rows: list[list[int]] = arrays[1].tolist()  # type: ignore[assignment]  # 2-D
+        value_rows: list[list[float]] = arrays[2].tolist()  # type: ignore[assignment]  # 2-D
+        tops = [
+            tuple(
+                TopLogprob(*_entry(token_bytes, i, v))
+                for v, i in sorted(zip(row_values, row_ids, strict=True), key=lambda p: -p[0])
+            )
+            for row_ids, row_values in zip(id_rows, value_rows, strict=True)
+        ]
+    entries = []
+    for token, value, alternatives in zip(targets, values, tops, strict=True):
+        text, raw = token_bytes(token)
+        entries.append(PromptToken(text, raw, _floor(value), alternatives))
+    return entries
+
+
+def _entry(token_bytes: TokenBytes, token: int, value: float) -> tuple[str, float, tuple[int, ...]]:
+    text, raw = token_bytes(token)
+    return text, _floor(value), raw
+
+
+def _floor(value: float) -> float:
+    # A masked token has -inf; JSON has no infinities, and OpenAI floors at about -9999.
+    return max(value, -9999.0)

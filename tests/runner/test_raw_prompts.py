@@ -1,0 +1,188 @@
+"""Raw prompts (text or token ids, no chat template) on both mlx engines: exactly what
+mlx-lm's `stream_generate` makes of the same prompt; the errors that name `prompt`; echo, with
+the prompt's logprobs checked against the model run in-process; max_tokens 0."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from protocol.frames import Echo, Generate, SamplingParams
+from runner.demo_model import CONTEXT_LENGTH, DEMO_MODEL_ID
+from runner.engine.base import Engine, Failure, Output
+from runner.engine.batched import BatchedMlxEngine
+from runner.engine.mlx_engine import MlxEngine
+from tests.runner.collect import Collector, engine_starter, outputs, run
+from tests.runner.engines import GREEDY, Reference
+
+ENGINES = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
+TEXT = "Once upon a time, in an orchard"
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, Collector]]:
+    make = ENGINES[request.param]
+    with engine_starter(lambda **options: make("orchard-demo", **options)) as start:
+        yield start()
+
+
+def raw(request_id: str, prompt: str | list[int], **fields: Any) -> Generate:
+    if isinstance(prompt, str):
+        return Generate(request_id, DEMO_MODEL_ID, (), prompt=prompt, **fields)
+    return Generate(request_id, DEMO_MODEL_ID, (), prompt_tokens=tuple(prompt), **fields)
+
+
+def greedy(reference: Reference, prompt: str | list[int], max_tokens: int) -> str:
+    """What mlx-lm makes of the raw prompt, greedily."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    return "".join(
+        r.text
+        for r in stream_generate(
+            reference.model,
+            reference.tokenizer,
+            prompt,
+            max_tokens=max_tokens,
+            sampler=make_sampler(0.0),
+        )
+    )
+
+
+def log_softmax(reference: Reference, tokens: list[int]) -> mx.array:
+    """The model's log-softmax at each position of `tokens`, in one forward pass."""
+    logits = reference.model(mx.array([tokens]))[0].astype(mx.float32)
+    result: mx.array = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    return result
+
+
+def by_choice(events: list[Any]) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for event in outputs(events):
+        texts[event.index] = texts.get(event.index, "") + event.text
+    return texts
+
+
+@pytest.mark.parametrize("as_tokens", [False, True], ids=["text", "token ids"])
+def test_a_raw_prompt_is_what_stream_generate_makes_of_it(
+    engine: tuple[Engine, Collector], reference: Reference, as_tokens: bool
+) -> None:
+    eng, collector = engine
+    tokens: list[int] = reference.tokenizer.encode(TEXT)
+    prompt: str | list[int] = tokens if as_tokens else TEXT
+    events = run(eng, collector, raw("r", prompt, max_tokens=12, sampling=GREEDY))
+    assert "".join(o.text for o in outputs(events)) == greedy(reference, prompt, 12)
+    assert all(o.reasoning == "" and o.echo is None for o in outputs(events))
+    usage = outputs(events)[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(tokens), 12)
+
+
+def test_think_markers_in_a_raw_prompt_are_text(
+    engine: tuple[Engine, Collector], reference: Reference
+) -> None:
+    """A chat prompt ending in <think> opens a think span; a raw one is all text."""
+    eng, collector = engine
+    prompt = "Let me think. <think>"
+    events = run(eng, collector, raw("t", prompt, max_tokens=6, sampling=GREEDY))
+    assert "".join(o.text for o in outputs(events)) == greedy(reference, prompt, 6)
+    assert outputs(events)[-1].usage.reasoning_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("generate", "code", "fragment"),
+    [
+        (raw("e1", [1, 10**6]), "invalid_request", "token 1000000, outside"),
+        (raw("e2", [-1]), "invalid_request", "token -1, outside"),
+        (raw("e3", ""), "invalid_request", "The prompt is empty"),
+        (raw("e4", [5] * CONTEXT_LENGTH), "context_length_exceeded", "the prompt takes 2048"),
+        (
+            raw("e5", [5] * 10, max_tokens=CONTEXT_LENGTH),
+            "context_length_exceeded",
+            "(10 in the prompt, 2048 in the completion)",
+        ),
+    ],
+    ids=["outside the vocabulary", "negative", "empty", "too long", "too long with max_tokens"],
+)
+def test_a_bad_raw_prompt_fails_naming_it(
+    engine: tuple[Engine, Collector], generate: Generate, code: str, fragment: str
+) -> None:
+    eng, collector = engine
+    (failure,) = run(eng, collector, generate)
+    assert isinstance(failure, Failure)
+    assert (failure.code, failure.param) == (code, "prompt")
+    assert fragment in failure.message
+
+
+def test_echo_sends_the_prompt_with_each_choices_first_output(
+    engine: tuple[Engine, Collector], reference: Reference
+) -> None:
+    eng, collector = engine
+    tokens: list[int] = reference.tokenizer.encode(TEXT)
+    for prompt, text in ((TEXT, TEXT), (tokens, reference.tokenizer.decode(tokens))):
+        events = outputs(
+            run(eng, collector, raw("echo", prompt, max_tokens=3, sampling=GREEDY, n=2, echo=True))
+        )
+        firsts: dict[int, Output] = {}
+        for event in events:
+            firsts.setdefault(event.index, event)
+        assert {i: e.echo for i, e in firsts.items()} == {0: Echo(text), 1: Echo(text)}
+        assert [e.echo for e in events if e not in firsts.values()] == [None] * (len(events) - 2)
+        assert by_choice(events) == dict.fromkeys((0, 1), greedy(reference, prompt, 3))
+
+
+@pytest.mark.parametrize("max_tokens", [0, 4])
+def test_echoed_prompt_logprobs_are_the_models_own(
+    engine: tuple[Engine, Collector], reference: Reference, max_tokens: int
+) -> None:
+    eng, collector = engine
+    tokens: list[int] = reference.tokenizer.encode(TEXT)
+    request = raw(
+        "lp",
+        TEXT,
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=0.0),
+        n=2,
+        echo=True,
+        prompt_logprobs=True,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    events = outputs(run(eng, collector, request))
+    echoes = [e.echo for e in events if e.echo is not None]
+    assert len(echoes) == 2
+    assert echoes[0] == echoes[1]
+    echo = echoes[0]
+    assert echo.text == TEXT
+    assert [t.token for t in echo.tokens] == [reference.tokenizer.decode([t]) for t in tokens]
+    first = echo.tokens[0]
+    assert (first.logprob, first.top_logprobs) == (None, ())
+    expected = log_softmax(reference, tokens)
+    for position, entry in enumerate(echo.tokens[1:]):
+        row = expected[position]
+        assert entry.logprob == pytest.approx(row[tokens[position + 1]].item(), abs=1e-3)
+        best: list[int] = mx.argsort(-row)[:3].tolist()  # type: ignore[assignment]  # 1-D
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(
+            [row[i].item() for i in best], abs=1e-3
+        )
+        assert entry.top_logprobs[0].token == reference.tokenizer.decode([best[0]])
+    last = events[-1]
+    assert last.finish_reason == "length"
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (
+        len(tokens),
+        2 * max_tokens,
+    )
+    if max_tokens == 0:
+        assert [(e.text, e.tokens) for e in events] == [("", 0), ("", 0)]
+    else:
+        # The completion's own logprobs go on as for any request.
+        assert by_choice(events) == dict.fromkeys((0, 1), greedy(reference, TEXT, max_tokens))
+        assert sum(len(e.logprobs) for e in events) == 2 * max_tokens
+
+
+def test_no_tokens_without_echo(engine: tuple[Engine, Collector]) -> None:
+    eng, collector = engine
+    (end,) = outputs(run(eng, collector, raw("z", TEXT, max_tokens=0)))
+    assert (end.text, end.tokens, end.finish_reason, end.echo) == ("", 0, "length", None)
