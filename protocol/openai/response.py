@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from protocol.frames import FinishReason, TokenLogprob, ToolCallDelta, Usage
+from protocol.frames import Chunk, FinishReason, TokenLogprob, ToolCallDelta, Usage
 
 _FINISH_REASONS: dict[str, str] = {
     "stop": "stop",
@@ -170,6 +170,26 @@ class ChunkWriter:
         With continuous_usage_stats it carries `usage` if given, else "usage": null.
         """
         return self._head_of(index) + _ROLE_DELTA + _NO_FINISH + self._usage(usage) + self._end
+
+    def chunk(self, chunk: Chunk) -> bytes:
+        """What a runner's chunk shows: a delta with what it has (text, reasoning, tool calls,
+        logprobs the request asked for, or tokens with continuous_usage_stats); b"" if none."""
+        if (
+            chunk.text
+            or chunk.reasoning
+            or chunk.tool_calls
+            or (chunk.logprobs and self.logprobs)
+            or (self.continuous_usage_stats and chunk.tokens)
+        ):
+            return self.delta(
+                chunk.text,
+                chunk.reasoning,
+                chunk.usage,
+                tool_calls=chunk.tool_calls,
+                logprobs=chunk.logprobs,
+                index=chunk.index,
+            )
+        return b""
 
     def delta(
         self,

@@ -23,6 +23,12 @@ Transports differ only in framing (`Framing`): how a chunk object, an error and 
 wrapped. SSE's is `SSE` below; the browser socket's is `protocol.browser.framing`. New kinds of
 delta (tool calls, logprobs, several choices) are rendered here, once, for every transport.
 
+Dialects differ only in the objects (`ChoiceWriter`): a chat.completion.chunk
+(`protocol.openai.response.ChunkWriter`, the default), a legacy text_completion
+(`protocol.openai.completions.TextCompletionWriter`), ... The order above, the errors, the
+cancel and the usage are this module's, whatever the dialect; a dialect without an opening
+chunk per choice (text completions) renders none.
+
 `CompletionBuilder` is the non-streaming twin: fed the same items, it builds the
 `chat.completion` body.
 """
@@ -43,6 +49,47 @@ Item = Chunk | Error | OpenAIError
 decided (runner lost, timeout) already in OpenAI's terms."""
 
 ZERO_USAGE = Usage(0, 0)
+
+
+class ChoiceWriter(Protocol):
+    """Renders one request's streamed objects in one dialect, each framed as the transport
+    says; `CompletionStream` decides which to send and when."""
+
+    @property
+    def include_usage(self) -> bool:
+        """The request asked for the usage chunk (stream_options.include_usage)."""
+
+    def role(self, usage: Usage | None, index: int) -> bytes:
+        """A choice's opening chunk (the chat's assistant role); b"": the dialect has none."""
+
+    def chunk(self, chunk: Chunk) -> bytes:
+        """What a runner's chunk shows of its choice (`chunk.index`); b"": nothing."""
+
+    def finish(self, reason: FinishReason, usage: Usage, index: int) -> bytes:
+        """A choice's last chunk, with its finish_reason."""
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        """The chunk with the whole request's usage, after the last finish chunk; b"" unless
+        the request asked for it."""
+
+
+class WriterFactory(Protocol):
+    """Makes a request's `ChoiceWriter` (`ChunkWriter`'s constructor is one); `prefix` and
+    `suffix` are the framing's, around each chunk."""
+
+    def __call__(
+        self,
+        id: str,
+        created: int,
+        model: str,
+        include_usage: bool = False,
+        continuous_usage_stats: bool = False,
+        *,
+        logprobs: bool = False,
+        fingerprint: str | None = None,
+        prefix: bytes = b"data: ",
+        suffix: bytes = b"\n\n",
+    ) -> ChoiceWriter: ...
 
 
 class Framing(Protocol):
@@ -110,11 +157,13 @@ class CompletionStream:
         fingerprint: str | None = None,
         n: int = 1,
         framing: Framing = SSE,
+        writer: WriterFactory = ChunkWriter,
     ) -> None:
+        """`writer`: the dialect's objects (chat.completion.chunk by default)."""
         self._framing = framing
         self._open = list(range(n))
         """Choices not finished yet."""
-        self._writer = ChunkWriter(
+        self._writer: ChoiceWriter = writer(
             id,
             created,
             model,
@@ -143,7 +192,9 @@ class CompletionStream:
             return
         self.started = True
         for index in self._open:
-            out.append(self._writer.role(usage, index))
+            role = self._writer.role(usage, index)
+            if role:
+                out.append(role)
 
     def feed(self, item: Item, out: list[bytes]) -> bool:
         """The messages for one item; True when the request is over."""
@@ -156,23 +207,9 @@ class CompletionStream:
                 self.start(out, Usage(usage.prompt_tokens, 0, usage.cached_tokens, 0))
             self._usage = usage
             index = item.index
-            if (
-                item.text
-                or item.reasoning
-                or item.tool_calls
-                or (item.logprobs and writer.logprobs)
-                or (writer.continuous_usage_stats and item.tokens)
-            ):
-                out.append(
-                    writer.delta(
-                        item.text,
-                        item.reasoning,
-                        usage,
-                        tool_calls=item.tool_calls,
-                        logprobs=item.logprobs,
-                        index=index,
-                    )
-                )
+            rendered = writer.chunk(item)
+            if rendered:
+                out.append(rendered)
             if item.choice_finish is not None and index in self._open:
                 self._open.remove(index)
                 out.append(writer.finish(item.choice_finish, usage, index))
