@@ -22,6 +22,13 @@ from gateway.http_errors import handle_http_exception, handle_openai_error, hand
 from gateway.pool import Pool
 from gateway.runner_link import runner_socket
 from gateway.stored import CompletionStore
+from gateway.stored_api import (
+    delete_stored,
+    get_stored,
+    list_stored,
+    list_stored_messages,
+    update_stored,
+)
 from protocol.openai.errors import OpenAIError
 
 log = logging.getLogger("gateway")
@@ -43,6 +50,11 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
     return Litestar(
         route_handlers=[
             chat_completions,
+            list_stored,
+            get_stored,
+            update_stored,
+            delete_stored,
+            list_stored_messages,
             list_models,
             list_runners,
             health,

@@ -338,3 +338,23 @@ def test_keepable() -> None:
     failed.feed(chunk(0, "a"))
     failed.feed(OpenAIError(502, "lost", "server_error"))
     assert not keepable(failed)
+
+
+def test_the_schema_documents_the_endpoints() -> None:
+    from gateway.app import create_app
+
+    paths = create_app().openapi_schema.to_schema()["paths"]
+    listing = paths["/v1/chat/completions"]["get"]
+    params = {p["name"]: p for p in listing["parameters"]}
+    assert set(params) == {"model", "metadata", "after", "limit", "order"}
+    assert (params["limit"]["schema"]["minimum"], params["limit"]["schema"]["maximum"]) == (1, 100)
+    assert (params["metadata"]["style"], params["metadata"]["explode"]) == ("deepObject", True)
+    assert params["order"]["schema"]["enum"] == ["asc", "desc"]
+    one = paths["/v1/chat/completions/{completion_id}"]
+    assert set(one) == {"get", "post", "delete"}
+    for operation in (*one.values(), paths["/v1/chat/completions/{completion_id}/messages"]["get"]):
+        assert {"200", "400", "401", "404"} <= set(operation["responses"])
+        assert any(p["name"] == "completion_id" for p in operation["parameters"])
+    assert one["post"]["requestBody"]["content"]["application/json"]["schema"]["required"] == [
+        "metadata"
+    ]
