@@ -73,9 +73,10 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return OpenAIError(400, message, "invalid_request_error", param, code)
 
 
-def context_length_exceeded(message: str) -> OpenAIError:
-    """400: the prompt (plus the completion bound) does not fit the model's context."""
-    return OpenAIError(400, message, "invalid_request_error", "messages", "context_length_exceeded")
+def context_length_exceeded(message: str, param: str = "messages") -> OpenAIError:
+    """400: the prompt (plus the completion bound) does not fit the model's context; `param`
+    names what holds it ("messages", or a text completion's "prompt")."""
+    return OpenAIError(400, message, "invalid_request_error", param, "context_length_exceeded")
 
 
 def authentication(message: str = "Incorrect API key provided.") -> OpenAIError:
@@ -154,7 +155,7 @@ def runner_error(frame: Error) -> OpenAIError:
     """A runner's Error frame, as the HTTP status its code means."""
     match frame.code:
         case "context_length_exceeded":
-            return context_length_exceeded(frame.message)
+            return context_length_exceeded(frame.message, frame.param or "messages")
         case "invalid_request":
             return invalid_request(frame.message, frame.param, "invalid_value")
         case "model_not_found":

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import attrs
 import orjson
 
-from protocol.frames import Chunk, Error, FinishReason, TokenLogprob, ToolCallDelta, Usage
+from protocol.frames import Chunk, Echo, Error, FinishReason, TokenLogprob, ToolCallDelta, Usage
 from protocol.openai.errors import OpenAIError, runner_error, server_error
 from protocol.openai.response import ChunkWriter, choice, completion_body
 
@@ -271,7 +271,7 @@ class CompletionBuilder:
     __slots__ = ("_choices", "error", "last", "over", "wants_logprobs")
 
     def __init__(self, *, logprobs: bool = False, n: int = 1) -> None:
-        self._choices = [_Choice() for _ in range(n)]
+        self._choices = [CollectedChoice() for _ in range(n)]
         self.wants_logprobs = logprobs
         self.last: Chunk | None = None
         self.error: OpenAIError | None = None
@@ -291,6 +291,8 @@ class CompletionBuilder:
             choice.reasoning.append(item.reasoning)
             choice.tool_calls.extend(item.tool_calls)
             choice.logprobs.extend(item.logprobs)
+            if item.echo is not None:
+                choice.echo = item.echo
             choice.finish = item.choice_finish or item.finish_reason
             self.last = item
             self.over = item.finish_reason is not None
@@ -299,15 +301,23 @@ class CompletionBuilder:
         self.over = True
         return True
 
-    def body(
-        self, *, id: str, created: int, model: str, fingerprint: str | None = None
-    ) -> dict[str, Any]:
-        """The response body; raises the request's error if it failed (or never finished)."""
+    def result(self) -> tuple[list[CollectedChoice], Usage]:
+        """What was collected of each choice, and the whole request's usage; raises the
+        request's error if it failed (or never finished). Each dialect builds its body
+        from it."""
         if self.error is not None:
             raise self.error
         last = self.last
         if last is None or last.finish_reason is None:
             raise server_error("The request ended without an answer.")
+        return self._choices, last.usage
+
+    def body(
+        self, *, id: str, created: int, model: str, fingerprint: str | None = None
+    ) -> dict[str, Any]:
+        """The chat.completion body; raises the request's error if it failed (or never
+        finished)."""
+        choices, usage = self.result()
         return completion_body(
             id=id,
             created=created,
@@ -322,15 +332,15 @@ class CompletionBuilder:
                     tool_calls=c.tool_calls,
                     logprobs=c.logprobs if self.wants_logprobs else None,
                 )
-                for index, c in enumerate(self._choices)
+                for index, c in enumerate(choices)
             ],
-            usage=last.usage,
+            usage=usage,
             fingerprint=fingerprint,
         )
 
 
 @attrs.define
-class _Choice:
+class CollectedChoice:
     """What a non-streaming response collects of one choice."""
 
     content: list[str] = attrs.Factory(list)
@@ -338,3 +348,5 @@ class _Choice:
     tool_calls: list[ToolCallDelta] = attrs.Factory(list)
     logprobs: list[TokenLogprob] = attrs.Factory(list)
     finish: FinishReason | None = None
+    echo: Echo | None = None
+    """The prompt the runner sent back (requests with echo)."""

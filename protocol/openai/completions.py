@@ -1,0 +1,577 @@
+"""OpenAI's legacy text completions (`POST /v1/completions`): the request and the objects.
+
+The request is parsed as strictly as the chat one (openapi.yaml's CreateCompletionRequest,
+the same readers and 400s): `prompt` is a string, a list of strings, a list of token ids or a
+list of token-id lists; each of several prompts is its own runner request (`to_generates`),
+whose choices are numbered `prompt_index * n + choice`, as OpenAI numbers them. Legacy
+defaults: `max_tokens` 16 (0 is allowed: with `echo`, the prompt and nothing else),
+`logprobs` an integer 0..5. `suffix` is refused, and `best_of` other than `n` (choosing the
+best of more completions is not implemented). `top_k` and `min_p` are vLLM's extensions, as
+in chat.
+
+The objects are `text_completion`s, streamed or not: each choice `{text, index, logprobs,
+finish_reason}`, its logprobs `{tokens, token_logprobs, top_logprobs: [{token: logprob}],
+text_offset}`. A token's `top_logprobs` holds the `logprobs` most likely tokens and the chosen
+one (so up to logprobs + 1 entries). `text_offset` counts characters from the start of the
+prompt, echoed or not (the runner sends the prompt's text back whenever logprobs are asked
+for); with `echo` the prompt's tokens come first, the first of them with a null logprob.
+`TextCompletionWriter` renders the streamed objects for `CompletionStream` (whose order,
+errors, cancel and usage chunk are the chat's); `text_completion_body` builds the
+non-streaming one from a `CompletionBuilder`.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import orjson
+
+from protocol.frames import (
+    Chunk,
+    Echo,
+    FinishReason,
+    Generate,
+    SamplingParams,
+    TokenLogprob,
+    Usage,
+)
+from protocol.openai._fields import (
+    _bool,
+    _check_range,
+    _clip,
+    _fail_array_too_long,
+    _fail_type,
+    _fail_unsupported,
+    _fail_unsupported_value,
+    _int,
+    _kind,
+    _required,
+    _str,
+)
+from protocol.openai.errors import invalid_request
+from protocol.openai.request import (
+    INT64_MAX,
+    MAX_MODEL_CHARS,
+    MAX_N,
+    MAX_PROMPT_CHARS,
+    MAX_TOKEN_ID,
+    CheckModel,
+    _sampling,
+    _stop,
+    _stream_options,
+)
+from protocol.openai.response import openai_finish_reason, usage_dict
+from protocol.openai.stream import CollectedChoice, CompletionBuilder
+
+MAX_PROMPTS = 32
+"""Prompts in one request (each is its own runner request)."""
+MAX_PROMPT_TOKEN_IDS = 256 * 1024
+"""Token ids of all the prompts together (the real bound is the model's context)."""
+MAX_LOGPROBS = 5
+DEFAULT_MAX_TOKENS = 16
+MAX_BEST_OF = 20
+
+Prompt = str | tuple[int, ...]
+
+# fmt: off
+_KNOWN = frozenset((
+    "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p",
+    "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed", "stop", "logit_bias",
+    "logprobs", "echo", "n", "best_of", "suffix", "user",
+))
+# fmt: on
+
+
+@attrs.frozen
+class CompletionRequest:
+    """A validated text completion request."""
+
+    model: str
+    prompts: tuple[Prompt, ...]
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    n: int = 1
+    echo: bool = False
+    logprobs: int | None = None
+    """How many likely tokens to list at each position (0..5); None: no logprobs."""
+
+    @property
+    def choices(self) -> int:
+        """Choices in the response: n for each prompt."""
+        return len(self.prompts) * self.n
+
+    def to_generates(self, request_id: str) -> list[Generate]:
+        """The runner requests, one per prompt (ids `request_id`, or `request_id-k` with
+        several prompts)."""
+        several = len(self.prompts) > 1
+        return [
+            Generate(
+                request_id=f"{request_id}-{k}" if several else request_id,
+                model=self.model,
+                messages=(),
+                max_tokens=self.max_tokens,
+                stop=self.stop,
+                sampling=self.sampling,
+                logprobs=self.logprobs is not None,
+                top_logprobs=self.logprobs or 0,
+                n=self.n,
+                prompt=prompt if isinstance(prompt, str) else None,
+                prompt_tokens=None if isinstance(prompt, str) else prompt,
+                # The prompt's text gives text_offset its start, echoed or not.
+                echo=self.echo or self.logprobs is not None,
+                prompt_logprobs=self.echo and self.logprobs is not None,
+            )
+            for k, prompt in enumerate(self.prompts)
+        ]
+
+
+def parse_completion_request(
+    body: bytes, check_model: CheckModel | None = None
+) -> CompletionRequest:
+    """Validate a `POST /v1/completions` body; raise `OpenAIError` (400) on any problem."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(
+            f"We could not parse the JSON body of your request ({exc}). "
+            "The API expects a JSON object.",
+            None,
+            "invalid_json",
+        ) from exc
+    return parse_completion_object(data, check_model)
+
+
+def parse_completion_object(data: Any, check_model: CheckModel | None = None) -> CompletionRequest:
+    """Validate an already-decoded body. The model is examined first, as for chat."""
+    if type(data) is not dict:
+        raise invalid_request(
+            f"Invalid type for the request body: expected an object, but got {_kind(data)} "
+            "instead.",
+            None,
+            "invalid_type",
+        )
+    model = _required(data, "model", "")
+    if type(model) is not str:
+        _fail_type("model", "a string", model)
+    if len(model) > MAX_MODEL_CHARS:
+        raise invalid_request(
+            f"Invalid 'model': string too long. Expected a string with maximum length "
+            f"{MAX_MODEL_CHARS}, but got a string with length {len(model)} instead.",
+            "model",
+            "string_above_max_length",
+        )
+    if check_model is not None:
+        check_model(model)
+    unknown = [key for key in data if key not in _KNOWN]
+    if unknown:
+        names = ", ".join(_clip(key) for key in unknown[:10])
+        plural = "s" if len(unknown) > 1 else ""
+        raise invalid_request(
+            f"Unrecognized request argument{plural} supplied: {names}",
+            _clip(unknown[0]),
+            "unknown_parameter",
+        )
+    prompts = _prompts(_required(data, "prompt", ""))
+    stream = _bool(data, "stream") or False
+    include_usage, continuous = _stream_options(data.get("stream_options"), stream)
+    max_tokens = _int(data, "max_tokens", 0, INT64_MAX)
+    sampling = _sampling(data)
+    stop = _stop(data.get("stop"))
+    logprobs = _int(data, "logprobs", 0, MAX_LOGPROBS)
+    echo = _bool(data, "echo") or False
+    n = _int(data, "n", 1, MAX_N) or 1
+    _best_of(_int(data, "best_of", 0, MAX_BEST_OF), n, stream)
+    if data.get("suffix") is not None:
+        _str(data, "suffix")
+        _fail_unsupported(
+            "suffix", "inserting text (a suffix after the completion) is not implemented"
+        )
+    _str(data, "user")
+    return CompletionRequest(
+        model=model,
+        prompts=prompts,
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage_stats=continuous,
+        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        stop=stop,
+        sampling=sampling,
+        n=n,
+        echo=echo,
+        logprobs=logprobs,
+    )
+
+
+def check_limits(request: CompletionRequest, max_tokens_limit: int, max_choices: int) -> None:
+    """The gateway's own ceilings (`--max-tokens-limit`, `--max-choices`) on top of the
+    API's validation."""
+    if request.max_tokens > max_tokens_limit:
+        raise invalid_request(
+            f"max_tokens is {request.max_tokens}; this gateway allows at most {max_tokens_limit}.",
+            "max_tokens",
+            "integer_above_max_value",
+        )
+    if request.n > max_choices:
+        raise invalid_request(
+            f"n is {request.n}; this gateway allows at most {max_choices} choices per prompt.",
+            "n",
+            "integer_above_max_value",
+        )
+
+
+# --- prompt ---------------------------------------------------------------------------------
+
+_PROMPT_TYPES = (
+    "one of a string, array of strings, array of integers, or array of arrays of integers"
+)
+
+
+def _prompts(value: Any) -> tuple[Prompt, ...]:
+    if value is None:
+        # OpenAI's default, the document separator: the start of a new document, which is
+        # the tokenizer's beginning-of-text token on its own.
+        return ("",)
+    if type(value) is str:
+        prompts: tuple[Prompt, ...] = (value,)
+    elif type(value) is not list:
+        _fail_type("prompt", _PROMPT_TYPES, value)
+    elif not value:
+        raise invalid_request(
+            "Invalid 'prompt': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            "prompt",
+            "empty_array",
+        )
+    elif type(value[0]) is int:
+        prompts = (_token_ids(value, "prompt"),)
+    else:
+        if len(value) > MAX_PROMPTS:
+            _fail_array_too_long("prompt", MAX_PROMPTS, len(value))
+        if type(value[0]) is str:
+            prompts = tuple(_string(item, f"prompt[{i}]") for i, item in enumerate(value))
+        elif type(value[0]) is list:
+            prompts = tuple(_token_list(item, f"prompt[{i}]") for i, item in enumerate(value))
+        else:
+            _fail_type("prompt[0]", "one of a string, an integer or an array of integers", value[0])
+    chars = sum(len(p) for p in prompts if isinstance(p, str))
+    if chars > MAX_PROMPT_CHARS:
+        raise invalid_request(
+            f"Invalid 'prompt': the prompt is too long ({chars} characters; at most "
+            f"{MAX_PROMPT_CHARS} are accepted).",
+            "prompt",
+            "string_above_max_length",
+        )
+    ids = sum(len(p) for p in prompts if not isinstance(p, str))
+    if ids > MAX_PROMPT_TOKEN_IDS:
+        raise invalid_request(
+            f"Invalid 'prompt': too many token ids ({ids}; at most {MAX_PROMPT_TOKEN_IDS} "
+            "are accepted).",
+            "prompt",
+            "array_above_max_length",
+        )
+    return prompts
+
+
+def _string(value: Any, param: str) -> str:
+    if type(value) is not str:
+        _fail_type(param, "a string", value)
+    return value
+
+
+def _token_list(value: Any, param: str) -> tuple[int, ...]:
+    if type(value) is not list:
+        _fail_type(param, "an array of integers", value)
+    if not value:
+        raise invalid_request(
+            f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            param,
+            "empty_array",
+        )
+    return _token_ids(value, param)
+
+
+def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:
+    if len(value) > MAX_PROMPT_TOKEN_IDS:
+        _fail_array_too_long(param, MAX_PROMPT_TOKEN_IDS, len(value))
+    for i, token in enumerate(value):
+        if type(token) is not int:  # a bool is not a token id
+            _fail_type(f"{param}[{i}]", "an integer", token)
+        _check_range(f"{param}[{i}]", "integer", token, 0, MAX_TOKEN_ID)
+    return tuple(value)
+
+
+def _best_of(best_of: int | None, n: int, stream: bool) -> None:
+    """best_of is honoured where it means n choices: OpenAI's constraint (at least n), and no
+    streaming past 1; choosing the best of more than n is not implemented."""
+    if best_of is None:
+        return
+    if best_of < n:
+        raise invalid_request(
+            f"Invalid value for 'best_of': {best_of} is less than n ({n}); best_of must be "
+            "greater than or equal to n.",
+            "best_of",
+            "invalid_value",
+        )
+    if best_of > n:
+        _fail_unsupported_value("best_of", best_of, f"{n}, the value of n")
+    if stream and best_of > 1:
+        raise invalid_request(
+            "Invalid value for 'best_of': results cannot be streamed with best_of greater than 1.",
+            "best_of",
+            "invalid_parameter_combination",
+        )
+
+
+# --- the objects ----------------------------------------------------------------------------
+
+
+class _Offsets:
+    """Where each token of one choice starts in its text, in characters from the start of the
+    prompt: the tokens' bytes decoded in turn (a token may end inside a character)."""
+
+    __slots__ = ("_decoder", "position")
+
+    def __init__(self, position: int = 0) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.position = position
+
+    def of(self, tokens: Sequence[Sequence[int]]) -> list[int]:
+        offsets = []
+        for raw in tokens:
+            offsets.append(self.position)
+            self.position += len(self._decoder.decode(bytes(raw)))
+        return offsets
+
+
+class _Logprobs:
+    """A choice's logprobs object, being filled."""
+
+    __slots__ = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+
+    def echo(self, echo: Echo) -> None:
+        """The prompt's tokens, from offset 0 (the first with no logprob)."""
+        self.text_offset += _Offsets().of([t.bytes for t in echo.tokens])
+        for entry in echo.tokens:
+            self.tokens.append(entry.token)
+            self.token_logprobs.append(entry.logprob)
+            self.top_logprobs.append(
+                None
+                if entry.logprob is None
+                else _top(
+                    {t.token: t.logprob for t in entry.top_logprobs}, entry.token, entry.logprob
+                )
+            )
+
+    def completion(self, entries: Sequence[TokenLogprob], offsets: _Offsets) -> None:
+        self.text_offset += offsets.of([e.bytes for e in entries])
+        for entry in entries:
+            self.tokens.append(entry.token)
+            self.token_logprobs.append(entry.logprob)
+            self.top_logprobs.append(
+                _top({t.token: t.logprob for t in entry.top_logprobs}, entry.token, entry.logprob)
+            )
+
+    def dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        }
+
+
+def _top(alternatives: dict[str, float], token: str, logprob: float) -> dict[str, float]:
+    """A position's most likely tokens and the chosen one (OpenAI: up to logprobs + 1)."""
+    alternatives.setdefault(token, logprob)
+    return alternatives
+
+
+class TextCompletionWriter:
+    """Renders the streamed `text_completion` objects of one request (a `ChoiceWriter`): no
+    opening chunk, a chunk per runner chunk with text or logprobs (a choice's first one
+    starts with the prompt, with `echo`), a finish chunk per choice, the usage chunk."""
+
+    __slots__ = (
+        "_choice_heads",
+        "_end",
+        "_head",
+        "_offsets",
+        "_prefix",
+        "_usage_head",
+        "continuous_usage_stats",
+        "echo",
+        "include_usage",
+        "logprobs",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        created: int,
+        model: str,
+        include_usage: bool = False,
+        continuous_usage_stats: bool = False,
+        *,
+        logprobs: bool = False,
+        fingerprint: str | None = None,
+        prefix: bytes = b"data: ",
+        suffix: bytes = b"\n\n",
+        echo: bool = False,
+    ) -> None:
+        self.include_usage = include_usage
+        self.continuous_usage_stats = continuous_usage_stats and include_usage
+        self.logprobs = logprobs
+        self.echo = echo
+        self._head = prefix + _head(id, created, model, fingerprint)
+        self._prefix = prefix
+        self._choice_heads: dict[int, bytes] = {}
+        self._usage_head = self._head + b',"choices":[],"usage":'
+        self._end = b"}" + suffix
+        self._offsets: dict[int, _Offsets] = {}
+
+    @classmethod
+    def factory(cls, *, echo: bool) -> Callable[..., TextCompletionWriter]:
+        """A `WriterFactory` for requests with (or without) `echo`."""
+
+        def make(*args: Any, **kwargs: Any) -> TextCompletionWriter:
+            return cls(*args, **kwargs, echo=echo)
+
+        return make
+
+    def role(self, usage: Usage | None = None, index: int = 0) -> bytes:
+        return b""  # text completions have no opening chunk
+
+    def chunk(self, chunk: Chunk) -> bytes:
+        index = chunk.index
+        text = chunk.text
+        echo = chunk.echo
+        logprobs: _Logprobs | None = None
+        if self.logprobs:
+            logprobs = _Logprobs()
+            offsets = self._offsets.get(index)
+            if echo is not None:
+                if self.echo:
+                    logprobs.echo(echo)
+                offsets = self._offsets[index] = _Offsets(len(echo.text))
+            elif offsets is None:
+                offsets = self._offsets[index] = _Offsets()
+            logprobs.completion(chunk.logprobs, offsets)
+        if echo is not None and self.echo:
+            text = echo.text + text
+        if not (
+            text
+            or (logprobs is not None and logprobs.tokens)
+            or (self.continuous_usage_stats and chunk.tokens)
+        ):
+            return b""
+        return b"".join(
+            (
+                self._head_of(index),
+                orjson.dumps(text),
+                b',"index":%d,"logprobs":' % index,
+                b"null" if logprobs is None else orjson.dumps(logprobs.dict()),
+                b',"finish_reason":null}]',
+                self._usage(chunk.usage),
+                self._end,
+            )
+        )
+
+    def finish(self, reason: FinishReason, usage: Usage, index: int = 0) -> bytes:
+        return b"".join(
+            (
+                self._head_of(index),
+                b'"","index":%d,"logprobs":null,"finish_reason":"' % index,
+                openai_finish_reason(reason).encode(),
+                b'"}]',
+                self._usage(usage),
+                self._end,
+            )
+        )
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        if not self.include_usage:
+            return b""
+        return self._usage_head + orjson.dumps(usage_dict(usage)) + self._end
+
+    def _head_of(self, index: int) -> bytes:
+        head = self._choice_heads.get(index)
+        if head is None:
+            head = self._choice_heads[index] = self._head + b',"choices":[{"text":'
+        return head
+
+    def _usage(self, usage: Usage | None) -> bytes:
+        if not self.include_usage:
+            return b""
+        if self.continuous_usage_stats and usage is not None:
+            return b',"usage":' + orjson.dumps(usage_dict(usage))
+        return b',"usage":null'
+
+
+def _head(id: str, created: int, model: str, fingerprint: str | None) -> bytes:
+    """A text_completion object's opening fields, without the closing brace."""
+    return orjson.dumps(
+        {
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": fingerprint,
+        }
+    )[:-1]
+
+
+def text_completion_body(
+    builder: CompletionBuilder,
+    *,
+    id: str,
+    created: int,
+    model: str,
+    echo: bool = False,
+    logprobs: bool = False,
+    fingerprint: str | None = None,
+) -> dict[str, Any]:
+    """The non-streaming `text_completion` of what `builder` collected; raises the request's
+    error if it failed (or never finished)."""
+    choices, usage = builder.result()
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [_choice(i, c, echo, logprobs) for i, c in enumerate(choices)],
+        "usage": usage_dict(usage),
+    }
+
+
+def _choice(index: int, choice: CollectedChoice, echo: bool, logprobs: bool) -> dict[str, Any]:
+    text = "".join(choice.content)
+    prompt = choice.echo
+    rendered = None
+    if logprobs:
+        entries = _Logprobs()
+        if prompt is not None and echo:
+            entries.echo(prompt)
+        entries.completion(choice.logprobs, _Offsets(0 if prompt is None else len(prompt.text)))
+        rendered = entries.dict()
+    return {
+        "text": prompt.text + text if prompt is not None and echo else text,
+        "index": index,
+        "logprobs": rendered,
+        # A choice still open when the request ended was cut short with it.
+        "finish_reason": openai_finish_reason(choice.finish or "cancelled"),
+    }
