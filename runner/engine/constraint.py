@@ -189,12 +189,15 @@ class BatchConstraints:
 
     def _advance(self, logits: Any) -> None:
         batch = self._generator._generation_batch
+        # Start this step's forward pass first: it takes the new tokens as they are, on the
+        # device. Reading them then only waits for the previous step (they were scheduled
+        # when it was), not for this one; the masks are computed while it runs.
+        mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx's stub lacks types
         rows = [
             (uid, token)
             for uid, token in zip(batch.uids, batch._current_tokens.tolist(), strict=True)
             if uid in self._rows and self._rows[uid].started
         ]
-        mx.async_eval(logits)  # type: ignore[no-untyped-call]  # this step's forward pass
         processors = [self._rows[uid] for uid, _ in rows]
         if not processors:
             return
