@@ -25,6 +25,7 @@ from runner.engine import constraint as constraint_module
 from runner.engine.base import Failure, Output
 from runner.engine.batched import BatchedMlxEngine
 from runner.engine.constraint import (
+    NO_PARAMETERS,
     BatchConstraints,
     Constraint,
     ConstraintProcessor,
@@ -673,6 +674,52 @@ def test_json_object_with_free_strings_closes(start_engine: StartEngine) -> None
     assert final(events).finish_reason == "stop"
 
 
+COUNT = Tool(
+    "count",
+    parameters=json.dumps(
+        {
+            "type": "object",
+            "properties": {
+                "n": {"type": "integer", "minimum": 0, "maximum": 9},
+                "unit": {"enum": ["crates", "trees"]},
+            },
+            "required": ["n", "unit"],
+            "additionalProperties": False,
+        }
+    ),
+)
+"""Bounded arguments: any model finishes the call in a few tokens."""
+
+
+def test_forced_tool_calls_with_bounded_arguments(
+    start_engine: StartEngine, reference: Reference
+) -> None:
+    if getattr(reference.tokenizer.tool_parser, "__module__", None) != json_tools.__name__:
+        pytest.skip("this demo model has no tool-call format")
+    engine, collector = start_engine()
+    for choice, name in (("function", "count"), ("required", None)):
+        request = ask(
+            f"r-{choice}",
+            max_tokens=200,
+            sampling=GREEDY,
+            tools=(NOW, COUNT),
+            tool_choice=choice,
+            tool_name=name,
+            parallel_tool_calls=False,
+        )
+        events = run(engine, collector, request)
+        assert final(events).finish_reason == "tool_calls"
+        deltas = [delta for o in outputs(events) for delta in o.tool_calls]
+        assert {delta.index for delta in deltas} == {0}
+        (called,) = [delta.name for delta in deltas if delta.name is not None]
+        arguments = json.loads("".join(delta.arguments for delta in deltas))
+        if choice == "function":
+            assert called == "count"
+        tool = {"now": NOW, "count": COUNT}[called]
+        jsonschema.validate(arguments, json.loads(tool.parameters or json.dumps(NO_PARAMETERS)))
+        assert text_of(events) == ""
+
+
 @FREE_STRINGS
 def test_forced_tool_calls_come_out_as_tool_calls(start_engine: StartEngine) -> None:
     engine, collector = start_engine()
@@ -695,7 +742,7 @@ def test_forced_tool_calls_come_out_as_tool_calls(start_engine: StartEngine) -> 
         arguments = json.loads("".join(delta.arguments for delta in deltas))
         tool = {"now": NOW, "weather": WEATHER}[called]
         assert tool is WEATHER or choice == "required"
-        jsonschema.validate(arguments, json.loads(tool.parameters or "{}"))
+        jsonschema.validate(arguments, json.loads(tool.parameters or json.dumps(NO_PARAMETERS)))
 
 
 # Any schema in the supported subset: the output always validates.
