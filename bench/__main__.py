@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import concurrency, paced, relay, single_stream
+from bench import concurrency, paced, relay, single_stream, structured
 
 SCENARIOS = {
     "single": single_stream.main,  # 1: one stream, gateway vs in-process
     "concurrency": concurrency.main,  # 2, 3: 1/8/32 streams and late join vs mlx_lm.server
     "relay": relay.main,  # 4: relay capacity on scripted runners, idle sockets
     "paced": paced.main,  # 5: paced streams until the p99 gap passes 40 ms
+    "structured": structured.main,  # 6: json_schema vs free text tok/s, schema compile time
 }
 
 

@@ -547,7 +547,7 @@ def main() -> int:
                     for key in ("host", "device", "one mx op")
                 ]
             )
-    header = ["tokenizer", "rows", "runner's way (host unpack, one add)", "mx unpack + where"]
+    header = ["tokenizer", "rows", "runner's way (host unpack, one where)", "mx unpack + where"]
     _print_table([*header, "x * 1.0 (eval floor)"], apply_rows)
 
     print("## (b) large schema (60 properties, $defs, anyOf, enums): cold compile, s\n")

@@ -131,10 +131,10 @@ class BatchConstraints:
     """The constraint processors of one mlx-lm `BatchGenerator`'s rows, advanced together.
 
     mlx-lm calls each row's processor in turn; the first call of a step does the work of
-    every row: one read of the tokens the batch just sampled (one wait, where each row would
-    wait in turn), the forward pass started, then every row's mask computed while it runs
-    (on llguidance's threads, given 4 cores or more), and all of them unpacked at once.
-    Each row's call then only applies its row of the mask.
+    every row: the forward pass started, one read of the tokens the batch just sampled (one
+    wait, where each row would wait in turn), every row's mask computed while the forward
+    pass runs (on llguidance's threads, given 4 cores or more), and all of them unpacked at
+    once. Each row's call then only applies its row of the mask.
 
     It reads the rows' new tokens from the generator's current generation batch
     (`_generation_batch._current_tokens` and `.uids`, mlx-lm 0.32's names, checked by the

@@ -1,0 +1,260 @@
+"""Scenario "structured": what constrained decoding costs on the batched engine.
+
+`BatchedMlxEngine` on the demo model, driven in this process (no gateway): tokens/s of
+requests with a json_schema response format ÷ the same requests as free text, at 1 and 8
+concurrent streams. Both kinds run exactly `tokens` completion tokens (the schema asks for
+more items than fit, so neither ends early) and decode greedily; the two alternate, round by
+round, and each figure is the median of `runs` rounds. Aggregate tok/s: completion tokens of
+all streams / wall time of the round.
+
+Also the compile time of a large schema (bench.schemas.large_schema: 60 properties, $defs,
+anyOf, enums, patterns, formats) through `constraint_for`, cold (a schema never seen: its
+description differs) and from the cache, on the demo tokenizer.
+
+`python -m bench.structured --profile [STREAMS]` runs constrained rounds under cProfile and
+prints where the engine thread's time goes.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import pstats
+import queue
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+from bench.harness import env_note, table
+from bench.schemas import large_schema
+from protocol.frames import Generate, Message, ResponseFormat, SamplingParams
+from runner.engine.base import EngineEvent, Failure, Output
+
+MODEL = "orchard-demo"
+STREAMS = (1, 8)
+ITEM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+        "ripe": {"type": "boolean"},
+        "fruit": {"enum": ["apple", "pear", "plum", "cherry", "quince"]},
+        "grade": {"anyOf": [{"type": "null"}, {"enum": ["A", "B", "C"]}]},
+    },
+    "required": ["id", "ripe", "fruit", "grade"],
+    "additionalProperties": False,
+}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "orchard": {"enum": ["north", "south"]},
+        "crates": {"type": "array", "items": ITEM, "minItems": 200, "maxItems": 200},
+    },
+    "required": ["orchard", "crates"],
+    "additionalProperties": False,
+}
+"""Values any model finishes in a few tokens, and more of them than `tokens` can hold."""
+FORMAT = ResponseFormat("json_schema", json.dumps(SCHEMA), "crates", strict=True)
+
+
+class Client:
+    """Streams requests straight into an engine in this process."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._queues: dict[str, queue.Queue[EngineEvent]] = {}
+        self._lock = threading.Lock()
+        self._count = 0
+        engine.start(self._sink)
+
+    def _sink(self, event: EngineEvent) -> None:
+        with self._lock:
+            events = self._queues.get(event.request_id)
+        if events is not None:
+            events.put(event)
+
+    def run(self, prompt: str, max_tokens: int, response_format: ResponseFormat | None) -> str:
+        """One greedy request to its end; its text."""
+        with self._lock:
+            self._count += 1
+            request_id = f"structured-{self._count}"
+            events: queue.Queue[EngineEvent] = queue.Queue()
+            self._queues[request_id] = events
+        self.engine.submit(
+            Generate(
+                request_id,
+                MODEL,
+                (Message("user", prompt),),
+                max_tokens=max_tokens,
+                sampling=SamplingParams(temperature=0.0),
+                response_format=response_format,
+            )
+        )
+        text = []
+        while True:
+            event = events.get(timeout=300)
+            if isinstance(event, Failure):
+                raise RuntimeError(event)
+            assert isinstance(event, Output)
+            text.append(event.text)
+            if event.finish_reason is not None:
+                if event.usage.completion_tokens != max_tokens:
+                    raise RuntimeError(f"ended early ({event.finish_reason}): {''.join(text)}")
+                break
+        with self._lock:
+            del self._queues[request_id]
+        return "".join(text)
+
+
+def _round(
+    client: Client, streams: int, tokens: int, constrained: bool, tag: str
+) -> tuple[float, float]:
+    """`streams` concurrent requests of `tokens` tokens each: aggregate tok/s, and this
+    process's CPU µs per token (all its threads: a figure the machine's other load barely
+    moves)."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(streams)
+    response_format = FORMAT if constrained else None
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            client.run(f"{tag} stream {i}: list the crates.", tokens, response_format)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(streams)]
+    start, cpu = time.perf_counter(), time.process_time()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if errors:
+        raise errors[0]
+    return streams * tokens / wall, cpu / (streams * tokens) * 1e6
+
+
+def compile_times(tokenizer: Any, vocab_size: int, runs: int) -> tuple[float, float]:
+    """Seconds for `constraint_for` on the large schema: cold (median of `runs`), cached."""
+    from runner.engine.constraint import constraint_for
+
+    def once(description: str) -> float:
+        schema = {**large_schema(), "description": description}
+        generate = Generate(
+            "compile",
+            MODEL,
+            (Message("user", "x"),),
+            response_format=ResponseFormat("json_schema", json.dumps(schema)),
+        )
+        start = time.perf_counter()
+        constraint_for(generate, tokenizer, vocab_size=vocab_size)
+        return time.perf_counter() - start
+
+    cold = [once(f"cold {i} {time.time()}") for i in range(runs)]
+    once("warm")
+    warm = [once("warm") for _ in range(runs)]
+    return statistics.median(cold), statistics.median(warm)
+
+
+def main(runs: int = 5, tokens: int = 256) -> None:
+    from runner.engine.batched import BatchedMlxEngine
+
+    engine = BatchedMlxEngine(MODEL, max_concurrent=max(STREAMS))
+    client = Client(engine)
+    try:
+        # Warm up: the model, mlx's kernels, the grammar's compilation.
+        for constrained in (False, True):
+            _round(client, max(STREAMS), 32, constrained, "warm-up")
+        rows = []
+        for streams in STREAMS:
+            figures: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+            ratios = []
+            for i in range(runs):
+                for constrained in (False, True):
+                    figures[constrained].append(
+                        _round(client, streams, tokens, constrained, f"r{i}")
+                    )
+                ratios.append(figures[True][-1][0] / figures[False][-1][0])
+            rows.append(
+                [
+                    streams,
+                    statistics.median(rate for rate, _ in figures[False]),
+                    statistics.median(rate for rate, _ in figures[True]),
+                    statistics.median(ratios),
+                    f"{min(ratios):.3f} to {max(ratios):.3f}",
+                    statistics.median(cpu for _, cpu in figures[False]),
+                    statistics.median(cpu for _, cpu in figures[True]),
+                ]
+            )
+    finally:
+        engine.close()
+    from runner.engine.mlx_model import MlxModel
+
+    model = MlxModel.load(MODEL)
+    cold, warm = compile_times(model.tokenizer, model.vocab_size, runs)
+    print(
+        table(
+            f"json_schema vs free text, BatchedMlxEngine, {MODEL}, {tokens} tokens a stream, "
+            f"{runs} runs ({env_note()})",
+            [
+                "streams",
+                "free tok/s",
+                "json_schema tok/s",
+                "ratio (median)",
+                "ratio range",
+                "free CPU µs/token",
+                "json_schema CPU µs/token",
+            ],
+            rows,
+        )
+    )
+    print(
+        table(
+            "compiling the large schema (60 properties, $defs, anyOf, enums), demo tokenizer",
+            ["cold ms", "cached ms"],
+            [[cold * 1000, warm * 1000]],
+        )
+    )
+
+
+def profile(streams: int, tokens: int = 256, rounds: int = 3) -> None:
+    """Constrained rounds with cProfile on the engine thread's batch steps: top functions."""
+    from runner.engine.batch_decoder import BatchDecoder
+    from runner.engine.batched import BatchedMlxEngine
+
+    profiler = cProfile.Profile()
+    real = BatchDecoder.step
+    active = threading.Event()
+
+    def step(self: BatchDecoder) -> None:
+        if not active.is_set():
+            real(self)
+            return
+        profiler.enable()  # cProfile follows the thread that enables it: the engine's
+        try:
+            real(self)
+        finally:
+            profiler.disable()
+
+    BatchDecoder.step = step  # type: ignore[method-assign]
+    engine = BatchedMlxEngine(MODEL, max_concurrent=streams)
+    client = Client(engine)
+    try:
+        _round(client, streams, 32, True, "warm-up")
+        active.set()
+        for i in range(rounds):
+            _round(client, streams, tokens, True, f"p{i}")
+        active.clear()
+    finally:
+        engine.close()
+        BatchDecoder.step = real  # type: ignore[method-assign]
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    if "--profile" in sys.argv:
+        profile(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
