@@ -31,13 +31,19 @@ from gateway.sse import SseResponse, SseTransport
 from gateway.stored import CompletionStore, Keeper, keepable
 from gateway.stream import Failed, RequestStream, next_item
 from protocol.frames import Chunk
-from protocol.openai.request import ChatRequest, check_max_tokens, parse_chat_request
+from protocol.openai.request import (
+    ChatRequest,
+    check_choices,
+    check_max_tokens,
+    parse_chat_request,
+)
 from protocol.openai.stream import CompletionBuilder, CompletionStream
 
 
 def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
     """Gateway-configured limits on top of the API's own validation."""
     check_max_tokens(chat, config.max_tokens_limit)
+    check_choices(chat, config.max_choices)
     return chat
 
 
@@ -95,6 +101,7 @@ async def _streaming(
         continuous_usage_stats=chat.continuous_usage_stats,
         logprobs=chat.logprobs,
         fingerprint=fingerprint,
+        n=chat.n,
     )
     keeper = Keeper.of(
         store,
@@ -119,7 +126,7 @@ async def _non_streaming(
     store: CompletionStore,
     request_id: str,
 ) -> Response[Any]:
-    builder = CompletionBuilder(logprobs=chat.logprobs)
+    builder = CompletionBuilder(logprobs=chat.logprobs, n=chat.n)
     collector = asyncio.ensure_future(_collect(stream, builder, pool.config.stream_timeout))
     disconnect = asyncio.ensure_future(_disconnected(request))
     try:

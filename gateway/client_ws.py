@@ -78,6 +78,7 @@ class ClientSocket:
             max_message_bytes=config.max_client_message_bytes,
             max_tokens_limit=config.max_tokens_limit,
             store=store.enabled,
+            max_choices=config.max_choices,
         )
         self._outbox: collections.deque[bytes] = collections.deque()
         self._outbox_bytes = 0
@@ -222,6 +223,7 @@ class ClientSocket:
                 continuous_usage_stats=chat.continuous_usage_stats,
                 logprobs=chat.logprobs,
                 fingerprint=fingerprint,
+                n=chat.n,
                 framing=BrowserFraming(rid),
             ),
             Keeper.of(

@@ -35,6 +35,8 @@ class GatewayConfig:
     """Browser sockets open at once; more are closed with 1013 (try again later)."""
     max_tokens_limit: int = 32768
     """Largest max_tokens / max_completion_tokens a request may ask for."""
+    max_choices: int = 8
+    """Largest `n` (choices generated from one prompt) a request may ask for."""
     max_client_backlog_bytes: int = 4 * 1024 * 1024
     """Unsent output a browser socket may accumulate before it is closed as too slow."""
 

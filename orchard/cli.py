@@ -112,6 +112,7 @@ def _store_options(command: F) -> F:
 @_config_option("handshake_timeout", "Seconds a runner has to say hello after connecting.")
 @_config_option("max_body_bytes", "Largest HTTP body.")
 @_config_option("max_tokens_limit", "Largest max_tokens a request may ask for.")
+@_config_option("max_choices", "Largest n (choices per request) a request may ask for.")
 @_config_option("max_client_sockets", "Browser WebSocket connections open at once.")
 @_store_options
 @click.option(

@@ -34,7 +34,13 @@ from cattrs.strategies import configure_tagged_union
 from protocol.browser import errors
 from protocol.errors import FrameError
 from protocol.frames import FinishReason
-from protocol.openai.request import ChatRequest, check_max_tokens, parse_chat_object
+from protocol.openai.request import (
+    MAX_N,
+    ChatRequest,
+    check_choices,
+    check_max_tokens,
+    parse_chat_object,
+)
 from protocol.strict import make_strict_converter
 
 CLIENT_WS_PATH = "/v1/ws"
@@ -234,7 +240,9 @@ def structure(obj: dict[str, Any], cls: type[M]) -> M:
         raise FrameError(f"invalid {TAGS[cls]} message: {messages}") from exc
 
 
-def chat_request(body: Any, max_tokens_limit: int, *, store: bool = False) -> ChatRequest:
+def chat_request(
+    body: Any, max_tokens_limit: int, *, store: bool = False, max_choices: int = MAX_N
+) -> ChatRequest:
     """A create's body as a `ChatRequest`, validated as the HTTP API does, plus the socket's
     rule that it always streams. `store`: the gateway keeps stored completions. Raises
     `OpenAIError`."""
@@ -242,6 +250,7 @@ def chat_request(body: Any, max_tokens_limit: int, *, store: bool = False) -> Ch
         body = {**body, "stream": True}  # streaming is implied
     chat = parse_chat_object(body, store=store)
     check_max_tokens(chat, max_tokens_limit)
+    check_choices(chat, max_choices)
     if not chat.stream:
         raise errors.stream_required()
     return chat

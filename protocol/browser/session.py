@@ -54,7 +54,7 @@ from protocol.browser.messages import (
 from protocol.closecodes import CloseCode
 from protocol.errors import FrameError
 from protocol.openai.errors import OpenAIError
-from protocol.openai.request import ChatRequest
+from protocol.openai.request import MAX_N, ChatRequest
 
 H = TypeVar("H")
 """What the gateway runs one request with (its stream, its task): the session only holds it."""
@@ -127,6 +127,7 @@ class ClientSession(Generic[H]):
         max_message_bytes: int,
         max_tokens_limit: int,
         store: bool = False,
+        max_choices: int = MAX_N,
     ) -> None:
         """`verify_key` checks an `auth` message's key; None: the socket needs no `auth`
         (the gateway has no keys, or the upgrade request had a valid `Authorization`).
@@ -135,6 +136,7 @@ class ClientSession(Generic[H]):
         self.max_requests = max_requests
         self.max_message_bytes = max_message_bytes
         self.max_tokens_limit = max_tokens_limit
+        self.max_choices = max_choices
         self.store = store
         self.state = State.OPEN if verify_key is None else State.AWAIT_AUTH
         self.subscribed = False
@@ -211,7 +213,9 @@ class ClientSession(Generic[H]):
             return self._error(rid, errors.too_many_requests(self.max_requests))
         try:
             create = structure(obj, Create)  # a valid request_id, any body: only extra keys
-            chat = chat_request(create.body, self.max_tokens_limit, store=self.store)
+            chat = chat_request(
+                create.body, self.max_tokens_limit, store=self.store, max_choices=self.max_choices
+            )
         except OpenAIError as err:
             return self._error(rid, err)  # refused requests are not tracked
         self._requests[rid] = _Request()

@@ -422,3 +422,10 @@ def test_chat_request_body_error_is_the_http_apis() -> None:
     assert caught.value.message == (
         "Invalid type for the request body: expected an object, but got null instead."
     )
+
+
+def test_create_obeys_the_gateways_choice_limit() -> None:
+    assert chat_request({**BODY, "n": 3}, 100, max_choices=3).n == 3
+    with pytest.raises(OpenAIError) as info:
+        chat_request({**BODY, "n": 4}, 100, max_choices=3)
+    assert (info.value.param, info.value.code) == ("n", "integer_above_max_value")

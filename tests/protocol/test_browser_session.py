@@ -332,12 +332,12 @@ def test_unknown_fields_in_a_create() -> None:
             ("The WebSocket API always streams; 'stream' must be true or omitted.", "stream", None),
         ),
         (
-            {**BODY, "n": 2},
+            {**BODY, "n": 200},
             (
-                "Unsupported value: 'n' does not support 2 with this server. "
-                "Only the default (1) value is supported.",
+                "Invalid 'n': integer above maximum value. Expected a value <= 128, but got "
+                "200 instead.",
                 "n",
-                "unsupported_value",
+                "integer_above_max_value",
             ),
         ),
     ],
