@@ -17,6 +17,7 @@ from gateway.admin import health, list_models, list_runners
 from gateway.auth import before_request
 from gateway.chat import chat_completions
 from gateway.client_ws import client_socket
+from gateway.completions import completions
 from gateway.config import GatewayConfig
 from gateway.http_errors import handle_http_exception, handle_openai_error, handle_unexpected
 from gateway.pool import Pool
@@ -50,6 +51,7 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
     return Litestar(
         route_handlers=[
             chat_completions,
+            completions,
             list_stored,
             get_stored,
             update_stored,
