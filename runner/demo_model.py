@@ -11,7 +11,11 @@ machine. It writes nonsense, quickly and deterministically:
 - the tokenizer is a byte-level BPE trained here, with `tokenizers`, on the fixed corpus below;
   `<think>` and `</think>` are single tokens, so mlx-lm detects a thinking model;
 - the chat template is ChatML: `<|im_start|>role\\ncontent<|im_end|>\\n` per message, and
-  `<|im_start|>assistant\\n` as the generation prompt. `<|im_end|>` is the end-of-sequence token.
+  `<|im_start|>assistant\\n` as the generation prompt; `<|im_end|>` is the end-of-sequence token.
+  With tools it is Qwen2.5-Instruct's (Hermes) template: the tools in the system turn, calls as
+  `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` (single tokens, so mlx-lm
+  reads them with its `json_tools` parser), tool results as `<tool_response>` in a user turn.
+  `enable_thinking=False` (chat_template_kwargs) opens the answer with an empty think span.
 
 `resolve_model` maps the name `DEMO_MODEL_ID` to a directory under the cache, building it on
 first use; every other name goes to `mlx_lm.load` unchanged.
@@ -24,6 +28,7 @@ import os
 import shutil
 import tempfile
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +39,7 @@ if TYPE_CHECKING:
 # path are needed by the `orchard` command, which must start fast.
 
 DEMO_MODEL_ID = "orchard-demo"
-DEMO_MODEL_VERSION = "v1"
+DEMO_MODEL_VERSION = "v2"
 """Part of the cache directory name: bump it whenever the built files change."""
 
 CACHE_DIR_ENV = "ORCHARD_CACHE_DIR"
@@ -44,17 +49,76 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 THINK_START = "<think>"
 THINK_END = "</think>"
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
 
-_MARKERS = (ENDOFTEXT, IM_START, IM_END, THINK_START, THINK_END)
+_SPECIAL = (ENDOFTEXT, IM_START, IM_END)
+# Not special, as in Qwen3: decoding with skip_special_tokens keeps them, like any text.
+_ADDED = (THINK_START, THINK_END, TOOL_CALL_START, TOOL_CALL_END)
+_MARKERS = _SPECIAL + _ADDED
 
 CONTEXT_LENGTH = 2048
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+# Qwen2.5-Instruct's template (Hermes-style tool calls), without its default system message so
+# that plain conversations stay the ChatML above, and with Qwen3's `enable_thinking` switch.
+# mlx-lm picks its `json_tools` parser for it: the text holds `<tool_call>` and `tool_call.name`.
+CHAT_TEMPLATE = r"""
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and '
+        'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": '
+        '<function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' and loop.first and tools %}
+    {%- elif message['role'] == 'assistant' and message['tool_calls'] %}
+        {{- '<|im_start|>assistant' }}
+        {%- if message['content'] %}
+            {{- '\n' + message['content'] }}
+        {%- endif %}
+        {%- for tool_call in message['tool_calls'] %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {%- if tool_call.arguments is string %}
+                {{- tool_call.arguments }}
+            {%- else %}
+                {{- tool_call.arguments | tojson }}
+            {%- endif %}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message['role'] == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+""".strip()
 
 _VOCAB_SIZE = 1024
 _LOGIT_SCALE = 10.0
@@ -118,7 +182,66 @@ _CORPUS = (
     "Hello, world! How are you today? I am fine, thank you. What time is it? It is half past "
     "ten (10:30), and the price is $4.99 or 5%. Email me at someone@example.com; see "
     "https://example.com/path?query=1 for details. def main() -> None: print('hi')",
+    # JSON and tool calls, so that they take few tokens (`{"`, `":`, ` "`, `"}}` merge).
+    "Tools and structured answers. A model can call a function: it writes a json object with "
+    "the function name and its arguments, and the gateway hands the call to the client. The "
+    'tools come as {"type": "function", '
+    '"function": {"name": "get_weather", "description": "Get the current weather in a city.", '
+    '"parameters": {"type": "object", "properties": {"city": {"type": "string", '
+    '"description": "The name of the city."}}, "required": ["city"]}}}, and a call reads '
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>. '
+    'Answers in JSON: {"name": "pear", "count": 3, "ripe": true}, {"id": 12, "tags": ["red", '
+    '"sweet"], "price": 4.99, "note": null}, [1, 2, 3], {"city": "London", "day": "Monday", '
+    '"rain": false}, {"items": [{"type": "apple", "size": "small"}, {"type": "plum", "size": '
+    '"large"}], "ok": true, "error": null}, {"note": "sweet", "count": 2, "city": "Paris"}, '
+    '{"city": "London", "note": "Paris", "count": 5}, {"name": "London", "tags": ["sweet"]}.',
 )
+
+TOOL_DEMO_TOOLS: tuple[dict[str, Any], ...] = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "The name of the city."}},
+                "required": ["city"],
+            },
+        },
+    },
+)
+"""The tools of the conversations below (OpenAI's shape, as transformers' templates take them)."""
+
+TOOL_DEMO_MESSAGES: tuple[dict[str, Any], ...] = (
+    {"role": "user", "content": "What is the weather like in Paris today?"},
+)
+"""With `TOOL_DEMO_TOOLS`, greedy decoding answers `TOOL_DEMO_CALLS` (then `<|im_end|>`)."""
+
+TOOL_DEMO_CALLS: tuple[dict[str, Any], ...] = (
+    {"name": "get_weather", "arguments": {"city": "Paris"}},
+)
+
+TOOL_DEMO_PARALLEL_MESSAGES: tuple[dict[str, Any], ...] = (
+    {"role": "user", "content": 'What is the weather like in these cities: ["Paris", "London"]?'},
+)
+"""With `TOOL_DEMO_TOOLS`, greedy decoding answers `TOOL_DEMO_PARALLEL_CALLS`: two calls."""
+
+TOOL_DEMO_PARALLEL_CALLS: tuple[dict[str, Any], ...] = (
+    {"name": "get_weather", "arguments": {"city": "Paris"}},
+    {"name": "get_weather", "arguments": {"city": "London"}},
+)
+
+
+def tool_calls_text(calls: Sequence[dict[str, Any]]) -> str:
+    """Tool calls in the model's markup, as the chat template writes an assistant's
+    `tool_calls` (each `{"name", "arguments"}`, arguments a dict), without `<|im_end|>`."""
+    return "\n".join(
+        f"{TOOL_CALL_START}\n"
+        + json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False)
+        + f"\n{TOOL_CALL_END}"
+        for call in calls
+    )
 
 
 def cache_dir() -> Path:
@@ -189,16 +312,13 @@ def _build_tokenizer(path: Path) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=_VOCAB_SIZE - 2,  # leaves room for the two thinking markers
-        special_tokens=[ENDOFTEXT, IM_START, IM_END],
+        vocab_size=_VOCAB_SIZE - len(_ADDED),
+        special_tokens=list(_SPECIAL),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(list(_CORPUS), trainer=trainer)
-    # Not special, as in Qwen3: decoding with skip_special_tokens keeps them, like any text.
-    tokenizer.add_tokens(
-        [AddedToken(marker, special=False, normalized=False) for marker in (THINK_START, THINK_END)]
-    )
+    tokenizer.add_tokens([AddedToken(marker, special=False, normalized=False) for marker in _ADDED])
     tokenizer.save(str(path / "tokenizer.json"))
 
     tokenizer_config = {

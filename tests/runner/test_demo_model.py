@@ -15,8 +15,11 @@ from runner.demo_model import (
     CHAT_TEMPLATE,
     DEMO_MODEL_ID,
     DEMO_MODEL_VERSION,
+    TOOL_DEMO_MESSAGES,
+    TOOL_DEMO_TOOLS,
     build_demo_model,
     resolve_model,
+    tool_calls_text,
 )
 from tests.support import UNIT
 
@@ -79,8 +82,15 @@ def test_tokenizer(loaded: tuple[Any, Any]) -> None:
     assert tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.eos_token_ids == {tokenizer.convert_tokens_to_ids("<|im_end|>")}
     assert tokenizer.chat_template == CHAT_TEMPLATE
-    for marker in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>"):
+    markers = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+    added = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+    for marker in markers + added:
         assert len(tokenizer.encode(marker, add_special_tokens=False)) == 1
+    # The added markers are text, as in Qwen: decoding keeps them even when skipping specials.
+    for marker in added:
+        ids = tokenizer.encode(f"a{marker}b", add_special_tokens=False)
+        assert tokenizer.decode(ids, skip_special_tokens=True) == f"a{marker}b"
+    assert len(tokenizer.get_vocab()) == 1024
     # No BOS is added: ChatML prompts start with <|im_start|>.
     assert tokenizer.encode("hello world") == tokenizer.encode(
         "hello world", add_special_tokens=False
@@ -103,6 +113,119 @@ def test_chat_template(loaded: tuple[Any, Any]) -> None:
     )
     tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     assert tokenizer.decode(tokens) == prompt
+    # Thinking off (chat_template_kwargs), as Qwen3: an empty think span opens the answer.
+    prompt = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, enable_thinking=True
+    ) == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+TOOLS_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    '{"type": "function", "function": {"name": "get_weather", "description": "Get the current '
+    'weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": '
+    '"string", "description": "The name of the city."}}, "required": ["city"]}}}\n'
+    '{"type": "function", "function": {"name": "get_time", "parameters": {}}}\n</tools>\n\n'
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
+"""The system turn's text with TOOLS below (Qwen2.5-Instruct's, word for word)."""
+
+TOOLS = [
+    *TOOL_DEMO_TOOLS,
+    {"type": "function", "function": {"name": "get_time", "parameters": {}}},
+]
+
+
+def test_chat_template_with_tools(loaded: tuple[Any, Any]) -> None:
+    _, tokenizer = loaded
+    user = {"role": "user", "content": "Weather in Paris?"}
+
+    def render(messages: list[dict[str, Any]], **options: Any) -> str:
+        text: str = tokenizer.apply_chat_template(messages, tokenize=False, **options)
+        return text
+
+    # The tools open the system turn, before the system message if there is one.
+    assert render([user], tools=TOOLS, add_generation_prompt=True) == (
+        "<|im_start|>system\n" + TOOLS_SYSTEM + "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    system = {"role": "system", "content": "Be brief."}
+    assert render([system, user], tools=TOOLS) == (
+        "<|im_start|>system\nBe brief.\n\n" + TOOLS_SYSTEM + "<|im_start|>user\n"
+        "Weather in Paris?<|im_end|>\n"
+    )
+    # Without tools, plain ChatML: no system turn is made up.
+    assert render([user], tools=None) == "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+
+    # An assistant's calls (transformers' shape, and Qwen's bare one; arguments as a dict or
+    # as JSON text), then the tool messages: one user turn of responses.
+    conversation: list[dict[str, Any]] = [
+        user,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                },
+                {"name": "get_time", "arguments": '{"city": "Paris"}'},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+        {"role": "tool", "content": "10:30"},
+        {"role": "assistant", "content": "Sunny."},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_time", "arguments": {}}},
+            ],
+        },
+        {"role": "tool", "content": "10:31"},
+    ]
+    assert render(conversation, tools=TOOLS, add_generation_prompt=True) == (
+        "<|im_start|>system\n" + TOOLS_SYSTEM + "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
+        '{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nsunny, 21 C\n</tool_response>\n"
+        "<tool_response>\n10:30\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nSunny.<|im_end|>\n"
+        "<|im_start|>assistant\nLet me look.\n<tool_call>\n"
+        '{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n10:31\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # tool_calls_text writes calls as the template does.
+    calls = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert render([user, {"role": "assistant", "tool_calls": calls}], tools=TOOLS).endswith(
+        "<|im_start|>assistant\n" + tool_calls_text(calls) + "<|im_end|>\n"
+    )
+
+
+def test_mlx_lm_reads_the_tool_call_format(loaded: tuple[Any, Any]) -> None:
+    from mlx_lm.tool_parsers import json_tools
+
+    _, tokenizer = loaded
+    assert tokenizer.has_tool_calling
+    assert tokenizer.tool_call_start == "<tool_call>"
+    assert tokenizer.tool_call_end == "</tool_call>"
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    inner = tool_calls_text([call]).removeprefix("<tool_call>").removesuffix("</tool_call>")
+    assert tokenizer.tool_parser(inner) == call
+    assert tokenizer.tool_parser is json_tools.parse_tool_call
+    prompt = tokenizer.apply_chat_template(
+        list(TOOL_DEMO_MESSAGES), tools=list(TOOL_DEMO_TOOLS), add_generation_prompt=True
+    )
+    assert tokenizer.decode(prompt).startswith("<|im_start|>system\n# Tools\n")
 
 
 def test_greedy_generation_is_varied_and_never_ends_by_itself(loaded: tuple[Any, Any]) -> None:
