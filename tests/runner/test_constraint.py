@@ -20,7 +20,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tool_parsers import json_tools, pythonic
 
 from protocol.frames import Generate, LogitBias, ResponseFormat, SamplingParams, Tool
-from runner.demo_model import DEMO_MODEL_ID, DEMO_MODEL_VERSION
+from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import constraint as constraint_module
 from runner.engine.base import Failure, Output
 from runner.engine.batched import BatchedMlxEngine
@@ -37,18 +37,18 @@ from runner.errors import RequestError
 from tests.runner.collect import Collector, engine_starter, final, hold, outputs, run, text_of
 from tests.runner.engines import GREEDY, Reference, ask
 
-FREE_STRINGS = pytest.mark.skipif(
-    DEMO_MODEL_VERSION == "v1",
-    reason="the v1 demo model's random weights never close a free JSON string",
-)
-"""Tests of output with free strings: they need the demo model trained to close them (v2)."""
+FREE_STRINGS = pytest.mark.usefixtures("closes_free_strings")
+"""Tests of output with free strings: they need a demo model trained to close them."""
 
 WEATHER = Tool(
     "weather",
     parameters=json.dumps(
         {
             "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            },
             "required": ["city", "days"],
             "additionalProperties": False,
         }
@@ -97,6 +97,28 @@ def tools_tokenizer(tokenizer: Any) -> Any:
         tool_call_end=json_tools.tool_call_end,
         tool_parser=json_tools.parse_tool_call,
     )
+
+
+@pytest.fixture(scope="module")
+def closes_free_strings(reference: Reference) -> None:
+    """Skip unless the demo model, constrained to any JSON object, closes it by itself within
+    96 tokens: a model with random weights keeps writing the first string forever."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    constraint = compile_for(reference.tokenizer, response_format=ResponseFormat("json_object"))
+    responses = list(
+        stream_generate(
+            reference.model,
+            reference.tokenizer,
+            reference.prompt(ask("probe", "An orchard, as JSON.")),
+            max_tokens=96,
+            sampler=make_sampler(0.0),
+            logits_processors=[constraint.processor()],
+        )
+    )
+    if not responses or responses[-1].finish_reason != "stop":
+        pytest.skip("this demo model never closes a free JSON string (its weights are random)")
 
 
 def compile_for(tokenizer: Any, **fields: Any) -> Constraint:
@@ -353,14 +375,14 @@ def _byte_level_table() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
-def test_the_processor_allows_exactly_the_tokens_that_keep_the_text_valid(
-    tokenizer: Any,
-) -> None:
-    # A schema with three possible documents. At every step the allowed tokens are exactly:
-    # where the text may still go several ways, every token whose bytes extend it towards one
-    # of them; where only one way is left, the canonical (BPE) token of the rest (llguidance
-    # does not let a model spell forced text oddly); once a document is complete, the
-    # end-of-sequence tokens.
+def test_the_processor_allows_only_tokens_that_keep_the_text_valid(tokenizer: Any) -> None:
+    # A schema with three possible documents, walked token by token along one of them. At
+    # every step: no token is allowed whose bytes would leave the three documents (checked
+    # over the whole vocabulary), the document's own next token is allowed, and once it is
+    # complete only the end-of-sequence tokens are. llguidance may refuse a valid but odd
+    # spelling of forced text (" " then '"' where the BPE has ' "'), so the allowed set can
+    # be smaller than every valid extension; where the documents part ways, it has a token
+    # for each.
     schema = {
         "type": "object",
         "properties": {"a": {"enum": ["yes", "no", "yesterday"]}},
@@ -377,26 +399,21 @@ def test_the_processor_allows_exactly_the_tokens_that_keep_the_text_valid(
     # later call is new.
     context = list(tokenizer.encode("any prompt at all", add_special_tokens=False))
     written = b""
-    steps = 0
-    for token in [*tokenizer.encode(documents[2].decode(), add_special_tokens=False), None]:
-        ways = [d for d in documents if d.startswith(written) and d != written]
-        if len(ways) == 1 and written not in documents:
-            (rest,) = (d[len(written) :] for d in ways)
-            expected = {tokenizer.encode(rest.decode(), add_special_tokens=False)[0]}
-        else:
-            expected = {
-                t for t, piece in pieces.items() if any(d.startswith(written + piece) for d in ways)
-            }
-            if written in documents:
-                expected |= eos
-        assert allowed(processor, context, vocab) == expected, written
-        if token is None:
-            break
+    for token in tokenizer.encode(documents[2].decode(), add_special_tokens=False):
+        ways = [d for d in documents if d.startswith(written)]
+        valid = {
+            t for t, piece in pieces.items() if any(d.startswith(written + piece) for d in ways)
+        }
+        now = allowed(processor, context, vocab)
+        assert token in now <= valid | (eos if written in documents else set()), written
+        if written == b'{"a": "':
+            assert {pieces[t][:1] for t in now} == {b"y", b"n"}
+        if written == documents[0]:  # "yes" is complete, "yesterday" goes on
+            assert eos <= now
         context.append(token)
         written += pieces[token]
-        steps += 1
-    assert expected == eos
-    assert steps > 5
+    assert written == documents[2]
+    assert allowed(processor, context, vocab) == eos
     assert processor.error is None
 
 
@@ -405,9 +422,10 @@ def test_a_refused_token_leaves_only_the_end_and_says_why(tokenizer: Any) -> Non
     processor = constraint.processor()
     vocab = len(tokenizer)
     context = [5]
-    assert allowed(processor, context, vocab) == set(
-        tokenizer.encode("{", add_special_tokens=False)
-    )
+    pieces = _token_bytes(tokenizer)
+    first = allowed(processor, context, vocab)
+    assert first
+    assert all(pieces[t].startswith(b"{") for t in first)
     (letter,) = tokenizer.encode("x", add_special_tokens=False)
     assert allowed(processor, [*context, letter], vocab) == set(tokenizer.eos_token_ids)
     assert processor.error is not None
@@ -801,10 +819,9 @@ def _schemas(strings: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[di
 BOUNDED_STRINGS = st.integers(0, 4).map(lambda n: {"type": "string", "maxLength": n})
 FREE = st.one_of(
     st.just({"type": "string"}),
-    st.just({"type": "number"}),
-    st.just({"type": "integer"}),
-    st.just({"type": "array", "items": {"type": "string"}}),
+    st.just({"type": "array", "items": {"type": "string"}, "maxItems": 3}),
 )
+"""Free strings (what the v2 demo model is trained to close); everything else stays bounded."""
 
 
 @pytest.fixture(scope="module")
