@@ -6,6 +6,8 @@ masks the logits of every step, with llguidance.
                                                schema cannot be enforced
     Constraint.processor()                     when the request starts decoding: a fresh matcher
     ConstraintProcessor(tokens, logits)        an mlx-lm logits processor, run after all others
+    BatchConstraints                           the batch decoder's: its constrained rows,
+                                               advanced together once a step
 
 What is constrained:
 
@@ -20,8 +22,9 @@ What is constrained:
 
 JSON is written with json.dumps' separators (", " and ": ") and no other whitespace, so a model
 cannot pad it forever. When the prompt opens a think span, the model first reasons freely up
-to the think end marker. A finished grammar allows only end-of-sequence tokens, so the request
-ends with finish "stop" by itself.
+to the think end marker; a model that would open one itself is constrained from its first
+token, so it does not reason. A finished grammar allows only end-of-sequence tokens, so the
+request ends with finish "stop" by itself.
 
 Compiling costs milliseconds (more for large schemas): compiled grammars are kept per
 tokenizer, least recently used first out, keyed by the grammar text; each request decodes on a
