@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from gateway.errors import GatewayError
-from protocol.frames import Chunk, Error, Generate
+from protocol.frames import Chunk, Echo, Error, Generate
 
 if TYPE_CHECKING:
     from gateway.pool import RunnerConn
@@ -68,8 +68,16 @@ def _merge_run(chunks: list[Chunk]) -> Chunk:
         tuple(entry for c in chunks for entry in c.logprobs),
         last.index,
         last.choice_finish,
-        chunks[0].echo,  # a choice's first chunk carries it
+        joined_echo(chunks),
     )
+
+
+def joined_echo(chunks: list[Chunk]) -> Echo | None:
+    """The echo pieces of a run of chunks (a choice's first ones carry them), as one."""
+    pieces = [chunk.echo for chunk in chunks if chunk.echo is not None]
+    if len(pieces) <= 1:
+        return pieces[0] if pieces else None
+    return Echo("".join(p.text for p in pieces), tuple(t for p in pieces for t in p.tokens))
 
 
 class RequestStream:

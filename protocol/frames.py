@@ -311,7 +311,8 @@ class Chunk:
     """n > 1: this choice ended, others go on. The request's last chunk has `finish_reason`
     instead (the reason of the choice that ended last): that one still ends the request."""
     echo: Echo | None = None
-    """The prompt, on the first chunk of each choice of a request with `echo`."""
+    """The prompt, on the first chunks of each choice of a request with `echo` (a long one in
+    pieces, joined in order, before the choice's completion)."""
 
 
 @attrs.frozen

@@ -357,6 +357,8 @@ class Runner:
                 encode(session.error(event.request_id, event.code, event.message, event.param))
             )
         else:
+            if event.echo is not None:
+                self._flush_chunks()  # a piece of a prompt travels alone (frames stay small)
             self._chunks.append(
                 session.chunk(
                     event.request_id,
@@ -373,19 +375,36 @@ class Runner:
                     echo=event.echo,
                 )
             )
+            if event.echo is not None:
+                self._flush_chunks()
         if isinstance(event, Failure) or event.finish_reason is not None:
             self._idle.set()
 
 
 def _merged(outputs: list[Output]) -> list[Output]:
     """Consecutive outputs of one request as one per choice (strings joined once), the one
-    that ends the request last."""
+    that ends the request last. A choice's echo pieces stay apart, each merged with what
+    follows it: merged, they would make a frame as large as the prompt."""
     by_choice: dict[int, list[Output]] = {}
     for output in outputs:
         by_choice.setdefault(output.index, []).append(output)
     last = outputs[-1] if outputs else None
     ends = last.index if last is not None and last.finish_reason is not None else -1
-    return [_merge_run(by_choice[i]) for i in sorted(by_choice, key=lambda i: i == ends)]
+    return [
+        _merge_run(run)
+        for i in sorted(by_choice, key=lambda i: i == ends)
+        for run in _echo_runs(by_choice[i])
+    ]
+
+
+def _echo_runs(outputs: list[Output]) -> list[list[Output]]:
+    """A choice's outputs cut before each one that carries an echo piece."""
+    runs: list[list[Output]] = [[]]
+    for output in outputs:
+        if output.echo is not None and runs[-1]:
+            runs.append([])
+        runs[-1].append(output)
+    return runs
 
 
 def _merge_run(outputs: list[Output]) -> Output:

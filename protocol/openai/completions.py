@@ -351,6 +351,28 @@ class _Offsets:
         return offsets
 
 
+class _Positions:
+    """Where one choice's tokens start: the prompt's from 0, the completion's after the
+    prompt's whole text (whose pieces all come before the completion)."""
+
+    __slots__ = ("_completion", "_prompt", "_prompt_chars")
+
+    def __init__(self) -> None:
+        self._prompt = _Offsets()
+        self._prompt_chars = 0
+        self._completion: _Offsets | None = None
+
+    def prompt(self, echo: Echo) -> list[int]:
+        """The offsets of a piece of the prompt's tokens."""
+        self._prompt_chars += len(echo.text)
+        return self._prompt.of([t.bytes for t in echo.tokens])
+
+    def completion(self, entries: Sequence[TokenLogprob]) -> list[int]:
+        if self._completion is None:
+            self._completion = _Offsets(self._prompt_chars)
+        return self._completion.of([e.bytes for e in entries])
+
+
 class _Logprobs:
     """A choice's logprobs object, being filled."""
 
@@ -362,9 +384,9 @@ class _Logprobs:
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
 
-    def echo(self, echo: Echo) -> None:
-        """The prompt's tokens, from offset 0 (the first with no logprob)."""
-        self.text_offset += _Offsets().of([t.bytes for t in echo.tokens])
+    def echo(self, echo: Echo, offsets: list[int]) -> None:
+        """(A piece of) the prompt's tokens (the first with no logprob)."""
+        self.text_offset += offsets
         for entry in echo.tokens:
             self.tokens.append(entry.token)
             self.token_logprobs.append(entry.logprob)
@@ -376,8 +398,8 @@ class _Logprobs:
                 )
             )
 
-    def completion(self, entries: Sequence[TokenLogprob], offsets: _Offsets) -> None:
-        self.text_offset += offsets.of([e.bytes for e in entries])
+    def completion(self, entries: Sequence[TokenLogprob], offsets: list[int]) -> None:
+        self.text_offset += offsets
         for entry in entries:
             self.tokens.append(entry.token)
             self.token_logprobs.append(entry.logprob)
@@ -409,7 +431,7 @@ class TextCompletionWriter:
         "_choice_heads",
         "_end",
         "_head",
-        "_offsets",
+        "_positions",
         "_prefix",
         "_usage_head",
         "continuous_usage_stats",
@@ -441,7 +463,7 @@ class TextCompletionWriter:
         self._choice_heads: dict[int, bytes] = {}
         self._usage_head = self._head + b',"choices":[],"usage":'
         self._end = b"}" + suffix
-        self._offsets: dict[int, _Offsets] = {}
+        self._positions: dict[int, _Positions] = {}
 
     @classmethod
     def factory(cls, *, echo: bool) -> Callable[..., TextCompletionWriter]:
@@ -462,14 +484,15 @@ class TextCompletionWriter:
         logprobs: _Logprobs | None = None
         if self.logprobs:
             logprobs = _Logprobs()
-            offsets = self._offsets.get(index)
+            positions = self._positions.get(index)
+            if positions is None:
+                positions = self._positions[index] = _Positions()
             if echo is not None:
+                offsets = positions.prompt(echo)
                 if self.echo:
-                    logprobs.echo(echo)
-                offsets = self._offsets[index] = _Offsets(len(echo.text))
-            elif offsets is None:
-                offsets = self._offsets[index] = _Offsets()
-            logprobs.completion(chunk.logprobs, offsets)
+                    logprobs.echo(echo, offsets)
+            if chunk.logprobs:
+                logprobs.completion(chunk.logprobs, positions.completion(chunk.logprobs))
         if echo is not None and self.echo:
             text = echo.text + text
         if not (
@@ -564,9 +587,12 @@ def _choice(index: int, choice: CollectedChoice, echo: bool, logprobs: bool) -> 
     rendered = None
     if logprobs:
         entries = _Logprobs()
-        if prompt is not None and echo:
-            entries.echo(prompt)
-        entries.completion(choice.logprobs, _Offsets(0 if prompt is None else len(prompt.text)))
+        positions = _Positions()
+        if prompt is not None:
+            offsets = positions.prompt(prompt)
+            if echo:
+                entries.echo(prompt, offsets)
+        entries.completion(choice.logprobs, positions.completion(choice.logprobs))
         rendered = entries.dict()
     return {
         "text": prompt.text + text if prompt is not None and echo else text,

@@ -291,8 +291,13 @@ class CompletionBuilder:
             choice.reasoning.append(item.reasoning)
             choice.tool_calls.extend(item.tool_calls)
             choice.logprobs.extend(item.logprobs)
-            if item.echo is not None:
-                choice.echo = item.echo
+            if item.echo is not None:  # the prompt, in one or more pieces
+                echo = choice.echo
+                choice.echo = (
+                    item.echo
+                    if echo is None
+                    else Echo(echo.text + item.echo.text, echo.tokens + item.echo.tokens)
+                )
             choice.finish = item.choice_finish or item.finish_reason
             self.last = item
             self.over = item.finish_reason is not None

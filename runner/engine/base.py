@@ -51,7 +51,8 @@ class Output:
     """The choice, for a request with n > 1 (see `protocol.frames.Chunk`)."""
     choice_finish: FinishReason | None = None
     echo: Echo | None = None
-    """The prompt, on the first output of each choice of a request with `echo`."""
+    """The prompt, on the first outputs of each choice of a request with `echo` (a long one
+    in pieces, before the choice's first token)."""
 
 
 @attrs.frozen

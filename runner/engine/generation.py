@@ -48,6 +48,30 @@ log = logging.getLogger("runner.engine")
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass when the generation thread prefills by itself (the one
 prefill of a request with several choices)."""
+ECHO_PIECE_TOKENS = 256
+ECHO_PIECE_CHARS = 64 * 1024
+"""An echo goes out in pieces of at most this many prompt tokens and text characters (a
+piece with 20 alternatives per token is well under a megabyte of JSON)."""
+
+
+def split_echo(echo: Echo) -> list[Echo]:
+    """`echo` as pieces (one, for a short prompt) whose texts and tokens, joined in order, are
+    its own."""
+    text, tokens = echo.text, echo.tokens
+    count = max(
+        1,
+        -(-len(text) // ECHO_PIECE_CHARS),
+        -(-len(tokens) // ECHO_PIECE_TOKENS),
+    )
+    if count == 1:
+        return [echo]
+    return [
+        Echo(
+            text[i * ECHO_PIECE_CHARS : (i + 1) * ECHO_PIECE_CHARS],
+            tokens[i * ECHO_PIECE_TOKENS : (i + 1) * ECHO_PIECE_TOKENS],
+        )
+        for i in range(count)
+    ]
 
 
 class Counters(Protocol):
@@ -256,6 +280,28 @@ class Generation:
             mx.eval([c.state for c in cache])
         return Echo(request.echo_text, tuple(entries))
 
+    def _send_echo(self, request: Request) -> Echo:
+        """A choice's echo, before its first output: all of it but its last piece as outputs
+        of their own, the last piece for that first output to carry. In pieces so that no
+        frame to the gateway grows with the prompt."""
+        assert request.echo is not None
+        *leading, last = split_echo(request.echo)
+        request.echo = None
+        for piece in leading:
+            emit(
+                self._sink,
+                Output(
+                    request.generate.request_id,
+                    "",
+                    "",
+                    0,
+                    request.usage(),
+                    index=request.index,
+                    echo=piece,
+                ),
+            )
+        return last
+
     def _end_at_once(self, request: Request) -> None:
         """A request for no token (max_tokens 0): its echo, if it asked for one, and its end."""
         try:
@@ -310,7 +356,7 @@ class Generation:
         else:
             echo = request.echo
             if echo is not None:
-                request.echo = None  # on the choice's first output only
+                echo = self._send_echo(request)
             emit(
                 self._sink,
                 Output(
@@ -348,7 +394,7 @@ class Generation:
         if group is not None:
             group.open -= 1
             last = group.open == 0
-        echo, request.echo = request.echo, None
+        echo = self._send_echo(request) if request.echo is not None else None
         emit(
             self._sink,
             Output(

@@ -75,3 +75,14 @@ def test_merging_keeps_each_choices_echo() -> None:
         "length",
     )
     assert merge(chunks[2:])[0].echo is None
+
+
+def test_merging_joins_echo_pieces() -> None:
+    """The pieces of a long prompt's echo, queued for a slow client, merge into one."""
+    first, second = Echo("Hel"), Echo("lo")
+    chunks = [
+        Chunk("r", 0, "", "", 0, Usage(1, 0), echo=first),
+        Chunk("r", 1, "a", "", 1, Usage(1, 1), echo=second),
+    ]
+    (merged,) = merge(chunks)
+    assert (merged.text, merged.echo) == ("a", Echo("Hello"))

@@ -625,3 +625,28 @@ def test_a_failed_body_raises_its_error() -> None:
     with pytest.raises(OpenAIError) as info:
         build([piece(0, "a"), Error("r", "context_length_exceeded", "too long", "prompt")])
     assert (info.value.status, info.value.param) == (400, "prompt")
+
+
+def test_an_echo_in_pieces() -> None:
+    """A long prompt's echo comes in pieces, before the completion: offsets go on across
+    them, and the completion's start after the whole prompt."""
+    first = Echo("Hi", (PromptToken("Hi", (72, 105)),))
+    second = Echo(" é", (PromptToken(" é", (32, 195, 169), -1.0),))
+    items = [
+        piece(0, "", echo=first, tokens=0),
+        piece(1, "!", echo=second, logprobs=(entry("!", b"!", -0.25),), finish="stop"),
+    ]
+    got = feed_all(stream(echo=True, logprobs=True), items)
+    assert [e["choices"][0]["text"] for e in got[:2]] == ["Hi", " é!"]
+    assert [e["choices"][0]["logprobs"]["text_offset"] for e in got[:2]] == [[0], [2, 4]]
+    plain = feed_all(stream(logprobs=True), items)
+    assert plain[0]["choices"][0]["logprobs"] == {
+        "tokens": ["!"],
+        "token_logprobs": [-0.25],
+        "top_logprobs": [{"!": -0.25}],
+        "text_offset": [4],
+    }
+    body = build(items, echo=True, logprobs=True)["choices"][0]
+    assert body["text"] == "Hi é!"
+    assert body["logprobs"]["tokens"] == ["Hi", " é", "!"]
+    assert body["logprobs"]["text_offset"] == [0, 2, 4]

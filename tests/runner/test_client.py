@@ -172,3 +172,15 @@ def test_merged_outputs_keep_each_choices_echo() -> None:
     merged = {output.index: output for output in _merged(outputs)}
     assert (merged[0].text, merged[0].echo) == ("ac", echo)
     assert (merged[1].text, merged[1].echo) == ("b", echo)
+
+
+def test_echo_pieces_are_not_merged_together() -> None:
+    """Merged, the pieces of a long prompt's echo would make one frame as large as it."""
+    outputs = [
+        Output("r", "", "", 0, Usage(1, 0), echo=Echo("a")),
+        Output("r", "", "", 0, Usage(1, 0), echo=Echo("b")),
+        Output("r", "x", "", 1, Usage(1, 1)),
+        Output("r", "y", "", 1, Usage(1, 2)),
+    ]
+    merged = _merged(outputs)
+    assert [(o.echo, o.text) for o in merged] == [(Echo("a"), ""), (Echo("b"), "xy")]

@@ -10,10 +10,11 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from protocol.frames import Echo, Generate, SamplingParams
+from protocol.frames import Echo, Generate, PromptToken, SamplingParams
 from runner.demo_model import CONTEXT_LENGTH, DEMO_MODEL_ID
 from runner.engine.base import Engine, Failure, Output
 from runner.engine.batched import BatchedMlxEngine
+from runner.engine.generation import ECHO_PIECE_CHARS, ECHO_PIECE_TOKENS, split_echo
 from runner.engine.mlx_engine import MlxEngine
 from tests.runner.collect import Collector, engine_starter, outputs, run
 from tests.runner.engines import GREEDY, Reference
@@ -186,3 +187,46 @@ def test_no_tokens_without_echo(engine: tuple[Engine, Collector]) -> None:
     eng, collector = engine
     (end,) = outputs(run(eng, collector, raw("z", TEXT, max_tokens=0)))
     assert (end.text, end.tokens, end.finish_reason, end.echo) == ("", 0, "length", None)
+
+
+def test_a_long_prompts_echo_comes_in_pieces(
+    engine: tuple[Engine, Collector], reference: Reference
+) -> None:
+    """So that no frame grows with the prompt: pieces of at most ECHO_PIECE_TOKENS tokens,
+    before the choice's first token, which carries the last one."""
+    eng, collector = engine
+    tokens = (reference.tokenizer.encode(TEXT) * 60)[: 2 * ECHO_PIECE_TOKENS + 10]
+    request = raw(
+        "long",
+        tokens,
+        max_tokens=2,
+        sampling=GREEDY,
+        echo=True,
+        prompt_logprobs=True,
+        logprobs=True,
+    )
+    events = outputs(run(eng, collector, request))
+    pieces = [e.echo for e in events if e.echo is not None]
+    assert [len(p.tokens) for p in pieces] == [ECHO_PIECE_TOKENS, ECHO_PIECE_TOKENS, 10]
+    assert [(e.tokens, e.text) for e in events[:2]] == [(0, ""), (0, "")]
+    assert events[2].echo is pieces[2]
+    assert events[2].tokens == 1
+    assert "".join(p.text for p in pieces) == reference.tokenizer.decode(tokens)
+    joined = [t for p in pieces for t in p.tokens]
+    assert [t.token for t in joined] == [reference.tokenizer.decode([t]) for t in tokens]
+    rows = log_softmax(reference, tokens)
+    for position in (0, ECHO_PIECE_TOKENS - 1, ECHO_PIECE_TOKENS, len(tokens) - 2):
+        assert joined[position + 1].logprob == pytest.approx(
+            rows[position][tokens[position + 1]].item(), abs=1e-3
+        )
+
+
+def test_split_echo() -> None:
+    tokens = tuple(PromptToken(str(i), (i,)) for i in range(ECHO_PIECE_TOKENS * 2 + 1))
+    text = "x" * (ECHO_PIECE_CHARS * 3 + 1)
+    pieces = split_echo(Echo(text, tokens))
+    assert len(pieces) == 4
+    assert "".join(p.text for p in pieces) == text
+    assert tuple(t for p in pieces for t in p.tokens) == tokens
+    short = Echo("Hi")
+    assert split_echo(short) == [short]
