@@ -1,15 +1,24 @@
-"""The built-in model "orchard-demo": a tiny random-weight Llama that needs no download.
+"""The built-in model "orchard-demo": a tiny Llama that needs no download.
 
 It exists so that a fresh install, the tests and CI can run the whole system end to end on any
-machine. It writes nonsense, quickly and deterministically:
+machine. It writes nonsense, quickly and deterministically, except where a test of JSON or
+tool calls needs it to act like a real model:
 
-- the weights come from `mlx_lm.models.llama.Model` after `mx.random.seed(0)`; the final norm is
-  scaled up so the logits are peaked (greedy decoding does not hinge on rounding), and the output
-  rows of the markers and of non-text byte tokens are zero, so the model practically never picks
+- a random model writes the nonsense: `mlx_lm.models.llama.Model` (64 wide, 2 layers) after
+  `mx.random.seed(0)`; the final norm is scaled up so the logits are peaked (greedy decoding
+  does not hinge on rounding), and the output rows of the markers, of JSON tokens (`{"`, `]`,
+  ...), of bare whitespace and of non-text byte tokens are zero, so it practically never picks
   them by itself (greedy decoding never does). In particular it does not end on its own: it
   runs until `max_tokens` (tests force an end with a logit bias on `<|im_end|>`);
+- `runner.demo_shaping` widens it to 96 and adds two layers, trained at build time for some
+  seconds (seeded, so every build on a machine is the same): once a JSON token is in the
+  context (a grammar's `{`, tools in the system turn), the added part takes over and writes
+  short JSON that closes (one key, mostly), and greedy decoding answers `TOOL_DEMO_MESSAGES`
+  and `TOOL_DEMO_PARALLEL_MESSAGES` (with `TOOL_DEMO_TOOLS`) with their calls, then
+  `<|im_end|>`. With no JSON token in the context the added part adds exactly nothing;
 - the tokenizer is a byte-level BPE trained here, with `tokenizers`, on the fixed corpus below;
-  `<think>` and `</think>` are single tokens, so mlx-lm detects a thinking model;
+  `<think>` and `</think>` are single tokens, so mlx-lm detects a thinking model; its corpus
+  has a JSON passage, so that JSON takes few tokens (`{"`, `":`, ` "`, `"}}`);
 - the chat template is ChatML: `<|im_start|>role\\ncontent<|im_end|>\\n` per message, and
   `<|im_start|>assistant\\n` as the generation prompt; `<|im_end|>` is the end-of-sequence token.
   With tools it is Qwen2.5-Instruct's (Hermes) template: the tools in the system turn, calls as
@@ -292,16 +301,33 @@ def build_demo_model(path: Path) -> None:
     calling thread's MLX generator. Called off the main thread, that thread must run
     `mx.clear_streams()` before it ends (MLX 0.32 aborts at exit otherwise).
     """
+    import mlx.core as mx
+
+    from runner import demo_shaping
+
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(path)
-    config = {
+    base_config = {
         **_CONFIG,
         "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
         "bos_token_id": tokenizer.token_to_id(ENDOFTEXT),
         "eos_token_id": tokenizer.token_to_id(IM_END),
     }
+    texts = [
+        tokenizer.decode([i], skip_special_tokens=False) for i in range(base_config["vocab_size"])
+    ]
+    silent = _silent_token_ids(tokenizer)
+    silent += demo_shaping.mode_tokens(texts) + demo_shaping.whitespace_tokens(texts)
+    base = _base_weights(base_config, sorted(set(silent)))
+    conversations = [
+        (TOOL_DEMO_TOOLS, TOOL_DEMO_MESSAGES, TOOL_DEMO_CALLS),
+        (TOOL_DEMO_TOOLS, TOOL_DEMO_PARALLEL_MESSAGES, TOOL_DEMO_PARALLEL_CALLS),
+    ]
+    weights = demo_shaping.shape(base, base_config, path, conversations)
+    config = demo_shaping.config(base_config)
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    _build_weights(path, config, _silent_token_ids(tokenizer))
+    mx.eval(weights)
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
 def _build_tokenizer(path: Path) -> Tokenizer:
@@ -355,7 +381,8 @@ def _silent_token_ids(tokenizer: Tokenizer) -> list[int]:
     return silent
 
 
-def _build_weights(path: Path, config: dict[str, Any], silent_ids: list[int]) -> None:
+def _base_weights(config: dict[str, Any], silent_ids: list[int]) -> dict[str, Any]:
+    """The random model that writes the nonsense (mlx-lm's Llama weights, by name)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -372,4 +399,4 @@ def _build_weights(path: Path, config: dict[str, Any], silent_ids: list[int]) ->
     model.model.norm.weight = model.model.norm.weight * _LOGIT_SCALE
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return weights

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,10 @@ from runner.demo_model import (
     CHAT_TEMPLATE,
     DEMO_MODEL_ID,
     DEMO_MODEL_VERSION,
+    TOOL_DEMO_CALLS,
     TOOL_DEMO_MESSAGES,
+    TOOL_DEMO_PARALLEL_CALLS,
+    TOOL_DEMO_PARALLEL_MESSAGES,
     TOOL_DEMO_TOOLS,
     build_demo_model,
     resolve_model,
@@ -228,23 +232,168 @@ def test_mlx_lm_reads_the_tool_call_format(loaded: tuple[Any, Any]) -> None:
     assert tokenizer.decode(prompt).startswith("<|im_start|>system\n# Tools\n")
 
 
-def test_greedy_generation_is_varied_and_never_ends_by_itself(loaded: tuple[Any, Any]) -> None:
+MARKERS = (
+    "<|im_end|>",
+    "<|im_start|>",
+    "<|endoftext|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+)
+
+
+def generate(
+    loaded: tuple[Any, Any], prompt: list[int], max_tokens: int, temperature: float = 0.0
+) -> list[Any]:
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
     model, tokenizer = loaded
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
-    responses = list(
-        stream_generate(model, tokenizer, prompt, max_tokens=200, sampler=make_sampler(0.0))
-    )
+    sampler = make_sampler(temperature)
+    return list(stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, sampler=sampler))
+
+
+@pytest.mark.parametrize("content", ["Hello", "What is the weather like in Paris today?"])
+def test_greedy_generation_is_varied_and_never_ends_by_itself(
+    loaded: tuple[Any, Any], content: str
+) -> None:
+    _, tokenizer = loaded
+    messages = [{"role": "user", "content": content}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    responses = generate(loaded, prompt, 200)
     tokens = [r.token for r in responses]
     assert len(tokens) == 200
     assert responses[-1].finish_reason == "length"
-    markers = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<think>", "</think>")}
+    markers = {tokenizer.convert_tokens_to_ids(t) for t in MARKERS}
     assert not markers & set(tokens)
     assert len(set(tokens)) > 10  # nonsense, but not one token over and over
     text = "".join(r.text for r in responses)
     assert "\ufffd" not in text
+    # It never starts JSON by itself (nor a tool call: there are no tools).
+    assert not set(text) & set('{}[]"')
+
+
+def test_sampled_text_is_varied_and_has_no_markers(loaded: tuple[Any, Any]) -> None:
+    import mlx.core as mx
+
+    _, tokenizer = loaded
+    messages = [{"role": "user", "content": "Hello"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    markers = {tokenizer.convert_tokens_to_ids(t) for t in MARKERS}
+    texts = []
+    for seed in range(4):
+        mx.random.seed(seed)
+        responses = generate(loaded, prompt, 100, temperature=1.0)
+        assert len(responses) == 100
+        assert not markers & {r.token for r in responses}
+        texts.append("".join(r.text for r in responses))
+    assert len(set(texts)) == 4
+
+
+@pytest.mark.parametrize(
+    ("messages", "calls"),
+    [
+        (TOOL_DEMO_MESSAGES, TOOL_DEMO_CALLS),
+        (TOOL_DEMO_PARALLEL_MESSAGES, TOOL_DEMO_PARALLEL_CALLS),
+    ],
+    ids=["one call", "two calls"],
+)
+def test_greedy_decoding_calls_the_demo_tool(
+    loaded: tuple[Any, Any], messages: tuple[dict[str, Any], ...], calls: tuple[dict[str, Any], ...]
+) -> None:
+    _, tokenizer = loaded
+    prompt = tokenizer.apply_chat_template(
+        list(messages), tools=list(TOOL_DEMO_TOOLS), add_generation_prompt=True
+    )
+    responses = generate(loaded, prompt, 100)
+    tokens = [r.token for r in responses]
+    assert tokens[-1] == tokenizer.eos_token_id
+    assert responses[-1].finish_reason == "stop"
+    assert tokenizer.decode(tokens[:-1]) == tool_calls_text(calls)
+    assert len(calls) == len(TOOL_DEMO_CALLS) + (messages is TOOL_DEMO_PARALLEL_MESSAGES)
+
+
+def string_mask(texts: list[str], vocab_size: int) -> Any:
+    """Tokens that keep a JSON string open, or close it (then at most `,:}]` and spaces)."""
+    import mlx.core as mx
+
+    def allowed(text: str) -> bool:
+        inside, quote, after = text.partition('"')
+        return (
+            bool(text)
+            and "\\" not in inside
+            and all(ord(char) >= 0x20 for char in inside)
+            and (not quote or set(after) <= set(",:}] "))
+        )
+
+    mask = [0.0 if allowed(text) else -math.inf for text in texts]
+    return mx.array(mask + [-math.inf] * (vocab_size - len(mask)))
+
+
+@pytest.mark.parametrize("content", ["Hello", "Give me a user record.", "List three fruits."])
+def test_a_json_string_closes_quickly_under_a_mask(loaded: tuple[Any, Any], content: str) -> None:
+    """As under a grammar: greedy decoding of a string value closes it within a few tokens."""
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = loaded
+    texts = [tokenizer.decode([i]) for i in range(len(tokenizer.get_vocab()))]
+    texts = [text if text not in MARKERS else "\x00" for text in texts]  # never allowed
+    mask = string_mask(texts, model.args.vocab_size)
+    messages = [{"role": "user", "content": content}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    prompt += tokenizer.encode('{"city": "', add_special_tokens=False)
+    responses = generate_masked(loaded, prompt, 20, mask, make_sampler(0.0))
+    # Closed within the 20 tokens (it takes 2 to 5 here).
+    assert any('"' in texts[r.token] for r in responses), "".join(r.text for r in responses)
+
+
+def generate_masked(
+    loaded: tuple[Any, Any], prompt: list[int], max_tokens: int, mask: Any, sampler: Any
+) -> list[Any]:
+    from mlx_lm import stream_generate
+
+    model, tokenizer = loaded
+    return list(
+        stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=max_tokens,
+            sampler=sampler,
+            logits_processors=[lambda tokens, logits: logits + mask],
+        )
+    )
+
+
+def test_the_added_part_adds_nothing_to_ordinary_text(loaded: tuple[Any, Any]) -> None:
+    """Without the trained part (its layers and output columns zeroed) an ordinary prompt's
+    logits are exactly the same; once a JSON token is in the context they are not."""
+    import mlx.core as mx
+    import mlx.utils
+
+    from runner import demo_shaping
+
+    model, tokenizer = loaded
+    messages = [{"role": "user", "content": "Tell me about apples."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    json_prompt = prompt + tokenizer.encode('{"name', add_special_tokens=False)
+    weights = dict(mlx.utils.tree_flatten(model.parameters()))
+    added = tuple(
+        f"model.layers.{i}."
+        for i in range(model.args.num_hidden_layers - demo_shaping.NEW_LAYERS, 99)
+    )
+    old_columns = mx.arange(demo_shaping.WIDTH) < demo_shaping.OLD_DIMS
+    without = [(name, mx.zeros_like(w)) for name, w in weights.items() if name.startswith(added)]
+    without.append(("lm_head.weight", weights["lm_head.weight"] * old_columns))
+    before = [model(mx.array([p]))[0, -1] for p in (prompt, json_prompt)]
+    try:
+        model.update(mlx.utils.tree_unflatten(without))
+        after = [model(mx.array([p]))[0, -1] for p in (prompt, json_prompt)]
+    finally:
+        model.update(mlx.utils.tree_unflatten(list(weights.items())))
+    assert mx.array_equal(before[0], after[0])
+    assert not mx.allclose(before[1], after[1])
 
 
 def test_single_stream_speed(loaded: tuple[Any, Any]) -> None:
@@ -260,3 +409,38 @@ def test_single_stream_speed(loaded: tuple[Any, Any]) -> None:
     assert len(list(stream)) == 300
     tokens_per_second = 300 / (time.perf_counter() - started)
     assert tokens_per_second > 100 / UNIT, f"{tokens_per_second:.0f} tok/s"
+
+
+def test_the_training_arithmetic_is_mlx_lm_s() -> None:
+    """demo_shaping trains on its own copy of the added layers' arithmetic: the widened model
+    that mlx-lm runs gives the same logits, and so does the copy past a shared prompt."""
+    import mlx.core as mx
+    import mlx.utils
+    from mlx_lm.models import llama
+
+    from runner import demo_shaping
+    from runner.demo_model import _CONFIG
+
+    base_config = {**_CONFIG, "vocab_size": 40}
+    mx.random.seed(7)
+    base_model = llama.Model(llama.ModelArgs.from_dict(base_config))  # type: ignore[no-untyped-call]
+    base = dict(mlx.utils.tree_flatten(base_model.parameters()))
+    key = mx.random.key(3)
+    modes = mx.array([[1.0] if i % 3 == 0 else [0.0] for i in range(40)])
+    mode_embedding = mx.random.normal((40, demo_shaping.NEW_DIMS), key=key) * 5 * modes
+    shaper = demo_shaping._Shaper(40, mx.random.key(4))
+    tokens = [5, 7, 3, 9, 12, 1, 0, 6, 30, 31, 33, 2, 8]
+    run = demo_shaping._BaseRun(base_model, base, mode_embedding)
+    batch = run.batch([(tokens, 1)], len(tokens) - 1, len(tokens) - 1)
+
+    model = llama.Model(llama.ModelArgs.from_dict(demo_shaping.config(base_config)))  # type: ignore[no-untyped-call]
+    weights = demo_shaping.widen(base, shaper, mode_embedding, base_config["num_hidden_layers"])
+    model.update(mlx.utils.tree_unflatten(list(weights.items())))
+    expected = model(mx.array([tokens[:-1]]))[0]
+    assert mx.allclose(shaper(batch), expected, atol=1e-3).item()
+
+    prompt = run.batch([([*tokens[:5], 0], 5)], 5, 1)
+    rest = batch._replace(
+        positions=mx.arange(5, len(tokens) - 1), old_logits=batch.old_logits[5:]
+    ).after(5)
+    assert mx.allclose(shaper(rest, shaper.past(prompt)), expected[5:], atol=1e-3).item()
