@@ -1,7 +1,7 @@
 """The official `openai` npm package in real headless Chromium, talking to a real gateway and a
 real runner on the built-in model through the browser client's `fetch` (gateway/static/
-orchard.js): its requests ride the WebSocket, and the SDK's own SSE parser, stream iterator
-and error classes read what comes back.
+orchard.js): its requests ride the WebSocket, and the SDK's own SSE parser, stream iterator,
+`.stream()` helper and error classes read what comes back.
 
 The SDK is the version pinned in tests/js/package.json and package-lock.json, installed by
 `just js` (`just test` runs it); the page imports its ESM build from files this module serves
@@ -10,6 +10,7 @@ with `page.route`. Chromium is Debian's, as in test_console_browser.py.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import orjson
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, sync_playwright
 
+from runner.demo_model import TOOL_DEMO_CALLS, TOOL_DEMO_MESSAGES, TOOL_DEMO_TOOLS
 from tests.support import REPO, UNIT, Gateway, gateway_with_runner, wait_until
 
 MODEL = "orchard-demo"
@@ -213,6 +215,102 @@ def test_a_streamed_completion_equals_http(page: Page, gateway: Gateway) -> None
     assert without_id(plain) == without_id(plain_over_http)
     assert plain["choices"][0]["message"]["content"] == text
     assert plain["usage"] == usage
+
+
+# --- a tool call, streamed through the SDK and its .stream() helper -------------------
+
+TOOL_SCRIPT = """async (request) => {
+  const stream = await openai.chat.completions.create({ ...request, stream: true });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+
+  const helper = openai.chat.completions.stream(request);
+  const argumentDeltas = [];
+  helper.on("tool_calls.function.arguments.delta", (event) => argumentDeltas.push(event));
+  const final = await helper.finalChatCompletion();
+
+  const plain = await openai.chat.completions.create(request);  // collected by the fetch
+  return { chunks, argumentDeltas, final, plain };
+}"""
+
+
+def merged_tool_calls(chunks: list[Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """The tool calls the chunks stream, merged by index, and the finish reason."""
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            assert choice["index"] == 0
+            finish = choice["finish_reason"] or finish
+            for piece in choice["delta"].get("tool_calls", []):
+                call = calls.setdefault(piece["index"], {"index": piece["index"], "arguments": ""})
+                for key in ("id", "type"):
+                    if key in piece:
+                        call[key] = piece[key]
+                if "name" in piece.get("function", {}):
+                    call["name"] = piece["function"]["name"]
+                call["arguments"] += piece.get("function", {}).get("arguments", "")
+    return [calls[i] for i in sorted(calls)], finish
+
+
+def test_a_streamed_tool_call(page: Page, gateway: Gateway) -> None:
+    """The built-in model's tool conversation: greedy decoding calls get_weather."""
+    (expected,) = TOOL_DEMO_CALLS
+    assert expected["name"] == "get_weather"
+    arguments = expected["arguments"]
+    request = {
+        "model": MODEL,
+        "messages": list(TOOL_DEMO_MESSAGES),
+        "tools": list(TOOL_DEMO_TOOLS),
+        "tool_choice": "auto",
+        "temperature": 0,
+        "max_tokens": 200,
+    }
+    result = page.evaluate(TOOL_SCRIPT, request)
+
+    calls, finish = merged_tool_calls(result["chunks"])
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in result["chunks"])
+    assert len(calls) == 1, f"no single tool call; the model wrote {text!r}"
+    (call,) = calls
+    assert call["index"] == 0
+    assert re.fullmatch(r"call_\w+", call["id"])
+    assert call["type"] == "function"
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == arguments
+    assert finish == "tool_calls"
+
+    # The .stream() helper: argument deltas as they come, and the final completion's call.
+    deltas = result["argumentDeltas"]
+    assert deltas, "no tool_calls.function.arguments.delta event"
+    assert {(d["name"], d["index"]) for d in deltas} == {("get_weather", 0)}
+    assert "".join(d["arguments_delta"] for d in deltas) == deltas[-1]["arguments"]
+    assert json.loads(deltas[-1]["arguments"]) == arguments
+    (choice,) = result["final"]["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    (final_call,) = choice["message"]["tool_calls"]
+    assert final_call["id"].startswith("call_")
+    assert final_call["type"] == "function"
+    assert final_call["function"]["name"] == "get_weather"
+    assert json.loads(final_call["function"]["arguments"]) == arguments
+
+    # Not streamed: the fetch merges the call's pieces into the body the HTTP API answers.
+    plain_over_http = httpx.post(
+        f"{gateway.base}/v1/chat/completions", json=request, timeout=60 * UNIT
+    ).json()
+    plain = result["plain"]
+    (plain_call,) = plain["choices"][0]["message"]["tool_calls"]
+    assert plain_call["id"].startswith("call_")
+    assert without_call_ids(plain) == without_call_ids(plain_over_http)
+    assert plain["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def without_call_ids(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat.completion without its per-response id, created and tool call ids."""
+    body = json.loads(json.dumps(without_id(body)))
+    for choice in body["choices"]:
+        for call in choice["message"].get("tool_calls") or []:
+            call["id"] = "call_"
+    return body
 
 
 # --- errors and aborts -------------------------------------------------------------
