@@ -369,8 +369,8 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
             "max_tokens",
         ),
         (
-            b'{"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}], "n": 2}',
-            400,
+            b'{"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}], "n": 9}',
+            400,  # over --max-choices
             "n",
         ),
         (
@@ -381,9 +381,9 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ),
         (
             b'{"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}],'
-            b' "tools": [{"type": "function", "function": {"name": "f"}}]}',
+            b' "tools": [{"type": "function", "function": {"name": "a b"}}]}',
             400,
-            "tools",
+            "tools[0].function.name",
         ),
         (
             b'{"model": "orchard-demo", "messages": [{"role": "user", "content": "hi"}],'
