@@ -12,7 +12,6 @@ completion (gateway.stored) names it as its `request_id`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from typing import Any
@@ -22,14 +21,13 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway.config import GatewayConfig
-from gateway.errors import StreamTimeout
 from gateway.http_errors import openai_error_for
 from gateway.openapi import ChatCompletionsOperation
 from gateway.pool import Pool
-from gateway.relay import Relay, as_item, first_item
-from gateway.sse import SseResponse, SseTransport
+from gateway.relay import Relay, collect, first_item
+from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stored import CompletionStore, Keeper, keepable
-from gateway.stream import Failed, RequestStream, next_item
+from gateway.stream import RequestStream
 from protocol.frames import Chunk
 from protocol.openai.request import (
     ChatRequest,
@@ -127,20 +125,9 @@ async def _non_streaming(
     request_id: str,
 ) -> Response[Any]:
     builder = CompletionBuilder(logprobs=chat.logprobs, n=chat.n)
-    collector = asyncio.ensure_future(_collect(stream, builder, pool.config.stream_timeout))
-    disconnect = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({collector, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        disconnect.cancel()
-        if not collector.done():
-            collector.cancel()
-        if not stream.done:
-            pool.cancel(stream)  # client gone, or the runner timed out: stop generating
-    if not collector.done() or collector.cancelled():
-        # The client is gone; this response is never read.
-        return Response(content=b"", status_code=499)
-    collector.result()
+    timeout = pool.config.stream_timeout
+    if not await collect(stream, builder, timeout, pool.cancel, disconnected(request)):
+        return Response(content=b"", status_code=499)  # the client is gone: never read
     body = builder.body(
         id=completion_id,
         created=int(time.time()),
@@ -150,20 +137,3 @@ async def _non_streaming(
     if chat.store is not None and keepable(builder):
         store.keep(body, chat.store, request_id)
     return Response(content=orjson.dumps(body), media_type="application/json")
-
-
-async def _collect(stream: RequestStream, builder: CompletionBuilder, seconds: float) -> None:
-    while True:
-        item = await next_item(stream, seconds)
-        if item is None:
-            item = Failed(StreamTimeout(seconds))
-        if builder.feed(as_item(item)):
-            return
-
-
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
-    """Return when the client disconnects (the body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

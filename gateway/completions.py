@@ -20,14 +20,13 @@ import orjson
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from gateway.errors import StreamTimeout
 from gateway.fanin import FanIn
 from gateway.http_errors import openai_error_for
 from gateway.openapi_completions import CompletionsOperation
 from gateway.pool import Pool
-from gateway.relay import Relay, as_item, first_item
-from gateway.sse import SseResponse, SseTransport
-from gateway.stream import Failed, RequestStream, next_item
+from gateway.relay import Relay, collect, first_item
+from gateway.sse import SseResponse, SseTransport, disconnected
+from gateway.stream import RequestStream
 from protocol.frames import Chunk
 from protocol.openai.completions import (
     CompletionRequest,
@@ -128,19 +127,9 @@ async def _non_streaming(
     completion_id: str,
 ) -> Response[Any]:
     builder = CompletionBuilder(n=parsed.choices)
-    collector = asyncio.ensure_future(_collect(stream, builder, pool.config.stream_timeout))
-    disconnect = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({collector, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        disconnect.cancel()
-        if not collector.done():
-            collector.cancel()
-        if not stream.done:
-            cancel(stream)  # client gone, or the runner timed out: stop generating
-    if not collector.done() or collector.cancelled():
+    timeout = pool.config.stream_timeout
+    if not await collect(stream, builder, timeout, cancel, disconnected(request)):
         return Response(content=b"", status_code=499)  # the client is gone: never read
-    collector.result()
     body = text_completion_body(
         builder,
         id=completion_id,
@@ -151,20 +140,3 @@ async def _non_streaming(
         fingerprint=pool.fingerprint(parsed.model),
     )
     return Response(content=orjson.dumps(body), media_type="application/json")
-
-
-async def _collect(stream: RequestStream, builder: CompletionBuilder, seconds: float) -> None:
-    while True:
-        item = await next_item(stream, seconds)
-        if item is None:
-            item = Failed(StreamTimeout(seconds))
-        if builder.feed(as_item(item)):
-            return
-
-
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
-    """Return when the client disconnects (the body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

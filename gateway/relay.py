@@ -38,7 +38,7 @@ from gateway.stored import Keeper
 from gateway.stream import Failed, RequestStream, StreamItem, next_item
 from protocol.frames import Chunk
 from protocol.openai.errors import server_error
-from protocol.openai.stream import CompletionStream, Item
+from protocol.openai.stream import CompletionBuilder, CompletionStream, Item
 
 log = logging.getLogger("gateway.relay")
 
@@ -81,6 +81,42 @@ async def first_item(
     if first is not None and not isinstance(first, Chunk) and not stream.done:
         cancel(stream)  # timed out: the runner may still be working on it
     return first
+
+
+async def collect(
+    stream: RequestStream,
+    builder: CompletionBuilder,
+    seconds: float,
+    cancel: Callable[[RequestStream], None],
+    disconnected: Awaitable[None],
+) -> bool:
+    """The non-streaming twin of `Relay`: feed the request's items to `builder` until it is
+    over, or the client leaves (`disconnected` finishes first). False: the client is gone.
+    Either way a request still running is cancelled; a timeout becomes the builder's error.
+    """
+    collector = asyncio.ensure_future(_collect(stream, builder, seconds))
+    gone = asyncio.ensure_future(disconnected)
+    try:
+        await asyncio.wait({collector, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not collector.done():
+            collector.cancel()
+        if not stream.done:
+            cancel(stream)  # client gone, or the runner timed out: stop generating
+    if not collector.done() or collector.cancelled():
+        return False
+    collector.result()
+    return True
+
+
+async def _collect(stream: RequestStream, builder: CompletionBuilder, seconds: float) -> None:
+    while True:
+        item = await next_item(stream, seconds)
+        if item is None:
+            item = Failed(StreamTimeout(seconds))
+        if builder.feed(as_item(item)):
+            return
 
 
 class Relay:

@@ -121,3 +121,11 @@ class SseResponse(Response[None]):
             media_type=self.media_type,
             status_code=self.status_code or status_code,
         )
+
+
+async def disconnected(request: Request[Any, Any, Any]) -> None:
+    """Return when the client disconnects (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
