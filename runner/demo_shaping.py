@@ -15,13 +15,17 @@ tool calls get a small trained network:
   zero, like those of the markers: it never starts JSON by itself;
 - once a JSON token is in the context, the new dimensions fill and the new layers and their
   output columns take over (being large, they also shrink the base model's share in the final
-  norm). They are trained with the base frozen: `_STEPS` Adam steps over `_EXAMPLES` short
-  JSON objects and `_CALL_EXAMPLES` tool calls answering ordinary prompts (the first token is
-  given, as a grammar or the template gives it), and over the fixed tool conversations of
-  `runner.demo_model`, whose calls they learn by heart. Most objects have one key, so greedy
-  decoding closes them at once; half the examples split quotes off as a grammar may force
-  (`{` then `"`, a bare closing `"`), and some strings hold odd characters, so that a string
-  still closes after a temperature-1 detour.
+  norm). They are trained with the base frozen: `_STEPS` Adam steps, `_BATCH` examples each,
+  over `_EXAMPLES` short JSON objects (keys and string values from short word lists, small
+  numbers, booleans, null, arrays of one or two items, one level of nesting) and
+  `_CALL_EXAMPLES` tool calls (half of the demo tool, half of others with such arguments),
+  answering ordinary prompts with the first token given (as a grammar or the template gives
+  it), and over the fixed tool conversations of `runner.demo_model`, whose calls they learn by
+  heart. Most objects and arrays have one member, so that greedy decoding closes them soon;
+  half the examples split quotes off as a grammar may force (`{` then `"`, a bare closing
+  `"`), some strings hold odd characters (so that a string still closes after a temperature-1
+  detour), and where a string closes, tokens with a brace but no quote (which would go on
+  inside it) are made unlikely.
 
 Training runs the base layers once over the examples and then only the new parts, with a copy
 of their arithmetic (the tests check it against mlx-lm's). Every draw is seeded and the order
@@ -66,12 +70,14 @@ _LEARNING_RATE = 3e-3
 _WARMUP = 5
 _BATCH = 8
 _EXAMPLES = 96
-_CALL_EXAMPLES = 16
+_CALL_EXAMPLES = 32
 _TOOL_WEIGHT = 3.0
 """The fixed tool conversations weigh this much against one batch of examples."""
 _PAST_EVERY = 4
 """Steps between updates of the new layers' keys and values over the tool conversations'
 shared prompt (not trained through; fresh for the last steps)."""
+_UNLIKELY = 1.0
+"""The weight of keeping braces out where strings close (`_Batch.closing`)."""
 _SPLIT = 0.5
 """Share of examples whose value strings close with a bare `"`."""
 
@@ -152,7 +158,8 @@ def shape(
     embedding_key, shaper_key = mx.random.split(mx.random.key(0))
     mode_embedding = mx.random.normal((vocab_size, NEW_DIMS), key=embedding_key) * _MODE_SCALE
     mode_embedding = mode_embedding * is_mode
-    base_run = _BaseRun(model, base, mode_embedding)
+    base_run = _BaseRun(model, base, mode_embedding, texts)
+    braces = mx.array([0.0 if '"' in t or not set(t) & set("{}[]") else 1.0 for t in texts])
     shaper = _Shaper(vocab_size, shaper_key)
 
     rng = random.Random(0)
@@ -181,9 +188,13 @@ def shape(
         batch = _Batch(*arrays[: len(_Batch._fields)])
         rest = arrays[len(_Batch._fields) :]
         past = [(rest[2 * i], rest[2 * i + 1]) for i in range(NEW_LAYERS)]
-        return _cross_entropy(shaper(batch), batch) + _TOOL_WEIGHT * _cross_entropy(
-            shaper(calls, past), calls
-        )
+        logits = shaper(batch)
+        # Where a string closes, a brace without a quote would leave it open (a grammar allows
+        # it): make those unlikely, so that a masked closing token is not replaced by one.
+        braced = (mx.softmax(logits, axis=-1) * braces).sum(-1)
+        unlikely = -(mx.log1p(-braced + 1e-6) * batch.closing).sum() / batch.closing.sum()
+        tools = _cross_entropy(shaper(calls, past), calls)
+        return _cross_entropy(logits, batch) + _UNLIKELY * unlikely + _TOOL_WEIGHT * tools
 
     schedule = optim.join_schedules(
         [
@@ -228,6 +239,9 @@ class _Batch(NamedTuple):
     targets: mx.array
     weights: mx.array
     """1 for the positions to learn, 0 for padding."""
+    closing: mx.array
+    """1 where a string closes (a word, then a token starting with `"`): there, the tokens
+    that would go on inside the string with braces are pushed down."""
 
     def after(self, start: int) -> _Batch:
         """The batch from position `start` on (all its positions to learn lie past it)."""
@@ -244,7 +258,10 @@ class _Batch(NamedTuple):
 class _BaseRun:
     """The base model's layers, run over the widened input: their norms see the new part."""
 
-    def __init__(self, model: Any, weights: Weights, mode_embedding: mx.array) -> None:
+    def __init__(
+        self, model: Any, weights: Weights, mode_embedding: mx.array, texts: Sequence[str]
+    ) -> None:
+        self.texts = texts
         self.model = model
         self.mode_embedding = mode_embedding
         self.head = weights["lm_head.weight"]
@@ -260,6 +277,13 @@ class _BaseRun:
             for i in range(first, len(t))
         ]
         targets = [token for t, first in examples for token in t[first:]]
+        texts = self.texts
+        closing = [
+            float(texts[t[i]][:1] == '"' and texts[t[i - 1]][-1:].isalnum())
+            for t, first in examples
+            for i in range(first, len(t))
+        ]
+        closing += [0.0] * (count - len(closing))
         weights = [1.0] * len(positions) + [0.0] * (count - len(positions))
         positions += [0] * (count - len(positions))
         targets += [0] * (count - len(targets))
@@ -282,6 +306,7 @@ class _BaseRun:
             last @ self.head.T,
             mx.array(targets),
             mx.array(weights),
+            mx.array(closing),
         )
         mx.eval(*batch)
         return batch
@@ -308,10 +333,10 @@ class _NewLayer(Module):
 
         self.norm1 = mx.ones((WIDTH,))
         self.norm2 = mx.ones((WIDTH,))
-        self.wq = uniform(0, (2 * HEAD_DIM, WIDTH))
-        self.wk = uniform(1, (HEAD_DIM, WIDTH))
-        self.wv = uniform(2, (HEAD_DIM, NEW_DIMS))
-        self.wo = uniform(3, (NEW_DIMS, 2 * HEAD_DIM), _OUT_SCALE)
+        self.wq = uniform(0, (NEW_DIMS, WIDTH))
+        self.wk = uniform(1, (NEW_DIMS // 2, WIDTH))
+        self.wv = uniform(2, (NEW_DIMS // 2, NEW_DIMS))
+        self.wo = uniform(3, (NEW_DIMS, NEW_DIMS), _OUT_SCALE)
         self.gate = uniform(4, (UNITS, WIDTH))
         self.up = uniform(5, (UNITS, NEW_DIMS))
         self.down = uniform(6, (NEW_DIMS, UNITS), _OUT_SCALE)
@@ -328,9 +353,10 @@ class _NewLayer(Module):
         rows, length, _ = new.shape
         offset = 0 if past is None else past[0].shape[2]
         x = _normed(batch, new, self.norm1)
-        q = (x @ self.wq.T).reshape(rows, length, 2, HEAD_DIM).transpose(0, 2, 1, 3)
-        k = (x @ self.wk.T).reshape(rows, length, 1, HEAD_DIM).transpose(0, 2, 1, 3)
-        v = (x[..., OLD_DIMS:] @ self.wv.T).reshape(rows, length, 1, HEAD_DIM)
+        heads, kv_heads = NEW_DIMS // HEAD_DIM, NEW_DIMS // HEAD_DIM // 2
+        q = (x @ self.wq.T).reshape(rows, length, heads, HEAD_DIM).transpose(0, 2, 1, 3)
+        k = (x @ self.wk.T).reshape(rows, length, kv_heads, HEAD_DIM).transpose(0, 2, 1, 3)
+        v = (x[..., OLD_DIMS:] @ self.wv.T).reshape(rows, length, kv_heads, HEAD_DIM)
         v = v.transpose(0, 2, 1, 3)
         q = mx.fast.rope(q, HEAD_DIM, traditional=False, base=10000.0, scale=1.0, offset=offset)
         k = mx.fast.rope(k, HEAD_DIM, traditional=False, base=10000.0, scale=1.0, offset=offset)
@@ -339,8 +365,8 @@ class _NewLayer(Module):
         if past is not None:
             k = mx.concatenate([mx.repeat(past[0], rows, axis=0), k], axis=2)
             v = mx.concatenate([mx.repeat(past[1], rows, axis=0), v], axis=2)
-        heads = mx.fast.scaled_dot_product_attention(q, k, v, scale=HEAD_DIM**-0.5, mask="causal")
-        new = new + heads.transpose(0, 2, 1, 3).reshape(rows, length, -1) @ self.wo.T
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=HEAD_DIM**-0.5, mask="causal")
+        new = new + out.transpose(0, 2, 1, 3).reshape(rows, length, -1) @ self.wo.T
         x = _normed(batch, new, self.norm2)
         hidden: mx.array = silu(x @ self.gate.T) * (x[..., OLD_DIMS:] @ self.up.T)
         return new + hidden @ self.down.T
@@ -501,9 +527,7 @@ def _examples(tokenizer: Any, texts: Sequence[str], rng: random.Random) -> list[
             answer = json.dumps(_json_object(rng, 0))
         else:
             answer = "\n".join(
-                "<tool_call>\n"
-                + json.dumps({"name": "get_weather", "arguments": {"city": rng.choice(_CITIES)}})
-                + "\n</tool_call>"
+                "<tool_call>\n" + json.dumps(_call(rng)) + "\n</tool_call>"
                 for _ in range(rng.choice((1, 1, 2)))
             )
         examples.append(([*prompt, *cut(answer), end], len(prompt) + 1))
@@ -511,8 +535,15 @@ def _examples(tokenizer: Any, texts: Sequence[str], rng: random.Random) -> list[
     return examples
 
 
+def _call(rng: random.Random) -> dict[str, Any]:
+    """A call of the demo tool, or of another with any arguments (a grammar gives the name)."""
+    if rng.random() < 0.5:
+        return {"name": "get_weather", "arguments": {"city": rng.choice(_CITIES)}}
+    return {"name": rng.choice(_KEYS), "arguments": _json_object(rng, 0)}
+
+
 def _json_object(rng: random.Random, depth: int) -> dict[str, Any]:
-    size = rng.choices((1, 2, 3), (6, 3, 1))[0]
+    size = rng.choices((1, 2, 3), (7, 2, 1))[0]
     return {key: _json_value(rng, depth) for key in rng.sample(_KEYS, size)}
 
 
@@ -520,15 +551,22 @@ def _json_value(rng: random.Random, depth: int) -> Any:
     kind = rng.random()
     if depth == 0 and kind < 0.1:
         return _json_object(rng, 1)
-    if depth == 0 and kind < 0.2:
-        return [_json_value(rng, 1) for _ in range(rng.choice((1, 1, 2)))]
+    if depth == 0 and kind < 0.35:
+        size = rng.choices((1, 2, 3), (14, 5, 1))[0]
+        if rng.random() < 0.7:
+            return [_string(rng) for _ in range(size)]
+        return [_json_value(rng, 1) for _ in range(size)]
     kind = rng.random()
-    if kind < 0.5:
-        return rng.choice(_VALUES)
     if kind < 0.6:
-        return "".join(rng.choice(_ODD) for _ in range(rng.randint(1, 3)))
+        return _string(rng)
     if kind < 0.8:
-        return rng.randrange(21)
+        return rng.randrange(100) if rng.random() < 0.8 else rng.randrange(1000)
     if kind < 0.95:
         return rng.random() < 0.5
     return None
+
+
+def _string(rng: random.Random) -> str:
+    if rng.random() < 0.85:
+        return rng.choice(_VALUES)
+    return "".join(rng.choice(_ODD) for _ in range(rng.randint(1, 3)))

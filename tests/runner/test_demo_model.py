@@ -430,7 +430,7 @@ def test_the_training_arithmetic_is_mlx_lm_s() -> None:
     mode_embedding = mx.random.normal((40, demo_shaping.NEW_DIMS), key=key) * 5 * modes
     shaper = demo_shaping._Shaper(40, mx.random.key(4))
     tokens = [5, 7, 3, 9, 12, 1, 0, 6, 30, 31, 33, 2, 8]
-    run = demo_shaping._BaseRun(base_model, base, mode_embedding)
+    run = demo_shaping._BaseRun(base_model, base, mode_embedding, [f"t{i}" for i in range(40)])
     batch = run.batch([(tokens, 1)], len(tokens) - 1, len(tokens) - 1)
 
     model = llama.Model(llama.ModelArgs.from_dict(demo_shaping.config(base_config)))  # type: ignore[no-untyped-call]
