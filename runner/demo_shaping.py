@@ -18,7 +18,8 @@ tool calls get a small trained network:
   norm). They are trained with the base frozen: `_STEPS` Adam steps, `_BATCH` examples each,
   over `_EXAMPLES` short JSON objects (keys and string values from short word lists, small
   numbers, booleans, null, arrays of one or two items, one level of nesting) and
-  `_CALL_EXAMPLES` tool calls (half of the demo tool, half of others with such arguments),
+  `_CALL_EXAMPLES` tool calls (of the demo tool, or of others with such arguments; two calls
+  when the user lists two cities in JSON, as in the parallel conversation, one otherwise),
   answering ordinary prompts with the first token given (as a grammar or the template gives
   it), and over the fixed tool conversations of `runner.demo_model`, whose calls they learn by
   heart. Most objects and arrays have one member, so that greedy decoding closes them soon;
@@ -521,15 +522,20 @@ def _examples(tokenizer: Any, texts: Sequence[str], rng: random.Random) -> list[
     end = tokenizer.eos_token_id
     examples = []
     for i in range(_EXAMPLES + _CALL_EXAMPLES):
-        messages = [{"role": "user", "content": rng.choice(_PROMPTS)}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        content = rng.choice(_PROMPTS)
         if i < _EXAMPLES:
             answer = json.dumps(_json_object(rng, 0))
+        elif rng.random() < 0.25:
+            # Several calls when asked about a list of cities, as in the parallel conversation;
+            # one call otherwise.
+            cities = rng.sample(_VALUES, 2)
+            content = f"What is the weather like in these cities: {json.dumps(cities)}?"
+            calls = [{"name": "get_weather", "arguments": {"city": city}} for city in cities]
+            answer = "\n".join(f"<tool_call>\n{json.dumps(call)}\n</tool_call>" for call in calls)
         else:
-            answer = "\n".join(
-                "<tool_call>\n" + json.dumps(_call(rng)) + "\n</tool_call>"
-                for _ in range(rng.choice((1, 1, 2)))
-            )
+            answer = f"<tool_call>\n{json.dumps(_call(rng))}\n</tool_call>"
+        messages = [{"role": "user", "content": content}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         examples.append(([*prompt, *cut(answer), end], len(prompt) + 1))
     rng.shuffle(examples)
     return examples
