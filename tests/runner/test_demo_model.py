@@ -411,7 +411,7 @@ def test_single_stream_speed(loaded: tuple[Any, Any]) -> None:
     assert tokens_per_second > 100 / UNIT, f"{tokens_per_second:.0f} tok/s"
 
 
-def test_the_training_arithmetic_is_mlx_lm_s() -> None:
+def test_the_training_arithmetic_matches_mlx_lm() -> None:
     """demo_shaping trains on its own copy of the added layers' arithmetic: the widened model
     that mlx-lm runs gives the same logits, and so does the copy past a shared prompt."""
     import mlx.core as mx
