@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 # path are needed by the `orchard` command, which must start fast.
 
 DEMO_MODEL_ID = "orchard-demo"
-DEMO_MODEL_VERSION = "v2"
+DEMO_MODEL_VERSION = "v3"
 """Part of the cache directory name: bump it whenever the built files change."""
 
 CACHE_DIR_ENV = "ORCHARD_CACHE_DIR"
