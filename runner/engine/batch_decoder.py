@@ -64,12 +64,13 @@ class BatchDecoder:
         self._rows: dict[str, _Row] = {}
         self._by_uid: dict[int, _Row] = {}
         self._constraints = BatchConstraints()
+        self._masked_model = self._constraints.wrap(self._model.model)
         # Any: several of BatchGenerator's methods are unannotated.
         self._batch: Any = self._new_batch()
 
     def _new_batch(self) -> BatchGenerator:
         return BatchGenerator(
-            self._model.model,
+            self._masked_model,
             max_tokens=self._model.context_length,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=self._max_concurrent,
@@ -94,9 +95,10 @@ class BatchDecoder:
         cache, reused = self._generation.take_cache(request)
         params = request.generate.sampling
         # The batch's token context is the whole prompt (all_tokens + the suffix), so the
-        # penalties skip all of it.
+        # penalties skip all of it. A constraint is not a processor here: the batch's model
+        # call masks its rows (BatchConstraints).
         guard = request.constraint.processor() if request.constraint is not None else None
-        processors = make_logits_processors(params, len(request.prompt), guard)
+        processors = make_logits_processors(params, len(request.prompt))
         request.first_step_at = time.perf_counter()
         (uid,) = self._batch.insert(
             [request.prompt[reused:]],
@@ -126,8 +128,6 @@ class BatchDecoder:
         """One batch step: decode a token for every row, prefill what joined."""
         generation = self._generation
         try:
-            if self._constraints:
-                self._constraints.new_step(self._batch)
             _, responses = self._batch.next()
         except Exception as exc:
             self._fail_batch(exc)

@@ -6,8 +6,11 @@ masks the logits of every step, with llguidance.
                                                schema cannot be enforced
     Constraint.processor()                     when the request starts decoding: a fresh matcher
     ConstraintProcessor(tokens, logits)        an mlx-lm logits processor, run after all others
+                                               (a lone `stream_generate`); also the state of a
+                                               batch row
     BatchConstraints                           the batch decoder's: its constrained rows,
-                                               advanced together once a step
+                                               masked together once a step, inside the model
+                                               call (`wrap`)
 
 What is constrained:
 
@@ -38,6 +41,7 @@ import copy
 import json
 import os
 import re
+import sys
 import threading
 import weakref
 from typing import Any
@@ -45,6 +49,7 @@ from typing import Any
 import llguidance
 import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import GenerationBatch
 
 from protocol.frames import Generate
 from runner.errors import RequestError
@@ -87,10 +92,10 @@ class ConstraintProcessor:
     call the prompt (or only its part after the prefix cache), then with the token just
     sampled appended, which the matcher consumes before the next mask is computed. The
     token is read before this step's forward pass is started (`mx.async_eval`), so the mask
-    is computed while the forward pass runs. A row of a batch is advanced by its
-    `BatchConstraints` instead, all rows at once.
+    is computed while the forward pass runs. A row of a batch is not called: its
+    `BatchConstraints` advances and masks it with the batch's other rows.
 
-    It never raises (an exception inside a batch step would fail every row of the batch): if
+    Neither raises (an exception inside a batch step would fail every row of the batch): if
     the matcher refuses a token, `error` says why and only end-of-sequence tokens are allowed
     from then on; the decoder then fails this request alone.
     """
@@ -99,8 +104,6 @@ class ConstraintProcessor:
         self.error: str | None = None
         self.matcher = matcher
         self.eos = eos
-        self.batch: BatchConstraints | None = None
-        """Set while the processor is a row of a batch."""
         self.started = False
         """Past its first call (the one on the prompt)."""
         self.words = (vocab_size + 31) // 32
@@ -110,8 +113,6 @@ class ConstraintProcessor:
     def __call__(self, tokens: Any, logits: Any) -> Any:
         if not self.started:
             self.started = True
-        elif self.batch is not None:
-            return self.batch.masked(self, logits)
         else:
             # Read the new token first: evaluated after the forward pass, it would wait for it.
             self.consume(int(tokens[-1].item()))
@@ -131,100 +132,124 @@ class ConstraintProcessor:
 
 
 class BatchConstraints:
-    """The constraint processors of one mlx-lm `BatchGenerator`'s rows, advanced together.
+    """The constrained rows of one mlx-lm `BatchGenerator`, masked together, once a step.
 
-    mlx-lm calls each row's processor in turn; the first call of a step does the work of
-    every row: the forward pass started, one read of the tokens the batch just sampled (one
-    wait, where each row would wait in turn), every row's mask computed while the forward
-    pass runs (on llguidance's threads, given 4 cores or more), and all of them unpacked at
-    once. Each row's call then only applies its row of the mask.
+    The generator is built on `wrap(model)`. Its prefill calls pass through untouched; a
+    generation step's call (from mlx-lm's `GenerationBatch._step`, found by its caller's
+    code object) starts the forward pass (`mx.async_eval`), reads the tokens the step was
+    given (the rows' tokens just sampled: scheduled by the previous step, the read waits
+    for that step, not for this one), advances every constrained row's matcher by its
+    token, computes their masks while the forward pass runs (on llguidance's threads, given
+    4 cores or more), and returns the logits with one `mx.where` over the whole batch: a
+    constrained row keeps only what its grammar allows, any other row keeps everything.
 
-    It reads the rows' new tokens from the generator's current generation batch
-    (`_generation_batch._current_tokens` and `.uids`, mlx-lm 0.32's names, checked by the
-    tests), which is where its `_step` keeps the tokens it passes to the processors.
+    So the constraint needs no per-row logits processor, and a batch of requests without
+    bias or penalties steps without mlx-lm's per-row slicing, token contexts and
+    concatenation. The mask comes before those processors (logit bias, penalties): they
+    move finite logits and leave -inf where it is, so the result is the same as masking
+    after them. The step's rows are the calling batch's `uids`, in order, and their tokens
+    its `_current_tokens` (mlx-lm 0.32's names, checked by the tests).
     """
 
     def __init__(self) -> None:
         self._rows: dict[int, ConstraintProcessor] = {}
-        self._generator: Any = None
-        self._step = 0
-        self._done = -1
-        self._index: dict[int, int] = {}
-        self._allowed: Any = None
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def add(self, uid: int, processor: ConstraintProcessor) -> None:
-        processor.batch = self
         self._rows[uid] = processor
 
     def remove(self, uid: int) -> None:
-        processor = self._rows.pop(uid, None)
-        if processor is not None:
-            processor.batch = None
+        self._rows.pop(uid, None)
 
     def clear(self) -> None:
-        for processor in self._rows.values():
-            processor.batch = None
         self._rows.clear()
 
-    def new_step(self, generator: Any) -> None:
-        """Called before each `generator.next()`."""
-        self._generator = generator
-        self._step += 1
+    def wrap(self, model: Any) -> _MaskedModel:
+        """`model` as the batch generator is to call it."""
+        return _MaskedModel(model, self)
 
-    def masked(self, processor: ConstraintProcessor, logits: Any) -> Any:
-        """A started row's logits, masked (the step's shared work done on its first call)."""
-        if self._done != self._step:
-            self._done = self._step
-            self._index = {}
-            try:
-                self._advance(logits)
-            except Exception as exc:  # e.g. mlx-lm's internals changed: end the rows, loudly
-                for row in self._rows.values():
-                    row.error = row.error or f"advancing the batch's rows failed: {exc!r}"
-        index = self._index.get(id(processor))
-        if index is None:  # mlx-lm called it outside its batch's step: a bug, end the row
-            processor.error = processor.error or "the row was not in its batch's step"
-            return _only(logits, processor.eos)
-        return mx.where(self._allowed[index : index + 1], logits, -mx.inf)
-
-    def _advance(self, logits: Any) -> None:
-        batch = self._generator._generation_batch
+    def mask(self, uids: list[int], tokens: Any, logits: Any) -> Any:
+        """A generation step's `logits` (rows, 1, vocab) for the rows `uids`, with the
+        constrained rows masked. `tokens` (rows,) are the tokens the step was given, as the
+        previous step scheduled them: not the model's input, which is part of this step's
+        graph (reading it would wait for this whole forward pass)."""
+        rows = self._rows
+        found = [(i, rows[uid]) for i, uid in enumerate(uids) if uid in rows]
+        if not found:
+            return logits
         # Start this step's forward pass first: it takes the new tokens as they are, on the
-        # device. Reading them then only waits for the previous step (they were scheduled
-        # when it was), not for this one; the masks are computed while it runs.
+        # device; reading them then only waits for the previous step.
         mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx's stub lacks types
-        rows = [
-            (uid, token)
-            for uid, token in zip(batch.uids, batch._current_tokens.tolist(), strict=True)
-            if uid in self._rows and self._rows[uid].started
-        ]
-        processors = [self._rows[uid] for uid, _ in rows]
-        if not processors:
-            return
-        for processor, (_, token) in zip(processors, rows, strict=True):
-            processor.consume(token)
         vocab = logits.shape[-1]
-        words = max(p.words for p in processors)
-        bitmask = np.zeros((len(processors), words), dtype=np.int32)
-        work = [(p.matcher, i) for i, p in enumerate(processors) if p.error is None]
-        if len(work) > 1 and _PARALLEL_MASKS:
-            _executor().unsafe_compute_mask_ptr(work, bitmask.ctypes.data, words * 4, len(bitmask))
-        else:
-            for matcher, i in work:
-                matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data + i * words * 4, words * 4)
-        for i, processor in enumerate(processors):
-            if processor.error is None and processor.matcher.is_error():
-                processor.error = processor.matcher.get_error()
-            if processor.error is not None:
-                bits = bitmask.view(np.uint32)
-                bits[i] = 0
-                for token in processor.eos:
-                    bits[i, token // 32] |= np.uint32(1 << (token % 32))
-        self._allowed = mx.array(_unpack(bitmask, vocab))
-        self._index = {id(p): i for i, p in enumerate(processors)}
+        try:
+            given = tokens.tolist()
+            for i, processor in found:
+                if processor.started:
+                    processor.consume(given[i])
+                else:  # its first token: the matcher is at the grammar's start
+                    processor.started = True
+            masks = _masks([processor for _, processor in found])
+        except Exception as exc:  # e.g. mlx-lm's internals changed: end the rows, loudly
+            for _, processor in found:
+                processor.error = processor.error or f"masking the batch's rows failed: {exc!r}"
+            masks = _masks([processor for _, processor in found])
+        allowed = _unpack(masks, vocab)
+        if len(found) < len(uids):
+            # Rows without a constraint allow every token (past the masks' width too).
+            every = np.ones((len(uids), vocab), dtype=np.bool_)
+            every[[i for i, _ in found]] = allowed
+            allowed = every
+        return mx.where(mx.array(allowed[:, None, :]), logits, -mx.inf)
+
+
+def _masks(processors: list[ConstraintProcessor]) -> np.ndarray[Any, Any]:
+    """The processors' next-token masks, a row each (only end-of-sequence tokens for a
+    processor whose matcher failed)."""
+    words = max(p.words for p in processors)
+    bitmask = np.zeros((len(processors), words), dtype=np.int32)
+    work = [(p.matcher, i) for i, p in enumerate(processors) if p.error is None]
+    if len(work) > 1 and _PARALLEL_MASKS:
+        _executor().unsafe_compute_mask_ptr(work, bitmask.ctypes.data, words * 4, len(bitmask))
+    else:
+        for matcher, i in work:
+            matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data + i * words * 4, words * 4)
+    for i, processor in enumerate(processors):
+        if processor.error is None and processor.matcher.is_error():
+            processor.error = processor.matcher.get_error()
+        if processor.error is not None:
+            bits = bitmask.view(np.uint32)
+            bits[i] = 0
+            for token in processor.eos:
+                bits[i, token // 32] |= np.uint32(1 << (token % 32))
+    return bitmask
+
+
+_GENERATION_STEP = GenerationBatch._step.__code__
+"""The code of mlx-lm's batch generation step, whose model call `_MaskedModel` masks."""
+
+
+class _MaskedModel:
+    """A model whose generation steps in a `BatchGenerator` return masked logits (see
+    `BatchConstraints`); every other use (prefill, attributes) is the model's own."""
+
+    def __init__(self, model: Any, constraints: BatchConstraints) -> None:
+        self.model = model
+        self._constraints = constraints
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        logits = self.model(inputs, *args, **kwargs)
+        if not self._constraints:
+            return logits
+        caller = sys._getframe(1)
+        if caller.f_code is not _GENERATION_STEP:
+            return logits  # a prefill chunk: its logits are not sampled
+        batch = caller.f_locals["self"]
+        return self._constraints.mask(batch.uids, batch._current_tokens, logits)
 
 
 _PARALLEL_MASKS = (os.cpu_count() or 1) >= 4

@@ -501,13 +501,13 @@ def test_rows_with_different_grammars_and_none_share_a_batch(
     # llguidance's thread pool computes a batch's masks on machines with 4 cores or more.
     monkeypatch.setattr(constraint_module, "_PARALLEL_MASKS", parallel)
     steps: list[int] = []
-    advance = BatchConstraints._advance
+    mask = BatchConstraints.mask
 
-    def counted(self: BatchConstraints, logits: Any) -> None:
-        steps.append(len(self))
-        advance(self, logits)
+    def counted(self: BatchConstraints, uids: list[int], inputs: Any, logits: Any) -> Any:
+        steps.append(sum(uid in self._rows for uid in uids))
+        return mask(self, uids, inputs, logits)
 
-    monkeypatch.setattr(BatchConstraints, "_advance", counted)
+    monkeypatch.setattr(BatchConstraints, "mask", counted)
     engine, collector = start_engine(max_concurrent=8)
     other: dict[str, Any] = {
         "type": "object",
@@ -575,7 +575,7 @@ def test_rows_with_different_grammars_and_none_share_a_batch(
     assert [o.text for o in outputs(collector.wait("free"))] == reference.greedy(free)[1]
     if isinstance(engine, BatchedMlxEngine):
         assert engine.peak_batch_size == 5
-        # The constrained rows advanced together, once a step.
+        # The constrained rows were masked together, once a step, in the batch's model call.
         assert max(steps) == 4
 
 
