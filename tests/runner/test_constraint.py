@@ -435,6 +435,47 @@ def test_a_refused_token_leaves_only_the_end_and_says_why(tokenizer: Any) -> Non
     assert constraint.processor().error is None
 
 
+def test_a_batch_masks_its_constrained_rows_together(tokenizer: Any) -> None:
+    # Three rows: uid 8 unconstrained, 7 and 9 under json_object; 9 then takes a token the
+    # grammar refuses. The logits are 4 wider than the tokenizer's vocabulary (a padded
+    # embedding): constrained rows refuse those, the free row keeps them.
+    constraint = compile_for(tokenizer, response_format=ResponseFormat("json_object"))
+    batch = BatchConstraints()
+    rows = {7: constraint.processor(), 9: constraint.processor()}
+    for uid, processor in rows.items():
+        batch.add(uid, processor)
+    vocab = len(tokenizer) + 4
+    logits = mx.zeros((3, 1, vocab))
+    pieces = _token_bytes(tokenizer)
+
+    def kept(masked: Any, row: int) -> set[int]:
+        return set(np.flatnonzero(np.array(masked)[row, 0] > -np.inf).tolist())
+
+    # The rows' first step: the tokens given are the prompts' last, not consumed.
+    first = batch.mask([8, 7, 9], mx.array([5, 5, 5]), logits)
+    assert kept(first, 0) == set(range(vocab))
+    assert kept(first, 1) == kept(first, 2)
+    assert kept(first, 1)
+    assert all(pieces[t].startswith(b"{") for t in kept(first, 1))
+    (brace,) = tokenizer.encode("{", add_special_tokens=False)
+    (letter,) = tokenizer.encode("x", add_special_tokens=False)
+    second = batch.mask([8, 7, 9], mx.array([letter, brace, letter]), logits)
+    assert kept(second, 0) == set(range(vocab))
+    assert kept(second, 1)
+    assert {pieces[t][:1] for t in kept(second, 1)} <= {b'"', b"}"}
+    assert kept(second, 2) == set(tokenizer.eos_token_ids)
+    assert rows[7].error is None
+    assert rows[9].error is not None
+    assert rows[9].error.startswith(f"the grammar refused token {letter}")
+    # A step without constrained rows is the model's own logits, and so is any call that is
+    # not mlx-lm's generation step (a prefill chunk): the wrapped model passes it through.
+    head = logits[:1]
+    assert batch.mask([8], mx.array([1]), head) is head
+    wrapped = batch.wrap(lambda inputs, cache=None: logits)
+    assert wrapped(mx.array([[1], [2], [3]]), cache=None) is logits
+    assert rows[7].error is None  # nothing consumed
+
+
 def test_apply_bitmask_keeps_the_dtype_and_refuses_tokens_past_the_mask() -> None:
     bitmask = np.zeros((1, 2), dtype=np.int32)
     bitmask[0, 0] = 0b1010  # tokens 1 and 3
@@ -477,7 +518,7 @@ def test_json_schema_output_validates_and_stops(start_engine: StartEngine) -> No
     assert last.usage.completion_tokens == len(engine.recent_tokens[-1][1])
 
 
-def test_the_mask_comes_after_logit_bias(start_engine: StartEngine, reference: Reference) -> None:
+def test_logit_bias_cannot_escape_the_mask(start_engine: StartEngine, reference: Reference) -> None:
     engine, collector = start_engine()
     (bracket,) = reference.tokenizer.encode("[", add_special_tokens=False)
     sampling = SamplingParams(
