@@ -108,7 +108,7 @@ class BatchDecoder:
             samplers=[self._shared_sampler(params)],
             logits_processors=[processors],
         )
-        row = _Row(request, uid, self._model.tokenizer.detokenizer, guard)
+        row = _Row(request, uid, self._model.tokenizer_for(request).detokenizer, guard)
         if guard is not None:
             self._constraints.add(uid, guard)
         self._rows[request.request_id] = row

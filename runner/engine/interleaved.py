@@ -73,7 +73,7 @@ class InterleavedDecoder:
             request,
             stream_generate(
                 model.model,
-                model.tokenizer,
+                model.tokenizer_for(request),
                 suffix,
                 max_tokens=request.max_tokens,
                 sampler=make_sampler_for(params, model.vocab_size),

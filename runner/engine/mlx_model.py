@@ -7,12 +7,14 @@ real prompt usage. It raises `RequestError` for anything the request itself gets
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import mlx_lm
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 
 from protocol.frames import Echo, Generate, Message, Usage
 from runner.accounting import RequestAccounting, prompt_opens_reasoning
@@ -66,6 +68,8 @@ class Request:
     None again once sent."""
     echo_text: str | None = None
     """With `Generate.echo`: the raw prompt's text."""
+    continues_text: bool = False
+    """Its prompt is raw text (a legacy completion), which its output goes on from."""
     echo_skip: int = 0
     """Leading prompt tokens that are not part of that text (a beginning-of-text token the
     tokenizer added): the echo's logprobs leave them out."""
@@ -146,6 +150,7 @@ class MlxModel:
         self.eos_token_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self._think_start_id, self._think_end_id = _think_ids(tokenizer)
         self._token_bytes: TokenBytes | None = None
+        self._continuation_tokenizer: Any = None
 
     @classmethod
     def load(cls, name: str, *, context_length: int | None = None) -> MlxModel:
@@ -240,6 +245,7 @@ class MlxModel:
             tool_calls=self._tool_call_splitter(tools),
         )
         request = Request(generate, submitted_at, prompt, max_tokens, accounting)
+        request.continues_text = raw
         request.constraint = constraint
         if generate.logprobs:
             request.logprobs = LogprobMaker(self.token_bytes, generate.top_logprobs)
@@ -252,6 +258,19 @@ class MlxModel:
             if not generate.prompt_logprobs:
                 request.echo = Echo(text)
         return request
+
+    def tokenizer_for(self, request: Request) -> Any:
+        """The tokenizer whose detokenizer writes `request`'s text.
+
+        mlx-lm's detokenizers drop a leading space of the first token, which suits an answer
+        to a chat. The continuation of a raw prompt keeps it, as OpenAI's completions do:
+        "The capital of France is" goes on with " Paris".
+        """
+        if not request.continues_text:
+            return self.tokenizer
+        if self._continuation_tokenizer is None:
+            self._continuation_tokenizer = _keeping_leading_space(self.tokenizer)
+        return self._continuation_tokenizer
 
     @property
     def token_bytes(self) -> TokenBytes:
@@ -414,3 +433,22 @@ def _think_ids(tokenizer: Any) -> tuple[int | None, int | None]:
     except ValueError:
         log.warning("think markers span several tokens; reasoning is not split out")
         return None, None
+
+
+def _keeping_leading_space(tokenizer: Any) -> Any:
+    """A copy of an mlx-lm `TokenizerWrapper` whose detokenizer keeps a leading space of the
+    first token (SPM and BPE detokenizers; the naive one decodes as the tokenizer does)."""
+    detokenizer = copy.copy(tokenizer._detokenizer)
+    if isinstance(detokenizer, SPMStreamingDetokenizer):
+        detokenizer.trim_space = False
+    elif isinstance(detokenizer, BPEStreamingDetokenizer):
+        # Its trimming is this one method; an instance attribute survives the copy each
+        # request's detokenizer is made from.
+        detokenizer._maybe_trim_space = _as_is
+    wrapper = copy.copy(tokenizer)
+    wrapper._detokenizer = detokenizer
+    return wrapper
+
+
+def _as_is(text: str) -> str:
+    return text

@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from protocol.frames import Echo, Generate, PromptToken, SamplingParams
+from protocol.frames import Echo, Generate, LogitBias, Message, PromptToken, SamplingParams
 from runner.demo_model import CONTEXT_LENGTH, DEMO_MODEL_ID
 from runner.engine.base import Engine, Failure, Output
 from runner.engine.batched import BatchedMlxEngine
@@ -37,12 +37,13 @@ def raw(request_id: str, prompt: str | list[int], **fields: Any) -> Generate:
 
 
 def greedy(reference: Reference, prompt: str | list[int], max_tokens: int) -> str:
-    """What mlx-lm makes of the raw prompt, greedily."""
+    """What mlx-lm makes of the raw prompt, greedily: the tokens `stream_generate` picks, as
+    the tokenizer decodes them (a leading space kept, which the stream's text drops)."""
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    return "".join(
-        r.text
+    tokens = [
+        r.token
         for r in stream_generate(
             reference.model,
             reference.tokenizer,
@@ -50,7 +51,9 @@ def greedy(reference: Reference, prompt: str | list[int], max_tokens: int) -> st
             max_tokens=max_tokens,
             sampler=make_sampler(0.0),
         )
-    )
+    ]
+    text: str = reference.tokenizer.decode(tokens)
+    return text
 
 
 def log_softmax(reference: Reference, tokens: list[int]) -> mx.array:
@@ -79,6 +82,20 @@ def test_a_raw_prompt_is_what_stream_generate_makes_of_it(
     assert all(o.reasoning == "" and o.echo is None for o in outputs(events))
     usage = outputs(events)[-1].usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(tokens), 12)
+
+
+def test_a_continuation_keeps_its_first_tokens_leading_space(
+    engine: tuple[Engine, Collector], reference: Reference
+) -> None:
+    # OpenAI: "The capital of France is" goes on with " Paris". A chat answer drops the space,
+    # as mlx-lm's stream_generate does.
+    eng, collector = engine
+    (the,) = reference.tokenizer.encode(" the", add_special_tokens=False)
+    sampling = SamplingParams(temperature=0, logit_bias=(LogitBias(the, 100.0),))
+    events = run(eng, collector, raw("r", TEXT, max_tokens=2, sampling=sampling))
+    assert [o.text for o in outputs(events)] == [" the", " the"]
+    chat = Generate("c", DEMO_MODEL_ID, (Message("user", TEXT),), max_tokens=2, sampling=sampling)
+    assert [o.text for o in outputs(run(eng, collector, chat))] == ["the", " the"]
 
 
 def test_think_markers_in_a_raw_prompt_are_text(
