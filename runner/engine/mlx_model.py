@@ -444,7 +444,7 @@ def _keeping_leading_space(tokenizer: Any) -> Any:
     elif isinstance(detokenizer, BPEStreamingDetokenizer):
         # Its trimming is this one method; an instance attribute survives the copy each
         # request's detokenizer is made from.
-        detokenizer._maybe_trim_space = _as_is
+        detokenizer._maybe_trim_space = _as_is  # type: ignore[method-assign]
     wrapper = copy.copy(tokenizer)
     wrapper._detokenizer = detokenizer
     return wrapper
