@@ -1,5 +1,5 @@
-"""Readers for JSON request fields and makers of OpenAI-worded 400s, shared by the request
-parser. A JSON null reads as None ("not given"). Private to protocol.openai."""
+"""Readers for a request body and its JSON fields and makers of OpenAI-worded 400s, shared by
+the request parsers. A JSON null reads as None ("not given"). Private to protocol.openai."""
 
 from __future__ import annotations
 
@@ -9,6 +9,34 @@ from typing import Any, NoReturn
 import orjson
 
 from protocol.openai.errors import invalid_request
+
+# --- the body ------------------------------------------------------------------------------
+
+
+def _json(body: bytes) -> Any:
+    """A request body's JSON (any value: `_object` checks that it is an object)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(
+            f"We could not parse the JSON body of your request ({exc}). "
+            "The API expects a JSON object.",
+            None,
+            "invalid_json",
+        ) from exc
+
+
+def _object(data: Any) -> dict[str, Any]:
+    """A decoded body, which must be a JSON object."""
+    if type(data) is not dict:
+        raise invalid_request(
+            f"Invalid type for the request body: expected an object, but got {_kind(data)} "
+            "instead.",
+            None,
+            "invalid_type",
+        )
+    return data
+
 
 # --- field readers: a JSON null reads as None (not given) -----------------------------------
 

@@ -41,24 +41,23 @@ from protocol.frames import (
 from protocol.openai._fields import (
     _bool,
     _check_range,
-    _clip,
     _fail_array_too_long,
     _fail_type,
     _fail_unsupported,
     _fail_unsupported_value,
     _int,
-    _kind,
+    _json,
     _required,
     _str,
 )
 from protocol.openai.errors import invalid_request
 from protocol.openai.request import (
     INT64_MAX,
-    MAX_MODEL_CHARS,
     MAX_N,
     MAX_PROMPT_CHARS,
     MAX_TOKEN_ID,
     CheckModel,
+    _model_first,
     _sampling,
     _stop,
     _stream_options,
@@ -136,48 +135,12 @@ def parse_completion_request(
     body: bytes, check_model: CheckModel | None = None
 ) -> CompletionRequest:
     """Validate a `POST /v1/completions` body; raise `OpenAIError` (400) on any problem."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(
-            f"We could not parse the JSON body of your request ({exc}). "
-            "The API expects a JSON object.",
-            None,
-            "invalid_json",
-        ) from exc
-    return parse_completion_object(data, check_model)
+    return parse_completion_object(_json(body), check_model)
 
 
 def parse_completion_object(data: Any, check_model: CheckModel | None = None) -> CompletionRequest:
     """Validate an already-decoded body. The model is examined first, as for chat."""
-    if type(data) is not dict:
-        raise invalid_request(
-            f"Invalid type for the request body: expected an object, but got {_kind(data)} "
-            "instead.",
-            None,
-            "invalid_type",
-        )
-    model = _required(data, "model", "")
-    if type(model) is not str:
-        _fail_type("model", "a string", model)
-    if len(model) > MAX_MODEL_CHARS:
-        raise invalid_request(
-            f"Invalid 'model': string too long. Expected a string with maximum length "
-            f"{MAX_MODEL_CHARS}, but got a string with length {len(model)} instead.",
-            "model",
-            "string_above_max_length",
-        )
-    if check_model is not None:
-        check_model(model)
-    unknown = [key for key in data if key not in _KNOWN]
-    if unknown:
-        names = ", ".join(_clip(key) for key in unknown[:10])
-        plural = "s" if len(unknown) > 1 else ""
-        raise invalid_request(
-            f"Unrecognized request argument{plural} supplied: {names}",
-            _clip(unknown[0]),
-            "unknown_parameter",
-        )
+    model = _model_first(data, _KNOWN, check_model)
     prompts = _prompts(_required(data, "prompt", ""))
     stream = _bool(data, "stream") or False
     include_usage, continuous = _stream_options(data.get("stream_options"), stream)

@@ -57,8 +57,9 @@ from protocol.openai._fields import (
     _fail_unsupported_value,
     _fail_value,
     _int,
-    _kind,
+    _json,
     _number,
+    _object,
     _required,
     _show,
     _str,
@@ -216,45 +217,14 @@ def parse_chat_request(
 ) -> ChatRequest:
     """Validate a `POST /v1/chat/completions` body; raise `OpenAIError` (400) on any problem.
     `store`: the server keeps stored completions (else `store: true` is refused)."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(
-            f"We could not parse the JSON body of your request ({exc}). "
-            "The API expects a JSON object.",
-            None,
-            "invalid_json",
-        ) from exc
-    return parse_chat_object(data, check_model, store=store)
+    return parse_chat_object(_json(body), check_model, store=store)
 
 
 def parse_chat_object(
     data: Any, check_model: CheckModel | None = None, *, store: bool = False
 ) -> ChatRequest:
     """Validate an already-decoded request body (the WebSocket API's `body`)."""
-    if type(data) is not dict:
-        raise invalid_request(
-            f"Invalid type for the request body: expected an object, but got {_kind(data)} "
-            "instead.",
-            None,
-            "invalid_type",
-        )
-    model = _required(data, "model", "")
-    if type(model) is not str:
-        _fail_type("model", "a string", model)
-    if len(model) > MAX_MODEL_CHARS:
-        _fail_too_long("model", MAX_MODEL_CHARS, len(model))
-    if check_model is not None:
-        check_model(model)
-    unknown = [key for key in data if key not in _KNOWN]
-    if unknown:
-        names = ", ".join(_clip(key) for key in unknown[:10])
-        plural = "s" if len(unknown) > 1 else ""
-        raise invalid_request(
-            f"Unrecognized request argument{plural} supplied: {names}",
-            _clip(unknown[0]),
-            "unknown_parameter",
-        )
+    model = _model_first(data, _KNOWN, check_model)
 
     messages = _messages(_required(data, "messages", ""))
 
@@ -308,6 +278,31 @@ def parse_chat_object(
         n=_int(data, "n", 1, MAX_N) or 1,
         store=store_request(data, messages, sampling, metadata) if stored else None,
     )
+
+
+def _model_first(data: Any, known: frozenset[str], check_model: CheckModel | None) -> str:
+    """A body's opening checks, shared with legacy completions: it is an object, its `model`
+    (required, a string, at most MAX_MODEL_CHARS), then with `check_model` whether anything
+    serves it, then that every field is one of `known`, before anything else is read, as
+    OpenAI does. Returns the model."""
+    data = _object(data)
+    model = _required(data, "model", "")
+    if type(model) is not str:
+        _fail_type("model", "a string", model)
+    if len(model) > MAX_MODEL_CHARS:
+        _fail_too_long("model", MAX_MODEL_CHARS, len(model))
+    if check_model is not None:
+        check_model(model)
+    unknown = [key for key in data if key not in known]
+    if unknown:
+        names = ", ".join(_clip(key) for key in unknown[:10])
+        plural = "s" if len(unknown) > 1 else ""
+        raise invalid_request(
+            f"Unrecognized request argument{plural} supplied: {names}",
+            _clip(unknown[0]),
+            "unknown_parameter",
+        )
+    return model
 
 
 def _logprobs(data: dict[str, Any]) -> tuple[bool, int]:

@@ -45,7 +45,8 @@ from protocol.openai._fields import (
     _fail_type,
     _fail_unknown,
     _fail_value,
-    _kind,
+    _json,
+    _object,
     _show,
 )
 from protocol.openai.errors import invalid_request
@@ -251,22 +252,7 @@ def _page_query(fields: dict[str, str]) -> PageQuery:
 def parse_update(body: bytes) -> dict[str, str]:
     """The body of `POST /v1/chat/completions/{id}`: `{"metadata": {...}}`, the new metadata
     (it replaces the old; null clears it). Raises `OpenAIError` (400)."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(
-            f"We could not parse the JSON body of your request ({exc}). "
-            "The API expects a JSON object.",
-            None,
-            "invalid_json",
-        ) from exc
-    if type(data) is not dict:
-        raise invalid_request(
-            f"Invalid type for the request body: expected an object, but got {_kind(data)} "
-            "instead.",
-            None,
-            "invalid_type",
-        )
+    data = _object(_json(body))
     for key in data:
         if key != "metadata":
             _fail_unknown(key)
