@@ -34,6 +34,7 @@ from protocol.frames import (
     Echo,
     FinishReason,
     Generate,
+    PromptToken,
     SamplingParams,
     TokenLogprob,
     Usage,
@@ -347,28 +348,32 @@ class _Logprobs:
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
 
-    def echo(self, echo: Echo, offsets: list[int]) -> None:
-        """(A piece of) the prompt's tokens (the first with no logprob)."""
-        self.text_offset += offsets
-        for entry in echo.tokens:
-            self.tokens.append(entry.token)
-            self.token_logprobs.append(entry.logprob)
-            self.top_logprobs.append(
-                None
-                if entry.logprob is None
-                else _top(
-                    {t.token: t.logprob for t in entry.top_logprobs}, entry.token, entry.logprob
-                )
-            )
+    @classmethod
+    def of(
+        cls,
+        positions: _Positions,
+        prompt: Echo | None,
+        entries: Sequence[TokenLogprob],
+        *,
+        echo: bool,
+    ) -> _Logprobs:
+        """What a piece of a choice shows: (a piece of) the prompt's tokens, counted for the
+        offsets whether echoed or not and listed with `echo`, then completion tokens."""
+        logprobs = cls()
+        if prompt is not None:
+            offsets = positions.prompt(prompt)
+            if echo:
+                logprobs._add(prompt.tokens, offsets)
+        if entries:
+            logprobs._add(entries, positions.completion(entries))
+        return logprobs
 
-    def completion(self, entries: Sequence[TokenLogprob], offsets: list[int]) -> None:
+    def _add(self, entries: Sequence[TokenLogprob | PromptToken], offsets: list[int]) -> None:
         self.text_offset += offsets
         for entry in entries:
             self.tokens.append(entry.token)
             self.token_logprobs.append(entry.logprob)
-            self.top_logprobs.append(
-                _top({t.token: t.logprob for t in entry.top_logprobs}, entry.token, entry.logprob)
-            )
+            self.top_logprobs.append(_top(entry))
 
     def dict(self) -> dict[str, Any]:
         return {
@@ -379,10 +384,14 @@ class _Logprobs:
         }
 
 
-def _top(alternatives: dict[str, float], token: str, logprob: float) -> dict[str, float]:
-    """A position's most likely tokens and the chosen one (OpenAI: up to logprobs + 1)."""
-    alternatives.setdefault(token, logprob)
-    return alternatives
+def _top(entry: TokenLogprob | PromptToken) -> dict[str, float] | None:
+    """A position's most likely tokens and the chosen one (OpenAI: up to logprobs + 1); None
+    for a token with no logprob (the prompt's first)."""
+    if entry.logprob is None:
+        return None
+    top = {t.token: t.logprob for t in entry.top_logprobs}
+    top.setdefault(entry.token, entry.logprob)
+    return top
 
 
 class TextCompletionWriter:
@@ -446,16 +455,10 @@ class TextCompletionWriter:
         echo = chunk.echo
         logprobs: _Logprobs | None = None
         if self.logprobs:
-            logprobs = _Logprobs()
             positions = self._positions.get(index)
             if positions is None:
                 positions = self._positions[index] = _Positions()
-            if echo is not None:
-                offsets = positions.prompt(echo)
-                if self.echo:
-                    logprobs.echo(echo, offsets)
-            if chunk.logprobs:
-                logprobs.completion(chunk.logprobs, positions.completion(chunk.logprobs))
+            logprobs = _Logprobs.of(positions, echo, chunk.logprobs, echo=self.echo)
         if echo is not None and self.echo:
             text = echo.text + text
         if not (
@@ -549,14 +552,7 @@ def _choice(index: int, choice: CollectedChoice, echo: bool, logprobs: bool) -> 
     prompt = choice.echo
     rendered = None
     if logprobs:
-        entries = _Logprobs()
-        positions = _Positions()
-        if prompt is not None:
-            offsets = positions.prompt(prompt)
-            if echo:
-                entries.echo(prompt, offsets)
-        entries.completion(choice.logprobs, positions.completion(choice.logprobs))
-        rendered = entries.dict()
+        rendered = _Logprobs.of(_Positions(), prompt, choice.logprobs, echo=echo).dict()
     return {
         "text": prompt.text + text if prompt is not None and echo else text,
         "index": index,
