@@ -16,6 +16,11 @@ the others wait in submission order. Usage: `prompt_tokens` is
 `scripted_prompt_tokens(messages)`, `completion_tokens` the tokens emitted, `reasoning_tokens`
 the reasoning ones among them, `cached_tokens` 0.
 
+A request with `n` > 1 runs n choices, each in its own slot, with the same script; their
+outputs carry `index`, a choice that ends before the others says so with `choice_finish`,
+the last one ends the request, and usage counts every choice's tokens (the prompt once), as
+the mlx engines do. One choice failing fails the request.
+
 One scheduler thread serves every request in rounds, like a batched engine's decode step, where
 all rows get their token at once: a round emits the tokens due by then, of all requests, back to
 back. That keeps the fake cheap at thousands of streams and lets the runner send one `batch`
@@ -106,7 +111,7 @@ class ScriptedEngine(ThreadedEngine):
 
         # The scheduler thread's own state.
         self._last_round = -math.inf
-        self._requests: dict[str, _Stream] = {}  # waiting or running, by id
+        self._requests: dict[str, list[_Stream]] = {}  # waiting or running: choices, by id
         self._waiting: deque[_Stream] = deque()  # cancelled ones are skipped (lazy deletion)
         self._running: dict[_Stream, None] = {}  # an ordered set: admission order
         self._due: list[tuple[float, int, _Stream]] = []  # paced: heap of next token times
@@ -146,8 +151,7 @@ class ScriptedEngine(ThreadedEngine):
         for request, submitted_at in inbox:
             self._intake(request, submitted_at, events)
         for request_id in cancels:
-            stream = self._requests.get(request_id)
-            if stream is not None:
+            for stream in list(self._requests.get(request_id, ())):
                 self._finish(stream, "cancelled", stream.matcher.flush(), events, now=now)
         self._admit(now)
         if self.tokens_per_second > 0:
@@ -161,7 +165,8 @@ class ScriptedEngine(ThreadedEngine):
                     self._schedule(stream)
         else:
             for stream in list(self._running):
-                self._advance(stream, now, events)
+                if not stream.done:  # a choice whose sibling failed in this round is done
+                    self._advance(stream, now, events)
         self._admit(now)  # slots freed in this round start their requests' clocks now
         return events
 
@@ -186,9 +191,14 @@ class ScriptedEngine(ThreadedEngine):
             max_tokens = request.max_tokens or self.default_max_tokens
             if self.eos_after is not None:
                 max_tokens = min(max_tokens, self.eos_after)
-            stream = _Stream(request, _Progress(prompt_tokens, submitted_at), max_tokens)
-            self._requests[request.request_id] = stream
-            self._waiting.append(stream)
+            progress = _Progress(prompt_tokens, submitted_at)
+            progress.open = max(request.n, 1)
+            choices = [
+                _Stream(request, progress, max_tokens, choice)
+                for choice in range(max(request.n, 1))
+            ]
+            self._requests[request.request_id] = choices
+            self._waiting.extend(choices)
 
     def _admit(self, now: float) -> None:
         """Give free slots to waiting requests, first come first served."""
@@ -212,7 +222,7 @@ class ScriptedEngine(ThreadedEngine):
         """Emit the next token of a running request, or end it."""
         index = stream.index
         if self.fail_after is not None and index >= self.fail_after:
-            self._forget(stream)
+            self._forget_all(stream)
             self._fail(
                 stream.request.request_id,
                 "internal_error",
@@ -231,7 +241,7 @@ class ScriptedEngine(ThreadedEngine):
                 piece = self._text(stream.request, index)
             except Exception as exc:
                 log.exception("scripted text function failed for %s", stream.request.request_id)
-                self._forget(stream)
+                self._forget_all(stream)
                 self._fail(
                     stream.request.request_id,
                     "internal_error",
@@ -251,7 +261,9 @@ class ScriptedEngine(ThreadedEngine):
             self._finish(stream, reason, text, events, now=now, tokens=1, reasoning=reasoning)
         else:
             usage = stream.progress.usage()
-            events.append(Output(stream.request.request_id, text, reasoning, 1, usage))
+            events.append(
+                Output(stream.request.request_id, text, reasoning, 1, usage, index=stream.choice)
+            )
 
     def _limit_reason(self, stream: _Stream) -> FinishReason:
         return "stop" if stream.max_tokens == self.eos_after else "length"
@@ -268,8 +280,10 @@ class ScriptedEngine(ThreadedEngine):
         reasoning: str = "",
     ) -> None:
         self._forget(stream)
-        self.requests_finished += 1
         progress = stream.progress
+        progress.open -= 1
+        last = progress.open == 0
+        self.requests_finished += last
         events.append(
             Output(
                 stream.request.request_id,
@@ -277,8 +291,10 @@ class ScriptedEngine(ThreadedEngine):
                 reasoning,
                 tokens,
                 progress.usage(),
-                finish_reason=reason,
-                stats=progress.stats(now),
+                finish_reason=reason if last else None,
+                stats=progress.stats(now) if last else None,
+                index=stream.choice,
+                choice_finish=None if last else reason,
             )
         )
 
@@ -289,20 +305,30 @@ class ScriptedEngine(ThreadedEngine):
         events.append(Failure(request_id, code, message))
 
     def _forget(self, stream: _Stream) -> None:
-        """Mark a request done and free its slot; its heap or queue entry is skipped later."""
+        """Mark a choice done and free its slot; its heap or queue entry is skipped later."""
         stream.done = True
         request_id = stream.request.request_id
-        if self._requests.get(request_id) is stream:
-            del self._requests[request_id]
+        choices = self._requests.get(request_id)
+        if choices is not None and stream in choices:
+            choices.remove(stream)
+            if not choices:
+                del self._requests[request_id]
         if stream.running:
+            stream.running = False
             del self._running[stream]
             self.active_requests -= 1
+
+    def _forget_all(self, stream: _Stream) -> None:
+        """Forget every choice of `stream`'s request (it fails as a whole)."""
+        for choice in list(self._requests.get(stream.request.request_id, ())):
+            self._forget(choice)
 
 
 class _Stream:
     """One request's place in the script, owned by the scheduler thread."""
 
     __slots__ = (
+        "choice",
         "done",
         "index",
         "matcher",
@@ -313,8 +339,12 @@ class _Stream:
         "started",
     )
 
-    def __init__(self, request: Generate, progress: _Progress, max_tokens: int) -> None:
+    def __init__(
+        self, request: Generate, progress: _Progress, max_tokens: int, choice: int = 0
+    ) -> None:
         self.request = request
+        self.choice = choice
+        """Which of the request's n choices this is."""
         self.progress = progress
         self.max_tokens = max_tokens
         self.matcher = StopMatcher(request.stop)
@@ -326,9 +356,11 @@ class _Stream:
 
 
 class _Progress:
-    """Token counts and timings of one scripted request."""
+    """Token counts and timings of one scripted request (all its choices)."""
 
     def __init__(self, prompt_tokens: int, submitted_at: float) -> None:
+        self.open = 0
+        """Its choices not ended yet."""
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.reasoning_tokens = 0

@@ -282,3 +282,51 @@ def test_close_under_unpaced_load(engines: list[ScriptedEngine], collector: Coll
     assert count > 0
     time.sleep(0.05)
     assert sum(len(events) for events in collector.events.values()) == count
+
+
+def test_n_choices(engines: list[ScriptedEngine], collector: Collector) -> None:
+    # Three choices of 2 tokens, one round each: the first two to end say so with
+    # choice_finish, the last ends the request; usage counts every choice's tokens.
+    engine = start(engines, collector)
+    events = run(engine, collector, ask("r1", max_tokens=2, n=3))
+    assert [(o.index, o.text, o.usage.completion_tokens) for o in outputs(events)] == [
+        (0, "tok0 ", 1),
+        (1, "tok0 ", 2),
+        (2, "tok0 ", 3),
+        (0, "tok1 ", 4),
+        (1, "tok1 ", 5),
+        (2, "tok1 ", 6),
+    ]
+    assert [(o.choice_finish, o.finish_reason) for o in outputs(events)][3:] == [
+        ("length", None),
+        ("length", None),
+        (None, "length"),
+    ]
+    assert final(events).usage == Usage(prompt_tokens=7, completion_tokens=6)
+    assert final(events).stats is not None
+    assert engine.peak_active_requests == 3
+    assert (engine.requests_finished, engine.active_requests) == (1, 0)
+
+
+def test_n_choices_cancel_and_fail_together(
+    engines: list[ScriptedEngine], collector: Collector
+) -> None:
+    engine = start(engines, collector, tokens_per_second=5)
+
+    def cancel_after_one(event: EngineEvent) -> None:
+        if isinstance(event, Output) and event.usage.completion_tokens == 2:
+            engine.cancel("r1")
+
+    collector.on_event = cancel_after_one
+    events = run(engine, collector, ask("r1", max_tokens=10, n=2))
+    assert [(o.index, o.choice_finish, o.finish_reason) for o in outputs(events)][-2:] == [
+        (0, "cancelled", None),
+        (1, None, "cancelled"),
+    ]
+    assert final(events).usage.completion_tokens == 2
+    collector.on_event = None
+
+    engine = start(engines, collector, fail_after=1)
+    events = run(engine, collector, ask("r2", n=2))
+    assert [type(e) for e in events] == [Output, Output, Failure]
+    assert engine.active_requests == 0
