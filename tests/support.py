@@ -17,10 +17,11 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from protocol.codec import decode_gateway_frame, encode
@@ -36,6 +37,9 @@ from protocol.frames import (
     Usage,
     Welcome,
 )
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, ConsoleMessage, Page
 
 UNIT = float(os.environ.get("ORCHARD_TEST_TIME_FACTOR", "1"))
 REPO = Path(__file__).resolve().parent.parent
@@ -170,6 +174,54 @@ def sse_events(body: bytes) -> list[Any]:
         payload = block[len(b"data: ") :]
         events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
     return events
+
+
+# --- headless Chromium ------------------------------------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+"""Debian's, installed by `just browser`; the browser Playwright would download is never used."""
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Browser]:
+    """Headless Chromium driven by Playwright (for a module's `browser` fixture); fails the
+    test where it is not installed. Playwright is imported here, only by the browser tests."""
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: these tests drive Debian's chromium. "
+            "Run `just browser` (as root: apt-get update && apt-get install -y chromium)."
+        )
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def page_problems(page: Page) -> list[str]:
+    """A list that collects the page's script errors and console errors and warnings as they
+    happen (a page fixture asserts it is empty when the test is done)."""
+    problems: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        # Chromium asks for /favicon.ico when it shows a bare script; that 404 is no fault.
+        if msg.type in ("error", "warning") and not msg.location["url"].endswith("/favicon.ico"):
+            problems.append(f"console {msg.type}: {msg.text} ({msg.location['url']})")
+
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    page.on("console", on_console)
+    return problems
 
 
 # --- a protocol-level fake runner -------------------------------------------------------

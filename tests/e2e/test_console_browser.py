@@ -14,30 +14,20 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import (
-    Browser,
-    ConsoleMessage,
-    Locator,
-    Page,
-    expect,
-    sync_playwright,
-)
+from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.support import REPO, UNIT, Gateway, gateway_with_runner, wait_until
+from tests.support import (
+    REPO,
+    UNIT,
+    Gateway,
+    chromium,
+    gateway_with_runner,
+    page_problems,
+    wait_until,
+)
 
 MODEL = "orchard-demo"
 RUNNER = "test-runner"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = REPO / "artifacts"
 CLIENT_PAGE = "/static/orchard.js"
 """The JS-client tests run on the gateway's origin without the console's own socket."""
@@ -58,16 +48,9 @@ def gateway(demo_model_path: Path) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: these tests drive Debian's chromium. "
-            "Run `just browser` (as root: apt-get update && apt-get install -y chromium)."
-        )
     expect.set_options(timeout=15 * MS)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture
@@ -76,15 +59,7 @@ def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.set_default_timeout(15 * MS)
-    problems: list[str] = []
-
-    def on_console(msg: ConsoleMessage) -> None:
-        # Chromium asks for /favicon.ico when it shows a bare script; that 404 is no fault.
-        if msg.type in ("error", "warning") and not msg.location["url"].endswith("/favicon.ico"):
-            problems.append(f"console {msg.type}: {msg.text} ({msg.location['url']})")
-
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on("console", on_console)
+    problems = page_problems(page)
     yield page
     context.close()
     assert not problems, problems

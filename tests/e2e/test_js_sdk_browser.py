@@ -20,24 +20,21 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, Route, sync_playwright
+from playwright.sync_api import Browser, Page, Route
 
 from runner.demo_model import TOOL_DEMO_CALLS, TOOL_DEMO_MESSAGES, TOOL_DEMO_TOOLS
-from tests.support import REPO, UNIT, Gateway, gateway_with_runner, wait_until
+from tests.support import (
+    REPO,
+    UNIT,
+    Gateway,
+    chromium,
+    gateway_with_runner,
+    page_problems,
+    wait_until,
+)
 
 MODEL = "orchard-demo"
 RUNNER = "test-runner"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SDK = REPO / "tests" / "js" / "node_modules" / "openai"
 SDK_ROUTE = "/test-sdk/openai/"
 """Where the page finds the SDK's files (served by the test, not by the gateway)."""
@@ -55,17 +52,10 @@ def gateway(demo_model_path: Path) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: these tests drive Debian's chromium. "
-            "Run `just browser` (as root: apt-get update && apt-get install -y chromium)."
-        )
     if not (SDK / "index.mjs").exists():
         pytest.fail(f"{SDK} is missing: run `just js` (npm ci in tests/js).")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 def serve_sdk(route: Route) -> None:
@@ -99,15 +89,7 @@ def page(browser: Browser, gateway: Gateway) -> Iterator[Page]:
     context = browser.new_context()
     page = context.new_page()
     page.set_default_timeout(15 * MS)
-    problems: list[str] = []
-
-    def on_console(msg: ConsoleMessage) -> None:
-        # Chromium asks for /favicon.ico when it shows a bare script; that 404 is no fault.
-        if msg.type in ("error", "warning") and not msg.location["url"].endswith("/favicon.ico"):
-            problems.append(f"console {msg.type}: {msg.text} ({msg.location['url']})")
-
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on("console", on_console)
+    problems = page_problems(page)
     page.route(f"{gateway.base}{SDK_ROUTE}**", serve_sdk)
     page.goto(f"{gateway.base}/static/orchard.js")
     page.evaluate(SETUP)
