@@ -7,15 +7,23 @@ for both the body and each streamed event; OpenAI uses one shape for both), exac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-import attrs
-from litestar.openapi.spec import OpenAPIMediaType as MediaType
-from litestar.openapi.spec import OpenAPIResponse, Operation, RequestBody, Schema
+from litestar.openapi.spec import Operation, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
-from gateway.config import GatewayConfig
-from gateway.openapi import _ERROR, _closed, _error, _EventStream, _number, _only
+from gateway.openapi_common import (
+    _BOOLEAN,
+    _DECODING,
+    _INTEGER,
+    _MODEL,
+    _NULL,
+    _STRING,
+    _closed,
+    _generation_responses,
+    _json_body,
+    _limit,
+    _only,
+)
 from gateway.openapi_responses import _FINGERPRINT, _USAGE
 from protocol.openai.completions import (
     DEFAULT_MAX_TOKENS,
@@ -24,23 +32,7 @@ from protocol.openai.completions import (
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPTS,
 )
-from protocol.openai.request import (
-    INT64_MAX,
-    INT64_MIN,
-    MAX_LOGIT_BIAS,
-    MAX_MODEL_CHARS,
-    MAX_PROMPT_CHARS,
-    MAX_STOP,
-    MAX_STOP_CHARS,
-    MAX_TOKEN_ID,
-    SAMPLING_RANGES,
-    TOP_K_MIN,
-)
-
-_STRING = Schema(type=OpenAPIType.STRING)
-_BOOLEAN = Schema(type=OpenAPIType.BOOLEAN)
-_INTEGER = Schema(type=OpenAPIType.INTEGER)
-_NULL = Schema(type=OpenAPIType.NULL)
+from protocol.openai.request import MAX_LOGIT_BIAS, MAX_PROMPT_CHARS, MAX_TOKEN_ID
 
 # --- the request ----------------------------------------------------------------------------
 
@@ -63,20 +55,12 @@ _PROMPT = Schema(
     "gets n choices, numbered prompt_index * n + choice); null is the start of a document. "
     f"At most {MAX_PROMPT_CHARS} characters and {MAX_PROMPT_TOKEN_IDS} token ids in all.",
 )
-_STOP_STRING = Schema(type=OpenAPIType.STRING, min_length=1, max_length=MAX_STOP_CHARS)
-
-
-def _limit(name: str) -> int:
-    """A gateway setting's default (a gateway may be started with another)."""
-    value: int = getattr(attrs.fields(GatewayConfig), name).default
-    return value
-
 
 _REQUEST = Schema(
     type=OpenAPIType.OBJECT,
     required=["model", "prompt"],
     properties={
-        "model": Schema(type=OpenAPIType.STRING, max_length=MAX_MODEL_CHARS),
+        "model": _MODEL,
         "prompt": _PROMPT,
         "stream": _BOOLEAN,
         "stream_options": _closed(
@@ -92,15 +76,7 @@ _REQUEST = Schema(
             default=DEFAULT_MAX_TOKENS,
             description="0: no token (with echo, the prompt alone).",
         ),
-        **{name: _number(name) for name in SAMPLING_RANGES},
-        "top_k": Schema(type=OpenAPIType.INTEGER, minimum=TOP_K_MIN, maximum=INT64_MAX),
-        "seed": Schema(type=OpenAPIType.INTEGER, minimum=INT64_MIN, maximum=INT64_MAX),
-        "stop": Schema(
-            one_of=[
-                _STOP_STRING,
-                Schema(type=OpenAPIType.ARRAY, items=_STOP_STRING, max_items=MAX_STOP),
-            ]
-        ),
+        **_DECODING,
         "logit_bias": Schema(
             type=OpenAPIType.OBJECT,
             property_names=Schema(type=OpenAPIType.STRING, pattern="^[0-9]{1,10}$"),
@@ -194,29 +170,7 @@ class CompletionsOperation(Operation):
     """Operation for the text completions endpoint, with its body and every status."""
 
     def __post_init__(self) -> None:
-        self.request_body = RequestBody(
-            required=True, content={"application/json": MediaType(schema=_REQUEST)}
+        self.request_body = _json_body(_REQUEST)
+        self.responses = _generation_responses(
+            TEXT_COMPLETION, "text_completion", TEXT_COMPLETION, "text_completion"
         )
-        responses: dict[str, Any] = {
-            "200": OpenAPIResponse(
-                description="A text_completion, or with stream=true a text/event-stream of "
-                "`data:` events (x-itemSchema: a text_completion, or an error that ends the "
-                "stream), the last of them data: [DONE].",
-                content={
-                    "application/json": MediaType(schema=TEXT_COMPLETION),
-                    "text/event-stream": _EventStream(
-                        schema=_STRING, item_schema=Schema(one_of=[TEXT_COMPLETION, _ERROR])
-                    ),
-                },
-            ),
-            "400": _error("Invalid request (the error names the parameter)."),
-            "401": _error("Missing or wrong API key."),
-            "403": _error("Origin not allowed."),
-            "404": _error("No runner serves the model."),
-            "413": _error("Body too large."),
-            "429": _error("Every runner is busy and the model's queue is full or timed out."),
-            "502": _error("The runner was lost."),
-            "503": _error("The model's runners are reconnecting, or the gateway is stopping."),
-            "504": _error("The runner sent nothing for the stream timeout."),
-        }
-        self.responses = responses

@@ -8,27 +8,13 @@ the protocol builds against them.
 
 from __future__ import annotations
 
-from litestar.openapi.spec import Reference, Schema
+from litestar.openapi.spec import Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
-_STRING = Schema(type=OpenAPIType.STRING)
-_INTEGER = Schema(type=OpenAPIType.INTEGER)
-_NULL = Schema(type=OpenAPIType.NULL)
+from gateway.openapi_common import _INTEGER, _NULL, _STRING, _closed, _only
+
 _COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0)
 _FINISH_REASONS = ["stop", "length", "tool_calls"]
-
-
-def _only(*values: str) -> Schema:
-    return Schema(type=OpenAPIType.STRING, enum=list(values))
-
-
-def _closed(required: list[str], **properties: Schema | Reference) -> Schema:
-    return Schema(
-        type=OpenAPIType.OBJECT,
-        required=required,
-        properties=properties,
-        additional_properties=False,
-    )
 
 
 def _counts(*names: str) -> Schema:

@@ -30,7 +30,7 @@ from litestar.openapi.spec import OpenAPIResponse, Operation, Parameter, Request
 from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import FromPath
 
-from gateway.openapi import _error  # the error response, described once
+from gateway.openapi_common import _error  # the error response, described once
 from gateway.stored import CompletionStore
 from protocol.openai.stored import (
     MAX_LIMIT,

@@ -1,0 +1,144 @@
+"""What the hand-written OpenAPI descriptions share: the basic schemas, the error object and
+its responses, a text/event-stream of JSON events, the request fields chat
+(gateway.openapi) and legacy completions (gateway.openapi_completions) read alike, and the
+statuses both endpoints answer. The answers' own schemas are gateway.openapi_responses' and
+gateway.openapi_completions'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import attrs
+from litestar.openapi.spec import OpenAPIMediaType as MediaType
+from litestar.openapi.spec import OpenAPIResponse, Reference, RequestBody, Schema
+from litestar.openapi.spec.enums import OpenAPIType
+
+from gateway.config import GatewayConfig
+from protocol.openai.request import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_MODEL_CHARS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    SAMPLING_RANGES,
+    TOP_K_MIN,
+)
+
+_STRING = Schema(type=OpenAPIType.STRING)
+_BOOLEAN = Schema(type=OpenAPIType.BOOLEAN)
+_INTEGER = Schema(type=OpenAPIType.INTEGER)
+_NULL = Schema(type=OpenAPIType.NULL)
+
+
+def _only(*values: str) -> Schema:
+    return Schema(type=OpenAPIType.STRING, enum=list(values))
+
+
+def _closed(required: list[str], **properties: Schema | Reference) -> Schema:
+    """An object with exactly these keys allowed (the parser refuses unknown ones)."""
+    return Schema(
+        type=OpenAPIType.OBJECT,
+        required=required,
+        properties=properties,
+        additional_properties=False,
+    )
+
+
+def _limit(name: str) -> int:
+    """A gateway setting's default (a gateway may be started with another)."""
+    value: int = getattr(attrs.fields(GatewayConfig), name).default
+    return value
+
+
+# --- the request fields chat and legacy completions read alike (protocol.openai.request) ----
+
+_MODEL = Schema(type=OpenAPIType.STRING, max_length=MAX_MODEL_CHARS)
+_STOP_STRING = Schema(type=OpenAPIType.STRING, min_length=1, max_length=MAX_STOP_CHARS)
+
+
+def _number(name: str) -> Schema:
+    minimum, maximum = SAMPLING_RANGES[name]
+    return Schema(type=OpenAPIType.NUMBER, minimum=minimum, maximum=maximum)
+
+
+_DECODING: dict[str, Schema] = {
+    **{name: _number(name) for name in SAMPLING_RANGES},
+    "top_k": Schema(type=OpenAPIType.INTEGER, minimum=TOP_K_MIN, maximum=INT64_MAX),
+    "seed": Schema(type=OpenAPIType.INTEGER, minimum=INT64_MIN, maximum=INT64_MAX),
+    "stop": Schema(
+        one_of=[
+            _STOP_STRING,
+            Schema(type=OpenAPIType.ARRAY, items=_STOP_STRING, min_items=0, max_items=MAX_STOP),
+        ]
+    ),
+}
+"""The sampling parameters, `seed` and `stop`, in the order both requests list them."""
+
+# --- errors and answers ---------------------------------------------------------------------
+
+_ERROR = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["error"],
+    properties={
+        "error": Schema(
+            type=OpenAPIType.OBJECT,
+            required=["message", "type", "param", "code"],
+            properties={
+                "message": _STRING,
+                "type": _STRING,
+                "param": Schema(one_of=[_STRING, _NULL]),
+                "code": Schema(one_of=[_STRING, _NULL]),
+            },
+        )
+    },
+)
+
+_JSON_ERROR = {"application/json": MediaType(schema=_ERROR)}
+
+
+def _error(description: str) -> OpenAPIResponse:
+    return OpenAPIResponse(description=description, content=_JSON_ERROR)
+
+
+@dataclass
+class _EventStream(MediaType):
+    """A text/event-stream whose `data:` events are JSON objects of one schema: OpenAPI 3.2's
+    `itemSchema`, written as an extension because Litestar writes OpenAPI 3.1 (whose
+    components.schemas Litestar also overwrites with its own)."""
+
+    item_schema: Schema | None = field(default=None, metadata={"alias": "x-itemSchema"})
+
+
+def _json_body(schema: Schema) -> RequestBody:
+    return RequestBody(required=True, content={"application/json": MediaType(schema=schema)})
+
+
+def _generation_responses(
+    body: Schema, body_name: str, event: Schema, event_name: str
+) -> dict[str, Any]:
+    """What an endpoint that generates answers: `body` (a `body_name`), or with stream=true
+    `event`s (each an `event_name`), and every error status the gateway sends."""
+    return {
+        "200": OpenAPIResponse(
+            description=f"A {body_name}, or with stream=true a text/event-stream of `data:` "
+            f"events (x-itemSchema: a {event_name}, or an error that ends the stream), the "
+            "last of them data: [DONE].",
+            content={
+                "application/json": MediaType(schema=body),
+                "text/event-stream": _EventStream(
+                    schema=_STRING, item_schema=Schema(one_of=[event, _ERROR])
+                ),
+            },
+        ),
+        "400": _error("Invalid request (the error names the parameter)."),
+        "401": _error("Missing or wrong API key."),
+        "403": _error("Origin not allowed."),
+        "404": _error("No runner serves the model."),
+        "413": _error("Body too large."),
+        "429": _error("Every runner is busy and the model's queue is full or timed out."),
+        "502": _error("The runner was lost."),
+        "503": _error("The model's runners are reconnecting, or the gateway is stopping."),
+        "504": _error("The runner sent nothing for the stream timeout."),
+    }
