@@ -13,6 +13,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.response import File
 from litestar.static_files import create_static_files_router
 
+from gateway import anthropic_api, ollama_api, responses_api
 from gateway.admin import health, list_models, list_runners
 from gateway.auth import before_request
 from gateway.chat import chat_completions
@@ -52,6 +53,9 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
         route_handlers=[
             chat_completions,
             completions,
+            *responses_api.ROUTES,
+            *anthropic_api.ROUTES,
+            *ollama_api.ROUTES,
             list_stored,
             get_stored,
             update_stored,
@@ -84,7 +88,7 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
         cors_config=(
             CORSConfig(
                 allow_origins=sorted(config.allowed_origins),
-                allow_headers=["authorization", "content-type"],
+                allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version"],
             )
             if config.allowed_origins
             else None

@@ -18,6 +18,8 @@ from protocol.openai.errors import OpenAIError, authentication
 
 AUTH_EXEMPT = frozenset({"/health"})
 """Paths open even when API keys are set (liveness probes)."""
+API_PREFIXES = ("/v1/", "/api/")
+"""The client APIs API keys guard: OpenAI's and Anthropic's (`/v1/`), Ollama's (`/api/`)."""
 
 
 def secret_in(given: object, secrets: Iterable[str]) -> bool:
@@ -37,6 +39,12 @@ def bearer(headers: Mapping[str, str]) -> str | None:
         return None
     scheme, _, token = value.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def api_key(headers: Mapping[str, str]) -> str | None:
+    """The client's API key: `Authorization: Bearer <key>` (OpenAI, Ollama), else Anthropic's
+    `x-api-key` header."""
+    return bearer(headers) or headers.get("x-api-key")
 
 
 def is_loopback(host: str | None) -> bool:
@@ -67,13 +75,13 @@ def check_http(request: Request[Any, Any, Any]) -> None:
     """Raise the OpenAI error for a request that fails origin or API-key checks."""
     config: GatewayConfig = request.app.state.config
     path = request.url.path
-    if not path.startswith("/v1/") or path in AUTH_EXEMPT:
+    if not path.startswith(API_PREFIXES) or path in AUTH_EXEMPT:
         return
     if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
         raise OpenAIError(
             403, "This origin is not allowed.", "permission_error", None, "origin_not_allowed"
         )
-    if config.api_keys and not secret_in(bearer(request.headers), config.api_keys):
+    if config.api_keys and not secret_in(api_key(request.headers), config.api_keys):
         raise authentication(
             "Missing or incorrect API key. Send it as 'Authorization: Bearer <key>'."
         )

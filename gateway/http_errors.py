@@ -1,13 +1,17 @@
-"""Every error the gateway answers, in OpenAI's shape: `{"error": {message, type, param, code}}`.
+"""Every error the gateway answers, decided once as an `OpenAIError` and written in the shape
+of the API the client spoke: OpenAI's `{"error": {message, type, param, code}}`, Anthropic's
+`{"type": "error", "error": {type, message}}` under `/v1/messages`, Ollama's
+`{"error": message}` under `/api/` (`error_shape`).
 
 `openai_error_for` maps gateway errors and runner error frames to `OpenAIError`; the
 exception handlers turn those, Litestar's own HTTP errors (404 route, 405, 413 body too
-large) and anything unexpected into OpenAI-shaped responses.
+large) and anything unexpected into error responses.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -24,7 +28,9 @@ from gateway.errors import (
     StreamTimeout,
 )
 from gateway.stream import Failed
+from protocol.anthropic.errors import error_body as anthropic_error
 from protocol.frames import Error
+from protocol.ollama.errors import error_body as ollama_error
 from protocol.openai import errors
 from protocol.openai.errors import OpenAIError
 
@@ -67,20 +73,36 @@ def openai_error_for(problem: object) -> OpenAIError:
     return errors.server_error()
 
 
-def error_response(err: OpenAIError) -> Response[bytes]:
+ErrorShape = Callable[[OpenAIError], dict[str, Any]]
+
+
+def openai_shape(err: OpenAIError) -> dict[str, Any]:
+    return err.body()
+
+
+def error_shape(path: str) -> ErrorShape:
+    """How errors are written for a request to `path`: in the shape of its API."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return anthropic_error
+    if path == "/api" or path.startswith("/api/"):
+        return ollama_error
+    return openai_shape
+
+
+def error_response(err: OpenAIError, shape: ErrorShape = openai_shape) -> Response[bytes]:
     headers = {}
     if err.retry_after is not None:
         headers["Retry-After"] = str(max(1, round(err.retry_after)))
     return Response(
-        content=orjson.dumps(err.body()),
+        content=orjson.dumps(shape(err)),
         status_code=err.status,
         media_type="application/json",
         headers=headers,
     )
 
 
-def handle_openai_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes]:
-    return error_response(exc)
+def handle_openai_error(request: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes]:
+    return error_response(exc, error_shape(request.url.path))
 
 
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
@@ -88,11 +110,12 @@ _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_f
 
 def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
+    shape = error_shape(request.url.path)
     if status == 413:
-        return error_response(errors.too_large(request.app.state.config.max_body_bytes))
+        return error_response(errors.too_large(request.app.state.config.max_body_bytes), shape)
     kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return error_response(OpenAIError(status, str(exc.detail), kind, None, None))
+    return error_response(OpenAIError(status, str(exc.detail), kind, None, None), shape)
 
 
-def handle_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    return error_response(openai_error_for(exc))
+def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    return error_response(openai_error_for(exc), error_shape(request.url.path))

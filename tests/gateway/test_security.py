@@ -7,7 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import httpx
 import openai
@@ -221,6 +221,37 @@ def test_api_key_required_on_v1(gateway: Gateway, path: str, headers: dict[str, 
         }
     }
     assert httpx.get(f"{gateway.base}{path}", headers=AUTH).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages/nowhere", {"type": "error", "error": {"type": "not_found_error"}}),
+        ("/api/nowhere", {"error": "Not Found"}),
+        ("/v1/nowhere", {"error": {"type": "not_found_error", "param": None, "code": None}}),
+    ],
+    ids=["anthropic", "ollama", "openai"],
+)
+def test_errors_come_in_the_shape_of_the_api_asked(
+    gateway: Gateway, path: str, body: dict[str, Any]
+) -> None:
+    resp = httpx.get(f"{gateway.base}{path}", headers=AUTH)
+    assert resp.status_code == 404
+    got = resp.json()
+    if "type" in body:  # Anthropic's: the message is Litestar's
+        assert got == {
+            "type": "error",
+            "error": {"type": "not_found_error", "message": "Not Found"},
+        }
+    elif isinstance(body["error"], str):
+        assert got == body
+    else:
+        assert got == {"error": {**body["error"], "message": "Not Found"}}
+
+
+def test_anthropics_key_header_is_an_api_key(gateway: Gateway) -> None:
+    assert httpx.get(f"{gateway.base}/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    assert httpx.get(f"{gateway.base}/v1/models", headers={"x-api-key": "no"}).status_code == 401
 
 
 def test_health_stays_open(gateway: Gateway) -> None:

@@ -1,0 +1,1 @@
+"""The Ollama API (`/api/chat`, `/api/generate`, ...) on Orchard's one internal request type."""
