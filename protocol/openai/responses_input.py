@@ -1,0 +1,234 @@
+"""The `input` of a Responses request (protocol.openai.responses) as chat messages.
+
+A string is one user message. A list holds items: messages (`type` "message", or the SDK's
+easy form with only `role` and `content`), `function_call` items (the model's earlier calls:
+they join the assistant message before them, so that one turn's calls are one message, as in
+chat) and `function_call_output` items (tool messages). `reasoning` items given back are
+checked and not re-fed, as chat does with `reasoning_content`. Images, files, audio, the
+built-in tools' items and item references are refused, naming the item's `type`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from protocol.frames import Message, ToolCall
+from protocol.openai._fields import (
+    _fail_array_too_long,
+    _fail_type,
+    _fail_unknown,
+    _fail_unsupported,
+    _fail_value,
+    _required,
+    _show,
+    _str,
+)
+from protocol.openai.errors import invalid_request
+from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS
+
+MAX_CONTENT_PARTS = 256
+_MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+_OTHER_ITEM_TYPES = (
+    "file_search_call",
+    "computer_call",
+    "computer_call_output",
+    "web_search_call",
+    "image_generation_call",
+    "code_interpreter_call",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "mcp_call",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "item_reference",
+    "compaction",
+)
+_UNSUPPORTED_PARTS = ("input_image", "input_file", "input_audio")
+
+
+def parse_input(value: Any) -> tuple[Message, ...]:
+    """`input`: a string (one user message) or a list of items, as messages."""
+    if type(value) is str:
+        return (Message("user", value),)
+    if type(value) is not list:
+        _fail_type("input", "one of a string or array of objects", value)
+    if not value:
+        raise invalid_request(
+            "Invalid 'input': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            "input",
+            "empty_array",
+        )
+    if len(value) > MAX_MESSAGES:
+        _fail_array_too_long("input", MAX_MESSAGES, len(value))
+    messages: list[Message] = []
+    for i, item in enumerate(value):
+        _item(item, f"input[{i}]", messages)
+    chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
+    if chars > MAX_PROMPT_CHARS:
+        raise invalid_request(
+            f"Invalid 'input': too long ({chars} characters; at most {MAX_PROMPT_CHARS}).",
+            "input",
+            "string_above_max_length",
+        )
+    return tuple(messages)
+
+
+def _item(value: Any, path: str, out: list[Message]) -> None:
+    """Append what one input item says to `out`: a function call joins the assistant
+    message before it (several calls of one turn are one assistant message)."""
+    if type(value) is not dict:
+        _fail_type(path, "an object", value)
+    kind = value.get("type")
+    if kind is None and "role" in value:
+        kind = "message"  # EasyInputMessage
+    if kind is None:
+        _required(value, "type", path)
+    if type(kind) is not str:
+        _fail_type(f"{path}.type", "a string", kind)
+    if kind == "message":
+        out.append(_message(value, path))
+    elif kind == "function_call":
+        call = _function_call(value, path)
+        last = out[-1] if out else None
+        if last is not None and last.role == "assistant":
+            out[-1] = attrs.evolve(last, tool_calls=(*last.tool_calls, call))
+        else:
+            out.append(Message("assistant", "", tool_calls=(call,)))
+    elif kind == "function_call_output":
+        out.append(_function_call_output(value, path))
+    elif kind == "reasoning":
+        _reasoning_item(value, path)
+    elif kind in _OTHER_ITEM_TYPES:
+        raise invalid_request(
+            f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
+            "server: only message, function_call, function_call_output and reasoning items "
+            "are supported (built-in tools run at OpenAI, not here).",
+            f"{path}.type",
+            "unsupported_value",
+        )
+    else:
+        _fail_value(f"{path}.type", kind, _ITEM_TYPES)
+
+
+def _keys(value: dict[str, Any], path: str, allowed: tuple[str, ...]) -> None:
+    for key in value:
+        if key not in allowed:
+            _fail_unknown(f"{path}.{key}")
+
+
+def _message(value: dict[str, Any], path: str) -> Message:
+    _keys(value, path, ("type", "role", "content", "id", "status", "phase"))
+    role = _required(value, "role", path)
+    if type(role) is not str:
+        _fail_type(f"{path}.role", "a string", role)
+    if role not in _MESSAGE_ROLES:
+        _fail_value(f"{path}.role", role, _MESSAGE_ROLES)
+    _str(value, "id", path)
+    _status(value, path)
+    phase = _str(value, "phase", path)
+    if phase is not None and phase not in ("commentary", "final_answer"):
+        _fail_value(f"{path}.phase", phase, ("commentary", "final_answer"))
+    content = _required(value, "content", path)
+    text = _content(content, f"{path}.content", role)
+    checked: Any = role
+    return Message(role=checked, content=text)
+
+
+def _status(value: dict[str, Any], path: str) -> None:
+    status = _str(value, "status", path)
+    if status is not None and status not in ("in_progress", "completed", "incomplete"):
+        _fail_value(f"{path}.status", status, ("in_progress", "completed", "incomplete"))
+
+
+def _content(value: Any, path: str, role: str) -> str:
+    if type(value) is str:
+        return value
+    if type(value) is not list:
+        _fail_type(path, "one of a string or array of objects", value)
+    if len(value) > MAX_CONTENT_PARTS:
+        _fail_array_too_long(path, MAX_CONTENT_PARTS, len(value))
+    # Text parts are joined with a newline, as the chat parser does.
+    return "\n".join(_part(part, f"{path}[{j}]", role) for j, part in enumerate(value))
+
+
+def _part(part: Any, path: str, role: str) -> str:
+    if type(part) is not dict:
+        _fail_type(path, "an object", part)
+    kind = _required(part, "type", path)
+    if type(kind) is not str:
+        _fail_type(f"{path}.type", "a string", kind)
+    expected = ("output_text", "refusal") if role == "assistant" else ("input_text",)
+    if kind in _UNSUPPORTED_PARTS and role != "assistant":
+        raise invalid_request(
+            f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
+            "server: only text content parts are supported.",
+            f"{path}.type",
+            "unsupported_value",
+        )
+    if kind == "refusal" and role == "assistant":
+        _fail_unsupported(f"{path}.type", "refusals cannot be given back to the model")
+    if kind not in expected:
+        _fail_value(f"{path}.type", kind, expected)
+    if kind == "output_text":
+        _keys(part, path, ("type", "text", "annotations", "logprobs"))
+        for key in ("annotations", "logprobs"):
+            if part.get(key) is not None and type(part[key]) is not list:
+                _fail_type(f"{path}.{key}", "an array", part[key])
+    else:
+        _keys(part, path, ("type", "text"))
+    text = _required(part, "text", path)
+    if type(text) is not str:
+        _fail_type(f"{path}.text", "a string", text)
+    return text
+
+
+def _function_call(value: dict[str, Any], path: str) -> ToolCall:
+    _keys(value, path, ("type", "call_id", "name", "arguments", "id", "status"))
+    call_id = _required(value, "call_id", path)
+    if type(call_id) is not str:
+        _fail_type(f"{path}.call_id", "a string", call_id)
+    name = _required(value, "name", path)
+    if type(name) is not str:
+        _fail_type(f"{path}.name", "a string", name)
+    arguments = _required(value, "arguments", path)
+    if type(arguments) is not str:
+        _fail_type(f"{path}.arguments", "a string", arguments)
+    _str(value, "id", path)
+    _status(value, path)
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def _function_call_output(value: dict[str, Any], path: str) -> Message:
+    _keys(value, path, ("type", "call_id", "output", "id", "status"))
+    call_id = _required(value, "call_id", path)
+    if type(call_id) is not str:
+        _fail_type(f"{path}.call_id", "a string", call_id)
+    output = _required(value, "output", path)
+    text = _content(output, f"{path}.output", "tool")
+    _str(value, "id", path)
+    _status(value, path)
+    return Message("tool", text, tool_call_id=call_id)
+
+
+def _reasoning_item(value: dict[str, Any], path: str) -> None:
+    """A reasoning item given back: checked, not re-fed (the chat's reasoning_content)."""
+    _keys(value, path, ("type", "id", "summary", "content", "encrypted_content", "status"))
+    for key in ("summary", "content"):
+        if value.get(key) is not None and type(value[key]) is not list:
+            _fail_type(f"{path}.{key}", "an array", value[key])
+    if value.get("encrypted_content") is not None:
+        _fail_unsupported(
+            f"{path}.encrypted_content", "this server neither writes nor reads encrypted reasoning"
+        )
+    _status(value, path)

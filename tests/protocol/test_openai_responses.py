@@ -1,0 +1,251 @@
+"""Parsing a Responses request into `Generate`: inputs of every kind we take, and a 400
+naming the field for everything we refuse (unknown, unsupported, mistyped, missing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
+from protocol.openai.errors import OpenAIError
+from protocol.openai.responses import parse_responses_object, parse_responses_request
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def parse(**fields: Any) -> Any:
+    return parse_responses_object({"model": "m", "input": "hi", **fields}, store=True)
+
+
+def refused(fields: dict[str, Any], param: str, code: str, *, store: bool = True) -> str:
+    with pytest.raises(OpenAIError) as caught:
+        parse_responses_object({"model": "m", "input": "hi", **fields}, store=store)
+    err = caught.value
+    assert (err.status, err.type, err.param, err.code) == (
+        400,
+        "invalid_request_error",
+        param,
+        code,
+    ), err
+    return err.message
+
+
+def test_a_string_input_is_one_user_message() -> None:
+    request = parse_responses_request(b'{"model": "m", "input": "Hello"}')
+    generate = request.to_generate("resp_1")
+    assert generate.request_id == "resp_1"
+    assert generate.model == "m"
+    assert generate.messages == (Message("user", "Hello"),)
+    assert generate.max_tokens is None
+    assert generate.sampling == SamplingParams()
+    assert request.store is False  # the server keeps nothing: not stored
+
+
+def test_instructions_then_history_then_input() -> None:
+    request = parse(instructions="Be brief.", max_output_tokens=7, temperature=0, top_p=0.5)
+    history = (Message("user", "before"), Message("assistant", "ok"))
+    generate = request.to_generate("r", history)
+    assert generate.messages == (
+        Message("system", "Be brief."),
+        *history,
+        Message("user", "hi"),
+    )
+    assert generate.max_tokens == 7
+    assert (generate.sampling.temperature, generate.sampling.top_p) == (0.0, 0.5)
+    assert request.store is True  # OpenAI's default, where the server keeps responses
+
+
+def test_message_items_function_calls_and_their_outputs() -> None:
+    request = parse(
+        input=[
+            {"role": "developer", "content": "Use tools."},
+            {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Weather in"},
+                {"type": "input_text", "text": "Paris?"},
+            ]},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "x"}]},
+            {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+             "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather",
+             "arguments": '{"city": "Paris"}', "id": "fc_1", "status": "completed"},
+            {"type": "function_call", "call_id": "c2", "name": "get_weather",
+             "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "c2",
+             "output": [{"type": "input_text", "text": "rain"}]},
+        ]
+    )  # fmt: skip
+    assert request.input == (
+        Message("developer", "Use tools."),
+        Message("user", "Weather in\nParis?"),
+        Message(
+            "assistant",
+            "Checking.",
+            tool_calls=(
+                ToolCall("c1", "get_weather", '{"city": "Paris"}'),
+                ToolCall("c2", "get_weather", "{}"),
+            ),
+        ),
+        Message("tool", "sunny", tool_call_id="c1"),
+        Message("tool", "rain", tool_call_id="c2"),
+    )
+
+
+def test_a_function_call_first_is_its_own_assistant_message() -> None:
+    request = parse(
+        input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]
+    )
+    assert request.input == (Message("assistant", "", tool_calls=(ToolCall("c", "f", "{}"),)),)
+
+
+def test_tools_tool_choice_and_formats() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    request = parse(
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+        text={"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}},
+        reasoning={"effort": "none"},
+    )
+    generate = request.to_generate("r")
+    assert generate.tools == (
+        Tool(
+            "get_weather",
+            "Weather.",
+            orjson.dumps(WEATHER["parameters"]).decode(),
+            strict=True,
+        ),
+    )
+    assert (generate.tool_choice, generate.tool_name) == ("function", "get_weather")
+    assert generate.parallel_tool_calls is False
+    assert generate.response_format == ResponseFormat(
+        "json_schema", orjson.dumps(schema).decode(), "out", True
+    )
+    assert generate.reasoning_effort == "none"
+    assert request.text_format == {
+        "type": "json_schema",
+        "name": "out",
+        "schema": schema,
+        "description": None,
+        "strict": True,
+    }
+    assert parse(text={"format": {"type": "json_object"}}).response_format == ResponseFormat(
+        "json_object"
+    )
+    assert parse(text={"format": {"type": "text"}}).response_format is None
+    assert parse(tools=[WEATHER], tool_choice="required").tool_choice == "required"
+
+
+def test_accepted_fields_with_no_effect() -> None:
+    request = parse(
+        metadata={"a": "b"},
+        user="u",
+        safety_identifier="s",
+        prompt_cache_key="k",
+        max_tool_calls=3,
+        truncation="disabled",
+        service_tier="auto",
+        include=[],
+        background=False,
+        top_logprobs=0,
+        stream=True,
+        stream_options={"include_obfuscation": False},
+        text={"verbosity": "medium"},
+    )
+    assert (request.metadata, request.user, request.max_tool_calls) == ({"a": "b"}, "u", 3)
+    assert request.stream is True
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        ({"frequency_penalty": 1}, "frequency_penalty", "unknown_parameter"),
+        ({"messages": []}, "messages", "unknown_parameter"),
+        ({"background": True}, "background", "unsupported_value"),
+        ({"include": ["reasoning.encrypted_content"]}, "include", "unsupported_value"),
+        ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
+        ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
+        ({"prompt": {"id": "p"}}, "prompt", "unsupported_parameter"),
+        ({"truncation": "auto"}, "truncation", "unsupported_value"),
+        ({"service_tier": "flex"}, "service_tier", "unsupported_value"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "unsupported_parameter"),
+        ({"reasoning": {"effort": "huge"}}, "reasoning.effort", "invalid_value"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported_value"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type", "invalid_value"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format.name",
+         "missing_required_parameter"),
+        ({"text": {"format": {"type": "text", "x": 1}}}, "text.format.x", "unknown_parameter"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_value"),
+        ({"tools": [{"type": "function"}]}, "tools[0].name", "missing_required_parameter"),
+        ({"tools": [{**WEATHER, "function": {}}]}, "tools[0].function", "unknown_parameter"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "mcp"}}, "tool_choice.type",
+         "unsupported_value"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
+         "tool_choice", "invalid_value"),
+        ({"tool_choice": "required"}, "tool_choice", "invalid_parameter_combination"),
+        ({"temperature": 3}, "temperature", "decimal_above_max_value"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "integer_below_min_value"),
+        ({"stream": "yes"}, "stream", "invalid_type"),
+        ({"stream_options": {}}, "stream_options", "invalid_parameter_combination"),
+        ({"instructions": 5}, "instructions", "invalid_type"),
+        ({"input": 5}, "input", "invalid_type"),
+        ({"input": []}, "input", "empty_array"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "invalid_value"),
+        ({"input": [{"content": "x"}]}, "input[0].type", "missing_required_parameter"),
+        ({"input": [{"role": "user"}]}, "input[0].content", "missing_required_parameter"),
+        ({"input": [{"role": "user", "content": "x", "name": "n"}]}, "input[0].name",
+         "unknown_parameter"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+         "input[0].content[0].type", "unsupported_value"),
+        ({"input": [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}]},
+         "input[0].content[0].type", "invalid_value"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0].type", "unsupported_value"),
+        ({"input": [{"type": "nonsense"}]}, "input[0].type", "invalid_value"),
+        ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+         "input[0].call_id", "missing_required_parameter"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": 1}]},
+         "input[0].output", "invalid_type"),
+        ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"}]},
+         "input[0].encrypted_content", "unsupported_parameter"),
+        ({"metadata": {"a": 1}}, "metadata.a", "invalid_type"),
+    ],
+)  # fmt: skip
+def test_refused_with_the_field_named(fields: dict[str, Any], param: str, code: str) -> None:
+    refused(fields, param, code)
+
+
+def test_the_model_comes_first() -> None:
+    with pytest.raises(OpenAIError) as caught:
+        parse_responses_object({"input": "x", "bogus": 1})
+    assert caught.value.param == "model"
+
+    def unknown(model: str) -> None:
+        raise OpenAIError(404, f"no {model}", "invalid_request_error", "model", "model_not_found")
+
+    with pytest.raises(OpenAIError) as caught:
+        parse_responses_object({"model": "x", "bogus": 1}, unknown)
+    assert caught.value.code == "model_not_found"
+
+
+def test_without_a_store_store_and_previous_response_id_are_refused() -> None:
+    message = refused({"store": True}, "store", "unsupported_value", store=False)
+    assert "keeps no responses" in message
+    message = refused(
+        {"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter",
+        store=False,
+    )  # fmt: skip
+    assert "keeps no responses" in message
+    assert parse_responses_object({"model": "m", "input": "x", "store": False}).store is False
+
+
+def test_store_false_where_the_server_stores() -> None:
+    assert parse(store=False).store is False
+    assert parse(store=True).store is True
