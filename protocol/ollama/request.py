@@ -1,0 +1,412 @@
+"""Parse Ollama's `/api/chat` and `/api/generate` bodies into a validated `OllamaRequest`.
+
+The fields are Ollama's (api/types.go, and the `ollama` library's ChatRequest and
+GenerateRequest). Honoured: `messages` (roles system, user, assistant, tool; an assistant's
+`tool_calls` with arguments as an object; a tool message's `tool_name`), `prompt`, `system`,
+`raw`, `stream` (true unless false), `format` ("json" or a JSON Schema), `tools`, `think`,
+and the `options` temperature, top_p, top_k, min_p, num_predict, stop, seed,
+presence_penalty and frequency_penalty. `keep_alive` is accepted and type-checked: runners
+keep their models loaded, so it changes nothing.
+
+Everything else is refused with a 400 naming the field, never dropped: unknown fields and
+options, images, a generate `suffix`, `template` or `context`, logprobs, image generation.
+Field readers and the wording of the messages are protocol.openai's (`_fields`), the model is
+checked first as there; the gateway writes the errors in Ollama's shape (`{"error": ...}`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+import orjson
+
+from protocol.frames import (
+    Generate,
+    Message,
+    ReasoningEffort,
+    ResponseFormat,
+    SamplingParams,
+    Tool,
+    ToolCall,
+)
+from protocol.openai._fields import (
+    _bool,
+    _fail_array_too_long,
+    _fail_type,
+    _fail_unknown,
+    _fail_unsupported,
+    _fail_value,
+    _int,
+    _json,
+    _number,
+    _required,
+    _str,
+)
+from protocol.openai.errors import invalid_request
+from protocol.openai.request import (
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    MAX_STOP,
+    SAMPLING_RANGES,
+    _model_first,
+    _stop_string,
+)
+from protocol.openai.tools import parse_tools
+
+Endpoint = Literal["chat", "generate"]
+CheckModel = Callable[[str], None]
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+OLLAMA_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.9, top_k=40)
+"""Ollama's sampling defaults where neither the request nor a Modelfile sets them."""
+
+_COMMON = frozenset(
+    {"model", "stream", "format", "options", "keep_alive", "think", "logprobs", "top_logprobs"}
+)
+_CHAT_KNOWN = _COMMON | {"messages", "tools"}
+_GENERATE_KNOWN = _COMMON | {
+    "prompt",
+    "suffix",
+    "system",
+    "template",
+    "context",
+    "raw",
+    "images",
+    "width",
+    "height",
+    "steps",
+}
+_GENERATE_REFUSED = {
+    # Refused when given a non-empty value; the reason goes into the message.
+    "suffix": "fill-in-the-middle is not implemented",
+    "template": "prompt templates are the model's own chat template",
+    "context": "no token context is returned or taken back; send the conversation to /api/chat",
+    "images": "images are not supported",
+    "width": "image generation is not supported",
+    "height": "image generation is not supported",
+    "steps": "image generation is not supported",
+}
+_OPTIONS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "num_predict",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+    }
+)
+_ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
+    "system": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+_MESSAGE_KEYS = {
+    "system": frozenset({"role", "content", "images"}),
+    "user": frozenset({"role", "content", "images"}),
+    # `thinking` is what a response's message carries back; earlier turns' thinking is not
+    # re-fed (as for Chat Completions' reasoning_content).
+    "assistant": frozenset({"role", "content", "images", "thinking", "tool_calls"}),
+    "tool": frozenset({"role", "content", "images", "tool_name", "tool_call_id"}),
+}
+_THINK: dict[object, ReasoningEffort | None] = {
+    True: None,  # the chat template's default: thinking on
+    False: "none",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+}
+
+
+@attrs.frozen
+class OllamaRequest:
+    """A validated `/api/chat` or `/api/generate` request."""
+
+    endpoint: Endpoint
+    model: str
+    messages: tuple[Message, ...] = ()
+    prompt: str | None = None
+    """`/api/generate` with `raw: true`: the prompt as given, with no chat template."""
+    stream: bool = True
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = OLLAMA_DEFAULTS
+    tools: tuple[Tool, ...] = ()
+    response_format: ResponseFormat | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    @property
+    def load_only(self) -> bool:
+        """Nothing to generate (no messages, or an empty prompt): Ollama answers such a request
+        by loading the model, `done_reason` "load"; Orchard's models are always loaded."""
+        return not self.messages and not self.prompt
+
+    def to_generate(self, request_id: str) -> Generate:
+        """The internal request a runner executes."""
+        return Generate(
+            request_id=request_id,
+            model=self.model,
+            messages=self.messages,
+            max_tokens=self.max_tokens,
+            stop=self.stop,
+            sampling=self.sampling,
+            tools=self.tools,
+            response_format=self.response_format,
+            reasoning_effort=self.reasoning_effort,
+            prompt=self.prompt,
+        )
+
+
+def parse_chat(body: bytes, check_model: CheckModel | None = None) -> OllamaRequest:
+    """Validate a `POST /api/chat` body; raise `OpenAIError` (400) on any problem."""
+    data = _json(body)
+    model = _model_first(data, _CHAT_KNOWN, check_model)
+    messages = _messages(data.get("messages"))
+    return _request(data, "chat", model, messages=messages, tools=parse_tools(data.get("tools")))
+
+
+def parse_generate(body: bytes, check_model: CheckModel | None = None) -> OllamaRequest:
+    """Validate a `POST /api/generate` body; raise `OpenAIError` (400) on any problem."""
+    data = _json(body)
+    model = _model_first(data, _GENERATE_KNOWN, check_model)
+    for key, reason in _GENERATE_REFUSED.items():
+        value = data.get(key)
+        if value not in (None, "", [], 0):
+            _fail_unsupported(key, reason)
+    prompt = _str(data, "prompt") or ""
+    system = _str(data, "system")
+    raw = _bool(data, "raw") or False
+    if len(prompt) + len(system or "") > MAX_PROMPT_CHARS:
+        raise invalid_request(
+            f"Invalid 'prompt': too long (at most {MAX_PROMPT_CHARS} characters).",
+            "prompt",
+            "string_above_max_length",
+        )
+    if raw:
+        if system:
+            raise invalid_request(
+                "Invalid 'system': a raw prompt takes no system prompt.",
+                "system",
+                "invalid_parameter_combination",
+            )
+        return _request(data, "generate", model, prompt=prompt or None)
+    messages: tuple[Message, ...] = ()
+    if prompt:
+        messages = ((Message("system", system),) if system else ()) + (Message("user", prompt),)
+    return _request(data, "generate", model, messages=messages)
+
+
+def _request(
+    data: dict[str, Any],
+    endpoint: Endpoint,
+    model: str,
+    *,
+    messages: tuple[Message, ...] = (),
+    prompt: str | None = None,
+    tools: tuple[Tool, ...] = (),
+) -> OllamaRequest:
+    stream = _bool(data, "stream")
+    max_tokens, stop, sampling = _options(data.get("options"))
+    _keep_alive(data.get("keep_alive"))
+    if _bool(data, "logprobs"):
+        _fail_unsupported("logprobs", "log-probabilities are not implemented for this API")
+    if data.get("top_logprobs") not in (None, 0):
+        _fail_unsupported("top_logprobs", "log-probabilities are not implemented for this API")
+    return OllamaRequest(
+        endpoint=endpoint,
+        model=model,
+        messages=messages,
+        prompt=prompt,
+        stream=stream is not False,
+        max_tokens=max_tokens,
+        stop=stop,
+        sampling=sampling,
+        tools=tools,
+        response_format=_format(data.get("format")),
+        reasoning_effort=_think(data.get("think")),
+    )
+
+
+def _format(value: Any) -> ResponseFormat | None:
+    """`format`: "json" (any JSON object), a JSON Schema (an object), or ""/absent (text)."""
+    if value is None or value == "":
+        return None
+    if value == "json":
+        return ResponseFormat("json_object")
+    if type(value) is str:
+        _fail_value("format", value, ("json",))
+    if type(value) is not dict:
+        _fail_type("format", 'the string "json" or a JSON Schema object', value)
+    return ResponseFormat("json_schema", schema=orjson.dumps(value).decode(), name="format")
+
+
+def _think(value: Any) -> ReasoningEffort | None:
+    if value is None:
+        return None
+    if type(value) not in (bool, str):
+        _fail_type("think", "a boolean or a string", value)
+    if value not in _THINK:
+        _fail_value("think", value, ("true", "false", "low", "medium", "high"))
+    return _THINK[value]
+
+
+def _keep_alive(value: Any) -> None:
+    """Accepted (a duration string like "5m", or seconds); models stay loaded on runners."""
+    if value is not None and type(value) not in (int, float, str):
+        _fail_type("keep_alive", "a duration string or a number of seconds", value)
+
+
+def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
+    if value is None:
+        return None, (), OLLAMA_DEFAULTS
+    if type(value) is not dict:
+        _fail_type("options", "an object", value)
+    for key in value:
+        if key not in _OPTIONS:
+            raise invalid_request(
+                f"Unsupported option: 'options.{key}' is not supported with this server; "
+                f"the supported options are {', '.join(sorted(_OPTIONS))}.",
+                f"options.{key}",
+                "unsupported_parameter",
+            )
+    path = "options"
+    num_predict = _int(value, "num_predict", -2, INT64_MAX, path)
+    if num_predict == 0:
+        raise invalid_request(
+            "Invalid 'options.num_predict': 0. Expected a positive number of tokens, or -1 "
+            "(no limit) or -2 (up to the context).",
+            "options.num_predict",
+            "invalid_value",
+        )
+    defaults = OLLAMA_DEFAULTS
+    temperature = _number(value, "temperature", *SAMPLING_RANGES["temperature"], path)
+    top_p = _number(value, "top_p", *SAMPLING_RANGES["top_p"], path)
+    min_p = _number(value, "min_p", *SAMPLING_RANGES["min_p"], path)
+    presence = _number(value, "presence_penalty", *SAMPLING_RANGES["presence_penalty"], path)
+    frequency = _number(value, "frequency_penalty", *SAMPLING_RANGES["frequency_penalty"], path)
+    top_k = _int(value, "top_k", 0, INT64_MAX, path)
+    seed = _int(value, "seed", INT64_MIN, INT64_MAX, path)
+    sampling = SamplingParams(
+        temperature=defaults.temperature if temperature is None else temperature,
+        top_p=defaults.top_p if top_p is None else top_p,
+        top_k=defaults.top_k if top_k is None else top_k,
+        min_p=defaults.min_p if min_p is None else min_p,
+        # Ollama's seed -1 (or any negative) means a random one.
+        seed=None if seed is None or seed < 0 else seed,
+        presence_penalty=defaults.presence_penalty if presence is None else presence,
+        frequency_penalty=defaults.frequency_penalty if frequency is None else frequency,
+    )
+    return (
+        num_predict if num_predict is not None and num_predict > 0 else None,
+        _stop(value.get("stop")),
+        sampling,
+    )
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if type(value) is not list:
+        _fail_type("options.stop", "an array of strings", value)
+    if len(value) > MAX_STOP:
+        _fail_array_too_long("options.stop", MAX_STOP, len(value))
+    stops = []
+    for i, item in enumerate(value):
+        if type(item) is not str:
+            _fail_type(f"options.stop[{i}]", "a string", item)
+        stops.append(_stop_string(item, f"options.stop[{i}]"))
+    return tuple(stops)
+
+
+# --- messages -------------------------------------------------------------------------------
+
+
+def _messages(value: Any) -> tuple[Message, ...]:
+    """`messages`; absent or empty is Ollama's way to load a model (see `load_only`)."""
+    if value is None:
+        return ()
+    if type(value) is not list:
+        _fail_type("messages", "an array", value)
+    if len(value) > MAX_MESSAGES:
+        _fail_array_too_long("messages", MAX_MESSAGES, len(value))
+    messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
+    chars = sum(len(m.content) for m in messages)
+    if chars > MAX_PROMPT_CHARS:
+        raise invalid_request(
+            f"Invalid 'messages': the messages are too long ({chars} characters; at most "
+            f"{MAX_PROMPT_CHARS} are accepted).",
+            "messages",
+            "string_above_max_length",
+        )
+    return messages
+
+
+def _message(value: Any, path: str) -> Message:
+    if type(value) is not dict:
+        _fail_type(path, "an object", value)
+    role_name = _required(value, "role", path)
+    if type(role_name) is not str:
+        _fail_type(f"{path}.role", "a string", role_name)
+    role = _ROLES.get(role_name)
+    if role is None:
+        _fail_value(f"{path}.role", role_name, tuple(_ROLES))
+    for key in value:
+        if key not in _MESSAGE_KEYS[role]:
+            _fail_unknown(f"{path}.{key}")
+    if value.get("images"):
+        _fail_unsupported(f"{path}.images", "images are not supported")
+    content = _str(value, "content", path) or ""
+    if role == "assistant":
+        _str(value, "thinking", path)
+        calls = _tool_calls(value.get("tool_calls"), f"{path}.tool_calls")
+        return Message(role, content, tool_calls=calls)
+    if role == "tool":
+        name = _str(value, "tool_name", path)
+        call_id = _str(value, "tool_call_id", path)
+        return Message(role, content, name=name, tool_call_id=call_id)
+    return Message(role, content)
+
+
+def _tool_calls(value: Any, path: str) -> tuple[ToolCall, ...]:
+    """An assistant's calls in the history: `[{"function": {"name", "arguments": {...}}}]`;
+    a call without Ollama's optional `id` gets `call_<n>`, its position."""
+    if value is None:
+        return ()
+    if type(value) is not list:
+        _fail_type(path, "an array", value)
+    calls = []
+    for i, item in enumerate(value):
+        item_path = f"{path}[{i}]"
+        if type(item) is not dict:
+            _fail_type(item_path, "an object", item)
+        for key in item:
+            if key not in ("id", "type", "function"):
+                _fail_unknown(f"{item_path}.{key}")
+        call_id = _str(item, "id", item_path)
+        kind = _str(item, "type", item_path)
+        if kind not in (None, "function"):
+            _fail_value(f"{item_path}.type", kind, ("function",))
+        function = _required(item, "function", item_path)
+        if type(function) is not dict:
+            _fail_type(f"{item_path}.function", "an object", function)
+        for key in function:
+            if key not in ("index", "name", "arguments"):
+                _fail_unknown(f"{item_path}.function.{key}")
+        _int(function, "index", 0, INT64_MAX, f"{item_path}.function")
+        name = _required(function, "name", f"{item_path}.function")
+        if type(name) is not str:
+            _fail_type(f"{item_path}.function.name", "a string", name)
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = {}
+        if type(arguments) is not dict:
+            _fail_type(f"{item_path}.function.arguments", "an object", arguments)
+        calls.append(ToolCall(call_id or f"call_{i}", name, orjson.dumps(arguments).decode()))
+    return tuple(calls)
