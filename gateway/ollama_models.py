@@ -1,0 +1,108 @@
+"""Ollama's model endpoints: `GET /api/tags`, `GET /api/ps`, `POST /api/show`,
+`GET /api/version`, and the model-management calls, which Orchard answers with an error:
+its models are served by runners (`orchard runner --model ...`), not pulled or created here.
+
+Bodies are protocol.ollama.models'; errors are written in Ollama's shape by path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from litestar import Request, Response, get, post, route
+from litestar.datastructures import State
+
+from gateway.errors import ModelNotFound
+from gateway.http_errors import openai_error_for
+from gateway.pool import Pool
+from protocol.ollama.models import ServedModel, ps_body, show_body, tags_body, version_body
+from protocol.openai._fields import _fail_type, _fail_unknown, _json, _object
+from protocol.openai.errors import OpenAIError, invalid_request
+
+MANAGEMENT = (
+    "/api/pull",
+    "/api/push",
+    "/api/create",
+    "/api/copy",
+    "/api/delete",
+    "/api/blobs/{digest:str}",
+)
+
+
+def served(pool: Pool) -> dict[str, ServedModel]:
+    """Each model the pool serves, with the first registration of a runner still serving it."""
+    models: dict[str, ServedModel] = {}
+    for conn in pool.runners.values():
+        since = int(conn.connected_at * 1e9)
+        for info in conn.hello.models:
+            if info.id not in conn.models:
+                continue
+            known = models.get(info.id)
+            if known is None or since < known.since_ns:
+                models[info.id] = ServedModel(info, since)
+    return models
+
+
+@get("/api/tags", include_in_schema=False)
+async def tags(state: State) -> dict[str, Any]:
+    """The models the pool serves (Ollama's list)."""
+    return tags_body(served(state.pool).values())
+
+
+@get("/api/ps", include_in_schema=False)
+async def ps(state: State) -> dict[str, Any]:
+    """The loaded models: every served one (runners keep their models loaded)."""
+    return ps_body(served(state.pool).values())
+
+
+@get("/api/version", include_in_schema=False)
+async def version() -> dict[str, Any]:
+    """The Ollama version whose API this follows."""
+    return version_body()
+
+
+@post("/api/show", status_code=200, include_in_schema=False)
+async def show(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """What is known of one model."""
+    data = _object(_json(await request.body()))
+    for key in data:
+        if key not in ("model", "name", "verbose"):
+            _fail_unknown(key)
+    model = data.get("model", data.get("name"))  # "name" is the field's older spelling
+    if model is None:
+        raise invalid_request(
+            "Missing required parameter: 'model'.", "model", "missing_required_parameter"
+        )
+    if type(model) is not str:
+        _fail_type("model", "a string", model)
+    verbose = data.get("verbose")
+    if verbose is not None and type(verbose) is not bool:
+        _fail_type("verbose", "a boolean", verbose)
+    pool: Pool = state.pool
+    try:
+        pool.check_model(model)
+    except Exception as exc:
+        raise openai_error_for(exc) from exc
+    found = served(pool).get(model)
+    if found is None:  # the last runner left meanwhile
+        raise openai_error_for(ModelNotFound(model))
+    return Response(content=orjson.dumps(show_body(found)), media_type="application/json")
+
+
+@route(list(MANAGEMENT), http_method=["POST", "DELETE"], include_in_schema=False)
+async def manage(request: Request[Any, Any, Any]) -> None:
+    """Pulling, pushing, creating, copying and deleting models: not here."""
+    call = request.url.path.removeprefix("/api/").split("/")[0]
+    raise OpenAIError(
+        501,
+        f"/api/{call} is not available: Orchard's models are served by its runners "
+        "(start one with `orchard runner --model <model>`), not managed through this API.",
+        "invalid_request_error",
+        None,
+        "model_management_unsupported",
+    )
+
+
+ROUTES: list[Any] = [tags, ps, version, show, manage]
+"""The model endpoints, registered with the chat and generate routes (gateway.ollama_api)."""
