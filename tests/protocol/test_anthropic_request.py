@@ -3,14 +3,19 @@ naming the field for anything wrong, missing, unknown or not implemented."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import hypothesis.strategies as st
 import orjson
 import pytest
+from hypothesis import given
 
 from protocol.anthropic.request import parse_count_request, parse_messages_request
+from protocol.codec import decode_gateway_frame, encode
 from protocol.frames import Message, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import OpenAIError
+from tests.protocol.strategies import json_values
 
 TOOL = {
     "name": "get_weather",
@@ -208,3 +213,102 @@ def test_count_tokens_generates_nothing() -> None:
                 {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}
             )
         )
+
+
+# --- hostile input: a 400, never anything else -----------------------------------------------
+
+FULL: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 2048,
+    "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "u"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "t", "signature": "x"},
+                {"type": "text", "text": "a"},
+                {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "7"}],
+                },
+                {"type": "text", "text": "more"},
+            ],
+        },
+    ],
+    "stream": True,
+    "temperature": 0.5,
+    "top_p": 0.5,
+    "top_k": 3,
+    "stop_sequences": [],
+    "metadata": {"user_id": "u"},
+    "tools": [{"name": "f", "input_schema": {"type": "object"}, "strict": False}],
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": False},
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
+}
+
+
+def check(data: bytes) -> None:
+    """Parses into a Generate the runner protocol can carry, or is a 400."""
+    try:
+        parsed = parse_messages_request(data)
+    except OpenAIError as exc:
+        err = exc
+    else:
+        generate = parsed.to_generate("msg_1")
+        assert decode_gateway_frame(encode(generate)) == generate
+        return
+    assert err.status == 400
+
+
+def paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix]
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += paths(value, (*prefix, key))
+    elif isinstance(obj, list):
+        for index, value in enumerate(obj):
+            found += paths(value, (*prefix, index))
+    return found
+
+
+@st.composite
+def mutated_requests(draw: st.DrawFn) -> Any:
+    """FULL with one value replaced, one key dropped or one key added, at any depth."""
+    obj = copy.deepcopy(FULL)
+    path = draw(st.sampled_from(paths(obj)[1:]))
+    parent = obj
+    for step in path[:-1]:
+        parent = parent[step]
+    action = draw(st.sampled_from(("replace", "drop", "add")))
+    if action == "replace" or (action == "drop" and isinstance(parent, list)):
+        parent[path[-1]] = draw(json_values)
+    elif action == "drop":
+        del parent[path[-1]]
+    elif isinstance(parent, dict):
+        parent[draw(st.text(max_size=8) | st.sampled_from(sorted(FULL)))] = draw(json_values)
+    else:
+        parent.append(draw(json_values))
+    return obj
+
+
+def test_full_is_valid() -> None:
+    gen = parse_messages_request(orjson.dumps(FULL)).to_generate("msg_1")
+    assert [m.role for m in gen.messages] == ["system", "user", "assistant", "tool", "user"]
+
+
+@given(mutated_requests())
+def test_mutated_requests(value: Any) -> None:
+    check(orjson.dumps(value))
+
+
+@given(json_values)
+def test_random_json(value: Any) -> None:
+    check(orjson.dumps(value))
