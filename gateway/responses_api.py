@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
+from litestar.params import FromPath
 
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
@@ -143,7 +144,7 @@ def _no_query(request: Request[Any, Any, Any]) -> None:
 
 @get("/v1/responses/{response_id:str}")
 async def get_response(
-    request: Request[Any, Any, Any], state: State, response_id: str
+    request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
     """A stored response."""
     _no_query(request)
@@ -153,7 +154,7 @@ async def get_response(
 
 @delete("/v1/responses/{response_id:str}", status_code=200)
 async def delete_response(
-    request: Request[Any, Any, Any], state: State, response_id: str
+    request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
     """Delete a stored response."""
     _no_query(request)

@@ -278,6 +278,23 @@ async def test_queue_full_is_429_with_retry_after() -> None:
         gw.stop()
 
 
+async def test_a_model_whose_runners_left_is_503_with_retry_after(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    fake = await FakeRunner.connect(gateway, models=("ephemeral",), name="ephemeral")
+    await fake.close()
+    for _ in range(100):  # until the gateway has seen it go
+        runners = (await http.get("/v1/runners")).json()["data"]
+        if all(r["name"] != "ephemeral" for r in runners):
+            break
+        await asyncio.sleep(0.05)
+    for stream in (False, True):
+        resp = await http.post("/v1/responses", json={**body(stream=stream), "model": "ephemeral"})
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["error"]["code"] == "model_unavailable"
+        assert int(resp.headers["retry-after"]) >= 1
+
+
 async def test_api_key_required(gateway: Gateway) -> None:
     async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as http:
         resp = await http.post("/v1/responses", json=body())
