@@ -29,6 +29,7 @@ from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stream import RequestStream
 from protocol.anthropic.request import (
+    CheckModel,
     MessagesRequest,
     parse_count_request,
     parse_messages_request,
@@ -47,7 +48,9 @@ class PingTransport(SseTransport):
     keepalive = PING
 
 
-def _check_model(pool: Pool) -> Any:
+def _check_model(pool: Pool) -> CheckModel:
+    """The parser's model check: an unknown model's 404 (or 503) before anything else."""
+
     def check_model(model: str) -> None:
         try:
             pool.check_model(model)
