@@ -1,0 +1,292 @@
+"""OpenAI's Responses API end to end: the official `openai` SDK's `client.responses.create`
+(streamed and not) and `client.responses.stream` against a real gateway and a real runner on
+the built-in model. At temperature 0 the text and the usage are the Chat Completions answer's
+for the same conversation; function calls, their outputs given back (by hand and through
+previous_response_id), structured outputs, stored responses and the raw SSE are checked too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import orjson
+import pytest
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseTextDeltaEvent,
+)
+
+from runner import demo_model
+from tests.support import Gateway, Process, gateway_with_runner
+
+MODEL = "orchard-demo"
+QUESTION = "Tell me about pear trees."
+INSTRUCTIONS = "You are a gardener."
+TOOLS: Any = [
+    {"type": "function", **tool["function"], "strict": False} for tool in demo_model.TOOL_DEMO_TOOLS
+]
+CHAT_TOOLS: Any = list(demo_model.TOOL_DEMO_TOOLS)
+CALL_MESSAGES: Any = list(demo_model.TOOL_DEMO_MESSAGES)
+EXPECTED_CALL = demo_model.TOOL_DEMO_CALLS[0]
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[tuple[Gateway, Process]]:
+    with gateway_with_runner("--model", MODEL, "--max-concurrent", "4") as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def client(stack: tuple[Gateway, Process]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{stack[0].base}/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def chat(client: openai.OpenAI, messages: Any, max_tokens: int, **extra: Any) -> Any:
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens, **extra
+    )
+
+
+def assert_usage_is_chats(response: Response, completion: Any) -> None:
+    usage, expected = response.usage, completion.usage
+    assert usage is not None
+    assert usage.input_tokens == expected.prompt_tokens
+    assert usage.output_tokens == expected.completion_tokens
+    assert usage.total_tokens == expected.total_tokens
+    assert usage.output_tokens_details.reasoning_tokens == (
+        expected.completion_tokens_details.reasoning_tokens
+    )
+    assert 0 <= usage.input_tokens_details.cached_tokens <= usage.input_tokens
+
+
+@pytest.mark.parametrize("max_tokens", [12, 200])
+def test_not_streamed_is_the_chat_answer(client: openai.OpenAI, max_tokens: int) -> None:
+    response = client.responses.create(
+        model=MODEL,
+        input=QUESTION,
+        instructions=INSTRUCTIONS,
+        temperature=0,
+        max_output_tokens=max_tokens,
+    )
+    completion = chat(
+        client,
+        [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}],
+        max_tokens,
+    )
+    (choice,) = completion.choices
+    assert response.object == "response"
+    assert response.id.startswith("resp_")
+    assert response.output_text == choice.message.content
+    (message,) = response.output
+    assert isinstance(message, ResponseOutputMessage)
+    assert message.id.startswith("msg_")
+    part = message.content[0]
+    assert isinstance(part, ResponseOutputText)
+    assert (part.annotations, part.logprobs) == ([], [])
+    assert_usage_is_chats(response, completion)
+    if choice.finish_reason == "length":
+        assert response.status == "incomplete"
+        assert response.incomplete_details is not None
+        assert response.incomplete_details.reason == "max_output_tokens"
+        assert message.status == "incomplete"
+    else:
+        assert choice.finish_reason == "stop"
+        assert (response.status, message.status) == ("completed", "completed")
+        assert response.completed_at is not None
+    assert (response.instructions, response.max_output_tokens) == (INSTRUCTIONS, max_tokens)
+    assert response.temperature == 0.0
+    assert response.to_dict()["store"] is True  # not a field of the SDK's type: an extra
+
+
+def test_streamed_is_the_same_answer(client: openai.OpenAI) -> None:
+    plain = client.responses.create(
+        model=MODEL, input=QUESTION, temperature=0, max_output_tokens=16
+    )
+    events = list(
+        client.responses.create(
+            model=MODEL, input=QUESTION, temperature=0, max_output_tokens=16, stream=True
+        )
+    )
+    types = [event.type for event in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert set(types[4:-4]) == {"response.output_text.delta"}
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed" if plain.status == "completed" else "response.incomplete",
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if isinstance(e, ResponseTextDeltaEvent)]
+    assert "".join(deltas) == plain.output_text
+    final: Any = events[-1]
+    assert final.response.output_text == plain.output_text
+    assert final.response.status == plain.status
+    streamed, expected = final.response.usage, plain.usage
+    assert expected is not None
+    assert (streamed.input_tokens, streamed.output_tokens, streamed.total_tokens) == (
+        expected.input_tokens,
+        expected.output_tokens,
+        expected.total_tokens,
+    )
+
+
+def test_the_stream_helper_with_a_function_call(client: openai.OpenAI) -> None:
+    with client.responses.stream(
+        model=MODEL, input=CALL_MESSAGES, tools=TOOLS, temperature=0, max_output_tokens=80
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert final.status == "completed"
+    (call,) = final.output
+    assert isinstance(call, ResponseFunctionToolCall)
+    assert call.id is not None
+    assert call.id.startswith("fc_")
+    assert (call.name, json.loads(call.arguments)) == (
+        EXPECTED_CALL["name"],
+        EXPECTED_CALL["arguments"],
+    )
+    types = [event.type for event in events]
+    assert types[2] == "response.output_item.added"
+    assert "response.function_call_arguments.delta" in types
+    done = [e for e in events if isinstance(e, ResponseFunctionCallArgumentsDoneEvent)]
+    assert [(e.to_dict()["name"], e.arguments) for e in done] == [(call.name, call.arguments)]
+    assert isinstance(events[-1], ResponseCompletedEvent)
+    completion = chat(client, CALL_MESSAGES, 80, tools=CHAT_TOOLS)
+    assert_usage_is_chats(final, completion)
+    (chat_call,) = completion.choices[0].message.tool_calls
+    assert call.arguments == chat_call.function.arguments
+
+
+def test_function_output_by_hand_and_by_previous_response_id(client: openai.OpenAI) -> None:
+    first = client.responses.create(
+        model=MODEL, input=CALL_MESSAGES, tools=TOOLS, temperature=0, max_output_tokens=80
+    )
+    (call,) = first.output
+    assert isinstance(call, ResponseFunctionToolCall)
+    given_back: Any = [item.model_dump(exclude_none=True) for item in first.output]
+    result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
+    by_hand = client.responses.create(
+        model=MODEL,
+        input=[*CALL_MESSAGES, *given_back, result],
+        tools=TOOLS,
+        temperature=0,
+        max_output_tokens=20,
+        store=False,
+    )
+    chained = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[result],
+        tools=TOOLS,
+        temperature=0,
+        max_output_tokens=20,
+    )
+    completion = chat(
+        client,
+        [
+            *CALL_MESSAGES,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call.call_id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 21 C"},
+        ],
+        20,
+        tools=CHAT_TOOLS,
+    )
+    for response in (by_hand, chained):
+        assert_usage_is_chats(response, completion)
+        assert response.output_text == (completion.choices[0].message.content or "")
+    assert chained.previous_response_id == first.id
+    assert by_hand.to_dict()["store"] is False
+
+
+def test_stored_and_retrieved(client: openai.OpenAI) -> None:
+    created = client.responses.create(
+        model=MODEL, input=QUESTION, temperature=0, max_output_tokens=5, metadata={"k": "v"}
+    )
+    retrieved = client.responses.retrieve(created.id)
+    assert retrieved.model_dump() == created.model_dump()
+    assert retrieved.metadata == {"k": "v"}
+    client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+
+
+def test_json_schema_output_validates(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"fruit": {"type": "string", "enum": ["apple", "pear", "plum"]}},
+        "required": ["fruit"],
+        "additionalProperties": False,
+    }
+    response = client.responses.create(
+        model=MODEL,
+        input=QUESTION,
+        text={"format": {"type": "json_schema", "name": "fruit", "schema": schema, "strict": True}},
+        temperature=0,
+        max_output_tokens=60,
+    )
+    assert response.status == "completed"
+    jsonschema.validate(json.loads(response.output_text), schema)
+    assert response.text is not None
+    assert response.text.format is not None
+    assert response.text.format.type == "json_schema"
+
+
+def test_unknown_and_unsupported_fields_are_400s_naming_them(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="x", extra_body={"presence_penalty": 1})
+    assert caught.value.param == "presence_penalty"
+    assert caught.value.code == "unknown_parameter"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="x", background=True)
+    assert (caught.value.param, caught.value.code) == ("background", "unsupported_value")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
+    assert caught.value.param == "tools[0].type"
+
+
+def test_raw_sse_has_event_lines_and_no_done(stack: tuple[Gateway, Process]) -> None:
+    resp = httpx.post(
+        f"{stack[0].base}/v1/responses",
+        json={"model": MODEL, "input": QUESTION, "max_output_tokens": 3, "stream": True},
+        timeout=30,
+    )
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    blocks = resp.content.split(b"\n\n")
+    assert blocks[-1] == b""
+    events = []
+    for block in blocks[:-1]:
+        head, data = block.split(b"\n")
+        event = orjson.loads(data.removeprefix(b"data: "))
+        assert head == b"event: " + event["type"].encode()
+        events.append(event)
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] == "response.incomplete"
+    assert b"[DONE]" not in resp.content
