@@ -31,7 +31,7 @@ from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stream import RequestStream, StreamItem
 from protocol.frames import Chunk
-from protocol.ollama.request import OllamaRequest, parse_chat, parse_generate
+from protocol.ollama.request import OllamaRequest, in_ollama_terms, parse_chat, parse_generate
 from protocol.ollama.stream import (
     NDJSON,
     OllamaWriter,
@@ -40,7 +40,7 @@ from protocol.ollama.stream import (
     answer_body,
     load_body,
 )
-from protocol.openai.errors import invalid_request
+from protocol.openai.errors import OpenAIError, invalid_request
 from protocol.openai.stream import CompletionStream
 
 NDJSON_TYPE = "application/x-ndjson"
@@ -112,7 +112,8 @@ async def _streaming(
 ) -> Response[Any]:
     first = await first_item(stream, pool.config, pool.cancel)
     if first is not None and not isinstance(first, Chunk):
-        raise openai_error_for(first)  # nothing sent yet: a proper HTTP error
+        # Nothing sent yet: a proper HTTP error.
+        raise in_ollama_terms(openai_error_for(first), parsed.model)
     completion = CompletionStream(
         id=stream.request_id,
         created=0,
@@ -138,9 +139,12 @@ async def _non_streaming(
     timeout = pool.config.stream_timeout
     if not await collect(stream, builder, timeout, pool.cancel, disconnected(request)):
         return Response(content=b"", status_code=499)  # the client is gone: never read
-    body = answer_body(
-        builder, parsed.endpoint, parsed.model, wall=time.time_ns, mono=time.perf_counter_ns
-    )
+    try:
+        body = answer_body(
+            builder, parsed.endpoint, parsed.model, wall=time.time_ns, mono=time.perf_counter_ns
+        )
+    except OpenAIError as err:
+        raise in_ollama_terms(err, parsed.model) from None
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 

@@ -44,7 +44,7 @@ from protocol.openai._fields import (
     _required,
     _str,
 )
-from protocol.openai.errors import invalid_request
+from protocol.openai.errors import OpenAIError, invalid_request
 from protocol.openai.request import (
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
@@ -117,12 +117,25 @@ _MESSAGE_KEYS = {
     "tool": frozenset({"role", "content", "images", "tool_name", "tool_call_id"}),
 }
 _THINK: dict[object, ReasoningEffort | None] = {
-    True: None,  # the chat template's default: thinking on
-    False: "none",
+    # false turns thinking off through the chat template (`enable_thinking`), which any
+    # model's template takes; the others ask for thinking, which a model without think
+    # markers refuses (as Ollama does: see `in_ollama_terms`).
+    False: None,
+    True: "medium",
     "low": "low",
     "medium": "medium",
     "high": "high",
 }
+_NO_THINKING = '{"enable_thinking":false}'
+
+
+def in_ollama_terms(err: OpenAIError, model: str) -> OpenAIError:
+    """A runner's refusal in the terms of this API: the thinking the runner calls
+    `reasoning_effort` is Ollama's `think`."""
+    if err.param == "reasoning_effort":
+        err.message = f'"{model}" does not support thinking'
+        err.param = "think"
+    return err
 
 
 @attrs.frozen
@@ -141,6 +154,8 @@ class OllamaRequest:
     tools: tuple[Tool, ...] = ()
     response_format: ResponseFormat | None = None
     reasoning_effort: ReasoningEffort | None = None
+    thinking_off: bool = False
+    """`think: false`: the chat template's `enable_thinking` is false."""
 
     @property
     def load_only(self) -> bool:
@@ -160,6 +175,7 @@ class OllamaRequest:
             tools=self.tools,
             response_format=self.response_format,
             reasoning_effort=self.reasoning_effort,
+            chat_template_kwargs=_NO_THINKING if self.thinking_off else None,
             prompt=self.prompt,
         )
 
@@ -231,6 +247,7 @@ def _request(
         tools=tools,
         response_format=_format(data.get("format")),
         reasoning_effort=_think(data.get("think")),
+        thinking_off=data.get("think") is False,
     )
 
 

@@ -200,6 +200,24 @@ def test_structured_outputs(client: ollama.Client) -> None:
     jsonschema.validate(json.loads(shaped.message.content or ""), schema)
 
 
+def test_think_goes_through_the_chat_template(
+    client: ollama.Client, openai_client: openai.OpenAI
+) -> None:
+    def prompt_tokens(**fields: Any) -> int:
+        answer = openai_client.chat.completions.create(
+            model=MODEL, messages=HI, max_tokens=1, **fields
+        )
+        assert answer.usage is not None
+        tokens: int = answer.usage.prompt_tokens
+        return tokens
+
+    off = client.chat(MODEL, HI, think=False, options={"num_predict": 1})
+    on = client.chat(MODEL, HI, think=True, options={"num_predict": 1})
+    assert off.prompt_eval_count == prompt_tokens(reasoning_effort="none")
+    assert on.prompt_eval_count == prompt_tokens(reasoning_effort="high") == prompt_tokens()
+    assert off.prompt_eval_count != on.prompt_eval_count
+
+
 def test_model_endpoints(client: ollama.Client, stack: tuple[Gateway, Process]) -> None:
     assert [m.model for m in client.list().models] == [MODEL]
     (loaded,) = client.ps().models

@@ -161,8 +161,9 @@ async def test_what_reaches_the_runner(runner: FakeRunner, http: httpx.AsyncClie
     assert (gen.stop, gen.response_format, gen.reasoning_effort) == (
         ("END",),
         ResponseFormat("json_object"),
-        "none",
+        None,
     )
+    assert gen.chat_template_kwargs == '{"enable_thinking":false}'
 
 
 async def test_api_keys_are_required(gateway: Gateway) -> None:

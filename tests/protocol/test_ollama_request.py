@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
-from protocol.ollama.request import OLLAMA_DEFAULTS, parse_chat, parse_generate
+from protocol.ollama.request import OLLAMA_DEFAULTS, in_ollama_terms, parse_chat, parse_generate
 from protocol.openai.errors import OpenAIError
 from runner import demo_model
 
@@ -102,10 +102,28 @@ def test_format(fmt: Any, expected: ResponseFormat | None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("think", "effort"), [(True, None), (False, "none"), ("low", "low"), ("high", "high")]
+    ("think", "effort", "kwargs"),
+    [
+        (None, None, None),
+        (True, "medium", None),
+        (False, None, '{"enable_thinking":false}'),
+        ("low", "low", None),
+        ("high", "high", None),
+    ],
 )
-def test_think(think: Any, effort: str | None) -> None:
-    assert chat(think=think).to_generate("r").reasoning_effort == effort
+def test_think(think: Any, effort: str | None, kwargs: str | None) -> None:
+    generate_ = chat(think=think).to_generate("r")
+    assert (generate_.reasoning_effort, generate_.chat_template_kwargs) == (effort, kwargs)
+
+
+def test_a_model_that_cannot_think_is_refused_in_ollamas_terms() -> None:
+    refusal = OpenAIError(
+        400, "reasoning_effort is for ...", "invalid_request_error", "reasoning_effort"
+    )
+    err = in_ollama_terms(refusal, "m")
+    assert (err.status, err.message, err.param) == (400, '"m" does not support thinking', "think")
+    other = OpenAIError(400, "too long", "invalid_request_error", "messages")
+    assert in_ollama_terms(other, "m").message == "too long"
 
 
 def test_tools_and_a_tool_conversation() -> None:
