@@ -5,7 +5,8 @@ openapi.yaml's CreateResponse:
 
 - `input`: a string or a list of message, function_call, function_call_output and
   reasoning items (protocol.openai.responses_input).
-- `instructions` (a system message first), `max_output_tokens`, `temperature`, `top_p`,
+- `instructions` (a system message first), `max_output_tokens` (at least 16, as at
+  OpenAI), `temperature`, `top_p`,
   function `tools` (Responses' flat shape), `tool_choice`, `parallel_tool_calls`,
   `text.format` (text, json_object, json_schema), `reasoning.effort`, `stream`.
 - `store` (OpenAI's default is true) and `previous_response_id`: the gateway keeps
@@ -65,12 +66,13 @@ from protocol.openai.responses_input import _keys, parse_input
 from protocol.openai.stored import parse_metadata
 from protocol.openai.tools import (
     _function_name,
-    check_parallel_tool_calls,
     parse_response_format,
     parse_tool_choice,
 )
 
 MAX_TOOLS = 128
+MIN_OUTPUT_TOKENS = 16
+"""OpenAI's least `max_output_tokens`."""
 MAX_INSTRUCTIONS_CHARS = MAX_PROMPT_CHARS
 # fmt: off
 _KNOWN = frozenset((
@@ -169,7 +171,7 @@ def parse_responses_object(
         )
     stream = _bool(data, "stream") or False
     _stream_options(data.get("stream_options"), stream)
-    max_output_tokens = _int(data, "max_output_tokens", 1, INT64_MAX)
+    max_output_tokens = _int(data, "max_output_tokens", MIN_OUTPUT_TOKENS, INT64_MAX)
     temperature = _number(data, "temperature", *SAMPLING_RANGES["temperature"])
     top_p = _number(data, "top_p", *SAMPLING_RANGES["top_p"])
     sampling = SamplingParams(
@@ -178,7 +180,8 @@ def parse_responses_object(
     )
     tools = _tools(data.get("tools"))
     tool_choice, tool_name = _tool_choice(data.get("tool_choice"), tools)
-    parallel = check_parallel_tool_calls(data.get("parallel_tool_calls"), tools)
+    # Unlike chat's, Responses' parallel_tool_calls and tool_choice "auto" need no tools.
+    parallel = _bool(data, "parallel_tool_calls")
     response_format, text_format = _text(data.get("text"))
     effort = _reasoning(data.get("reasoning"))
     _check_unimplemented(data)
@@ -218,7 +221,7 @@ def parse_responses_object(
         tools=tools,
         tool_choice=tool_choice,
         tool_name=tool_name,
-        parallel_tool_calls=parallel,
+        parallel_tool_calls=True if parallel is None else parallel,
         response_format=response_format,
         text_format=text_format,
         reasoning_effort=effort,
@@ -287,7 +290,7 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str |
     """Responses' tool_choice: "none" / "auto" / "required", or `{type: "function", name}`
     (as the chat's, whose parser checks it)."""
     if type(value) is not dict:
-        return parse_tool_choice(value, tools)
+        return parse_tool_choice(None if value == "auto" else value, tools)
     kind = _required(value, "type", "tool_choice")
     if type(kind) is not str:
         _fail_type("tool_choice.type", "a string", kind)

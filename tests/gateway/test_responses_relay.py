@@ -76,7 +76,7 @@ async def test_streamed_reasoning_and_text(runner: FakeRunner, http: httpx.Async
 
     task = asyncio.create_task(serve())
     resp = await http.post(
-        "/v1/responses", json=body(stream=True, instructions="Be kind.", max_output_tokens=9)
+        "/v1/responses", json=body(stream=True, instructions="Be kind.", max_output_tokens=16)
     )
     gen = await task
     assert resp.status_code == 200
@@ -84,7 +84,7 @@ async def test_streamed_reasoning_and_text(runner: FakeRunner, http: httpx.Async
     assert resp.headers["x-request-id"].startswith("req_")
     assert gen.request_id.startswith("resp_")
     assert gen.messages == (Message("system", "Be kind."), Message("user", "Hi"))
-    assert gen.max_tokens == 9
+    assert gen.max_tokens == 16
     assert b"[DONE]" not in resp.content
     events = events_of(resp.content)
     assert [e["type"] for e in events] == [

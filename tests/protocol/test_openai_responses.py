@@ -49,7 +49,7 @@ def test_a_string_input_is_one_user_message() -> None:
 
 
 def test_instructions_then_history_then_input() -> None:
-    request = parse(instructions="Be brief.", max_output_tokens=7, temperature=0, top_p=0.5)
+    request = parse(instructions="Be brief.", max_output_tokens=16, temperature=0, top_p=0.5)
     history = (Message("user", "before"), Message("assistant", "ok"))
     generate = request.to_generate("r", history)
     assert generate.messages == (
@@ -57,7 +57,7 @@ def test_instructions_then_history_then_input() -> None:
         *history,
         Message("user", "hi"),
     )
-    assert generate.max_tokens == 7
+    assert generate.max_tokens == 16
     assert (generate.sampling.temperature, generate.sampling.top_p) == (0.0, 0.5)
     assert request.store is True  # OpenAI's default, where the server keeps responses
 
@@ -142,6 +142,9 @@ def test_tools_tool_choice_and_formats() -> None:
     )
     assert parse(text={"format": {"type": "text"}}).response_format is None
     assert parse(tools=[WEATHER], tool_choice="required").tool_choice == "required"
+    # Without tools: "auto" and parallel_tool_calls are accepted (OpenAI's defaults).
+    plain = parse(tool_choice="auto", parallel_tool_calls=False)
+    assert (plain.tool_choice, plain.parallel_tool_calls, plain.tools) == ("auto", False, ())
 
 
 def test_accepted_fields_with_no_effect() -> None:
@@ -192,7 +195,8 @@ def test_accepted_fields_with_no_effect() -> None:
          "tool_choice", "invalid_value"),
         ({"tool_choice": "required"}, "tool_choice", "invalid_parameter_combination"),
         ({"temperature": 3}, "temperature", "decimal_above_max_value"),
-        ({"max_output_tokens": 0}, "max_output_tokens", "integer_below_min_value"),
+        ({"max_output_tokens": 15}, "max_output_tokens", "integer_below_min_value"),
+        ({"parallel_tool_calls": 1}, "parallel_tool_calls", "invalid_type"),
         ({"stream": "yes"}, "stream", "invalid_type"),
         ({"stream_options": {}}, "stream_options", "invalid_parameter_combination"),
         ({"instructions": 5}, "instructions", "invalid_type"),

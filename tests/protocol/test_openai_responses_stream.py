@@ -421,7 +421,7 @@ def test_usage_object() -> None:
 def test_the_base_echoes_the_request() -> None:
     shown = base(
         instructions="Be brief.",
-        max_output_tokens=9,
+        max_output_tokens=16,
         temperature=0,
         top_p=0.5,
         tools=TOOLS,
@@ -433,7 +433,7 @@ def test_the_base_echoes_the_request() -> None:
         parallel_tool_calls=False,
     )
     assert shown["instructions"] == "Be brief."
-    assert shown["max_output_tokens"] == 9
+    assert shown["max_output_tokens"] == 16
     assert (shown["temperature"], shown["top_p"]) == (0.0, 0.5)
     assert shown["tool_choice"] == {"type": "function", "name": "now"}
     assert shown["text"] == {"format": {"type": "json_object"}, "verbosity": "medium"}
