@@ -82,7 +82,7 @@ async def _answer(request: Request[Any, Any, Any], pool: Pool, parse: Parse) -> 
         try:
             pool.check_model(model)
         except Exception as exc:
-            raise openai_error_for(exc) from exc
+            raise in_ollama_terms(openai_error_for(exc), model) from exc
 
     parsed = parse(await request.body(), check_model)
     limit = pool.config.max_tokens_limit

@@ -17,6 +17,7 @@ from gateway.errors import ModelNotFound
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
 from protocol.ollama.models import ServedModel, ps_body, show_body, tags_body, version_body
+from protocol.ollama.request import in_ollama_terms
 from protocol.openai._fields import _fail_type, _fail_unknown, _json, _object
 from protocol.openai.errors import OpenAIError, invalid_request
 
@@ -83,10 +84,10 @@ async def show(request: Request[Any, Any, Any], state: State) -> Response[bytes]
     try:
         pool.check_model(model)
     except Exception as exc:
-        raise openai_error_for(exc) from exc
+        raise in_ollama_terms(openai_error_for(exc), model) from exc
     found = served(pool).get(model)
     if found is None:  # the last runner left meanwhile
-        raise openai_error_for(ModelNotFound(model))
+        raise in_ollama_terms(openai_error_for(ModelNotFound(model)), model)
     return Response(content=orjson.dumps(show_body(found)), media_type="application/json")
 
 

@@ -130,9 +130,11 @@ _NO_THINKING = '{"enable_thinking":false}'
 
 
 def in_ollama_terms(err: OpenAIError, model: str) -> OpenAIError:
-    """A runner's refusal in the terms of this API: the thinking the runner calls
-    `reasoning_effort` is Ollama's `think`."""
-    if err.param == "reasoning_effort":
+    """An error in the terms of this API: an unknown model worded as Ollama does, and the
+    thinking the runner calls `reasoning_effort` is Ollama's `think`."""
+    if err.code == "model_not_found":
+        err.message = f'model "{model}" not found'
+    elif err.param == "reasoning_effort":
         err.message = f'"{model}" does not support thinking'
         err.param = "think"
     return err

@@ -188,7 +188,7 @@ async def test_errors_are_in_ollamas_shape(runner: FakeRunner, http: httpx.Async
     assert unknown.json() == {"error": "Unrecognized request argument supplied: nonsense"}
     missing = await http.post("/api/chat", json={**body(), "model": "no-such-model"})
     assert missing.status_code == 404
-    assert list(missing.json()) == ["error"]
+    assert missing.json() == {"error": 'model "no-such-model" not found'}
     for path in ("/api/pull", "/api/create", "/api/copy", "/api/blobs/sha256:00"):
         answer = await http.post(path, json={"model": "x"})
         assert answer.status_code == 501
@@ -329,7 +329,7 @@ async def test_model_endpoints(runner: FakeRunner, client: ollama.AsyncClient) -
     assert shown.capabilities == ["completion", "tools"]
     with pytest.raises(ollama.ResponseError) as info:
         await client.show("no-such-model")
-    assert info.value.status_code == 404
+    assert (info.value.status_code, info.value.error) == (404, 'model "no-such-model" not found')
     with pytest.raises(ollama.ResponseError) as info:
         await client.pull("fake-model")
     assert info.value.status_code == 501

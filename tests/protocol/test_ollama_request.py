@@ -10,7 +10,7 @@ import pytest
 
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.ollama.request import OLLAMA_DEFAULTS, in_ollama_terms, parse_chat, parse_generate
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import OpenAIError, model_not_found
 from runner import demo_model
 
 HI = [{"role": "user", "content": "hi"}]
@@ -122,6 +122,8 @@ def test_a_model_that_cannot_think_is_refused_in_ollamas_terms() -> None:
     )
     err = in_ollama_terms(refusal, "m")
     assert (err.status, err.message, err.param) == (400, '"m" does not support thinking', "think")
+    unknown = in_ollama_terms(model_not_found("gone"), "gone")
+    assert (unknown.status, unknown.message) == (404, 'model "gone" not found')
     other = OpenAIError(400, "too long", "invalid_request_error", "messages")
     assert in_ollama_terms(other, "m").message == "too long"
 
