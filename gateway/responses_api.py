@@ -52,7 +52,7 @@ def response_store(state: State) -> ResponseStore:
     return store
 
 
-@post("/v1/responses", status_code=200)
+@post("/v1/responses", status_code=200, include_in_schema=False)
 async def create_response(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a model response (OpenAI's Responses API; `stream: true` for SSE)."""
     pool: Pool = state.pool
@@ -142,7 +142,7 @@ def _no_query(request: Request[Any, Any, Any]) -> None:
         _fail_unknown(key)
 
 
-@get("/v1/responses/{response_id:str}")
+@get("/v1/responses/{response_id:str}", include_in_schema=False)
 async def get_response(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
@@ -152,7 +152,7 @@ async def get_response(
     return Response(content=body, media_type="application/json")
 
 
-@delete("/v1/responses/{response_id:str}", status_code=200)
+@delete("/v1/responses/{response_id:str}", status_code=200, include_in_schema=False)
 async def delete_response(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
