@@ -42,7 +42,7 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     Message: ("name", "tool_calls", "tool_call_id"),
     PromptToken: ("logprob", "top_logprobs"),
     Echo: ("tokens",),
-    Chunk: ("tool_calls", "logprobs", "index", "choice_finish", "echo"),
+    Chunk: ("tool_calls", "logprobs", "index", "choice_finish", "echo", "matched_stop"),
     Generate: (
         "tools",
         "tool_choice",
@@ -130,9 +130,9 @@ _FINISH_REASONS = frozenset(get_args(FinishReason))
 
 def _fast_chunk(obj: dict[str, Any], keys: frozenset[str] = _CHUNK_KEYS) -> Chunk | None:
     """The per-token frame without cattrs' generic machinery (a quarter of the gateway's
-    relay CPU in profiles). Only a complete, well-typed chunk without stats takes this path;
-    anything else returns None and goes through the converter, which also words the errors.
-    The tests check both paths agree."""
+    relay CPU in profiles). Only a complete, well-typed plain chunk (no stats, no optional
+    field) takes this path; anything else returns None and goes through the converter, which
+    also words the errors. The tests check both paths agree."""
     if obj.keys() != keys or obj["stats"] is not None:
         return None
     usage = obj["usage"]

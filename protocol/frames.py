@@ -313,6 +313,10 @@ class Chunk:
     echo: Echo | None = None
     """The prompt, on the first chunks of each choice of a request with `echo` (a long one in
     pieces, joined in order, before the choice's completion)."""
+    matched_stop: str | None = None
+    """On the chunk that ends a request (or a choice) with finish "stop" because one of its
+    stop strings completed: that string (Anthropic's `stop_sequence`, Ollama's and vLLM's
+    stop reason). None when the model ended on its own."""
 
 
 @attrs.frozen

@@ -381,6 +381,7 @@ class RunnerSession:
         index: int = 0,
         choice_finish: FinishReason | None = None,
         echo: Echo | None = None,
+        matched_stop: str | None = None,
     ) -> Chunk:
         """Build the next chunk of a request, numbered; the final one ends the request."""
         req = self._requests.get(request_id)
@@ -400,6 +401,7 @@ class RunnerSession:
             index,
             choice_finish,
             echo,
+            matched_stop,
         )
         req.next_seq += 1
         if finish_reason is not None:

@@ -128,6 +128,8 @@ class StopMatcher:
         self._stops = tuple(stop for stop in stops if stop)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None
+        """The stop string that completed, once one has."""
 
     def feed(self, text: str) -> str:
         """Add text; return what can be emitted now."""
@@ -139,12 +141,15 @@ class StopMatcher:
         # (end, start) of each stop's first occurrence: the stop that completes first wins,
         # as it would have had the text come a character at a time; on a tie, the longer one.
         hits = [
-            (index + len(stop), index) for stop in self._stops if (index := buffer.find(stop)) >= 0
+            (index + len(stop), index, stop)
+            for stop in self._stops
+            if (index := buffer.find(stop)) >= 0
         ]
         if hits:
+            _, start, self.matched = min(hits)
             self.stopped = True
             self._held = ""
-            return buffer[: min(hits)[1]]
+            return buffer[:start]
         keep = self._partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]
@@ -218,6 +223,11 @@ class RequestAccounting:
     def stopped(self) -> bool:
         """A stop string was hit; feed nothing more."""
         return self._matcher.stopped
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that was hit, if one was."""
+        return self._matcher.matched
 
     def feed(self, token_id: int, text: str) -> Piece:
         """Account for one generated token and its text segment."""

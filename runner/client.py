@@ -373,6 +373,7 @@ class Runner:
                     index=event.index,
                     choice_finish=event.choice_finish,
                     echo=event.echo,
+                    matched_stop=event.matched_stop,
                 )
             )
             if event.echo is not None:
@@ -424,4 +425,5 @@ def _merge_run(outputs: list[Output]) -> Output:
         last.index,
         last.choice_finish,
         outputs[0].echo,  # a choice's first output carries it
+        last.matched_stop,
     )

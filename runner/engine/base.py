@@ -53,6 +53,8 @@ class Output:
     echo: Echo | None = None
     """The prompt, on the first outputs of each choice of a request with `echo` (a long one
     in pieces, before the choice's first token)."""
+    matched_stop: str | None = None
+    """The stop string that ended the request or choice (see `protocol.frames.Chunk`)."""
 
 
 @attrs.frozen

@@ -410,6 +410,7 @@ class Generation:
                 index=request.index,
                 choice_finish=None if last else reason,
                 echo=echo,
+                matched_stop=request.accounting.matched_stop if reason == "stop" else None,
             ),
         )
         self._release(request)

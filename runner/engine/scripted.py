@@ -295,6 +295,7 @@ class ScriptedEngine(ThreadedEngine):
                 stats=progress.stats(now) if last else None,
                 index=stream.choice,
                 choice_finish=None if last else reason,
+                matched_stop=stream.matcher.matched if reason == "stop" else None,
             )
         )
 

@@ -156,6 +156,7 @@ chunks = st.builds(
     usage=usages,
     finish_reason=st.none() | finish_reasons,
     stats=st.none() | generation_stats,
+    matched_stop=st.none() | text,
 )
 echo_chunks = st.builds(
     Chunk,

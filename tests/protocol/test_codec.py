@@ -706,8 +706,8 @@ def test_arbitrary_json_raises_only_frame_error(value: Any) -> None:
 def test_fast_chunk_path_agrees_with_the_converter(chunk: Chunk) -> None:
     obj = orjson.loads(encode(chunk))
     fast = _fast_chunk(obj)
-    if chunk.stats is None:
-        assert fast == chunk  # every stats-less chunk takes the fast path
+    if chunk.stats is None and chunk.matched_stop is None:
+        assert fast == chunk  # every plain stats-less chunk takes the fast path
     else:
         assert fast is None
     assert decode_runner_frame(encode(chunk)) == chunk
@@ -727,7 +727,7 @@ def test_fast_chunk_path_never_accepts_what_the_converter_refuses(obj: Any) -> N
 @given(strategies.batches)
 def test_fast_batch_path_agrees_with_the_converter(batch: Batch) -> None:
     fast = _fast_batch(orjson.loads(encode(batch)))
-    if all(chunk.stats is None for chunk in batch.frames):
+    if all(chunk.stats is None and chunk.matched_stop is None for chunk in batch.frames):
         assert fast == batch
     else:
         assert fast is None

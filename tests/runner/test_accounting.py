@@ -138,8 +138,10 @@ def test_held_text_is_flushed_at_the_end() -> None:
 
 def test_earliest_stop_string_wins() -> None:
     matcher = StopMatcher(["world", "lo"])
+    assert matcher.matched is None
     assert matcher.feed("hello world") == "hel"
     assert matcher.stopped
+    assert matcher.matched == "lo"
 
 
 def test_stop_inside_one_segment_and_at_the_start() -> None:
@@ -168,9 +170,10 @@ def test_streamed_matching_equals_matching_the_whole_text(
     matcher = StopMatcher(stops)
     emitted = "".join(matcher.feed(part) for part in parts) + matcher.flush()
     # The stop that completes first wins, as if the text came a character at a time.
-    hits = [(i + len(stop), i) for stop in stops if (i := text.find(stop)) >= 0]
+    hits = [(i + len(stop), i, stop) for stop in stops if (i := text.find(stop)) >= 0]
     assert emitted == (text[: min(hits)[1]] if hits else text)
     assert matcher.stopped == bool(hits)
+    assert matcher.matched == (min(hits)[2] if hits else None)
 
 
 def test_the_stop_that_completes_first_wins_however_the_text_is_split() -> None:

@@ -230,7 +230,7 @@ def test_stop_string(case: EngineCase, start: StartEngine) -> None:
     engine.submit(other)
     events = run(engine, collector, attrs.evolve(plain, stop=(stop,)))
     last = final(events)
-    assert last.finish_reason == "stop"
+    assert (last.finish_reason, last.matched_stop) == ("stop", stop)
     assert text_of(events) == full[:start_at]
     assert last.usage.completion_tokens == completing_token + 1
     # A request running alongside goes on undisturbed after the stopped one left.
@@ -242,6 +242,7 @@ def test_stop_string(case: EngineCase, start: StartEngine) -> None:
     never = full[-3:] + "\x00"
     events = run(engine, collector, attrs.evolve(plain, stop=(never,)))
     assert (text_of(events), final(events).finish_reason) == (full, "length")
+    assert final(events).matched_stop is None
 
 
 def test_end_of_sequence_ends_with_stop(case: EngineCase, start: StartEngine) -> None:
@@ -250,6 +251,7 @@ def test_end_of_sequence_ends_with_stop(case: EngineCase, start: StartEngine) ->
     (event,) = run(engine, collector, request)
     assert isinstance(event, Output)
     assert (event.finish_reason, event.text, event.tokens) == ("stop", text, 1)
+    assert event.matched_stop is None  # the model ended on its own
     # Like vLLM, the end-of-sequence token is a completion token.
     assert event.usage.completion_tokens == 1
 
