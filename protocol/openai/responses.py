@@ -334,13 +334,12 @@ def _text(value: Any) -> tuple[ResponseFormat | None, dict[str, Any]]:
     except Exception as exc:
         _rename(exc, "response_format.json_schema", "text.format")
         raise
-    shown = {
-        "type": "json_schema",
-        "name": fmt["name"],
-        "schema": fmt.get("schema") or {},
-        "description": fmt.get("description"),
-        "strict": fmt.get("strict"),
-    }
+    assert parsed is not None
+    shown: dict[str, Any] = {"type": "json_schema", "name": parsed.name}
+    if fmt.get("description") is not None:  # a string, not nullable
+        shown["description"] = fmt["description"]
+    shown["schema"] = fmt.get("schema") or {}
+    shown["strict"] = parsed.strict
     return parsed, shown
 
 

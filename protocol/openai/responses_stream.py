@@ -67,8 +67,9 @@ def response_base(
     request: ResponsesRequest, *, id: str, created_at: int, store: bool
 ) -> dict[str, Any]:
     """The response object of `request` in progress: what it echoes of the request, no
-    output and no usage yet. `store`: whether it is kept."""
-    return {
+    output and no usage yet (openapi.yaml's `usage` is an object, not nullable: it appears
+    with the finished response). `store`: whether it is kept."""
+    shown = {
         "id": id,
         "object": "response",
         "created_at": created_at,
@@ -109,10 +110,11 @@ def response_base(
         "top_logprobs": 0,
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "truncation": "disabled",
-        "usage": None,
-        "user": request.user,
         "metadata": dict(request.metadata),
     }
+    if request.user is not None:  # a string, not nullable
+        shown["user"] = request.user
+    return shown
 
 
 def finished(

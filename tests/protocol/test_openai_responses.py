@@ -134,9 +134,10 @@ def test_tools_tool_choice_and_formats() -> None:
         "type": "json_schema",
         "name": "out",
         "schema": schema,
-        "description": None,
         "strict": True,
     }
+    described = {"type": "json_schema", "name": "o", "description": "D.", "schema": {}}
+    assert parse(text={"format": described}).text_format == {**described, "strict": False}
     assert parse(text={"format": {"type": "json_object"}}).response_format == ResponseFormat(
         "json_object"
     )

@@ -327,7 +327,7 @@ def test_an_error_mid_stream_fails_the_response_without_the_open_item() -> None:
     assert failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "server_error", "message": "boom"}
     assert [item["id"] for item in failed["response"]["output"]] == ["rs_1"]
-    assert failed["response"]["usage"] is None
+    assert "usage" not in failed["response"]
     assert kept == []
 
 
@@ -443,12 +443,11 @@ def test_the_base_echoes_the_request() -> None:
         "u",
         False,
     )
-    assert (shown["status"], shown["output"], shown["usage"], shown["store"]) == (
-        "in_progress",
-        [],
-        None,
-        True,
-    )
+    assert (shown["status"], shown["output"], shown["store"]) == ("in_progress", [], True)
+    # Not nullable in openapi.yaml: no usage until the response is finished, no user unless
+    # given.
+    assert "usage" not in shown
+    assert "user" not in base()
     assert (base()["temperature"], base()["top_p"], base()["tool_choice"]) == (1.0, 1.0, "auto")
 
 
