@@ -20,9 +20,10 @@ not implement is a 400 whose message names the field. Mapping onto the one inter
     metadata               user_id accepted (no effect)
     cache_control          accepted on blocks and tools (the prefix cache is automatic)
 
-Refused (400 naming the field): `stop_sequences` with any sequence (the runner does not say
-which stop string ended an answer, so `stop_reason: "stop_sequence"` and `stop_sequence`
-could not be answered exactly), a final assistant turn (prefill: the chat template opens a
+    stop_sequences         the request's stop strings; the runner says which one ended the
+                           answer (`stop_reason: "stop_sequence"`, `stop_sequence`)
+
+Refused (400 naming the field): a final assistant turn (prefill: the chat template opens a
 new turn instead of continuing it), images and documents, server tools, `adaptive` thinking,
 and every other field.
 """
@@ -94,6 +95,7 @@ class MessagesRequest:
     tool_name: str | None = None
     parallel_tool_calls: bool = True
     reasoning_effort: ReasoningEffort | None = None
+    stop: tuple[str, ...] = ()
 
     def to_generate(self, request_id: str) -> Generate:
         """The internal request a runner executes."""
@@ -102,6 +104,7 @@ class MessagesRequest:
             model=self.model,
             messages=self.messages,
             max_tokens=self.max_tokens,
+            stop=self.stop,
             sampling=self.sampling,
             tools=self.tools,
             tool_choice=self.tool_choice,
@@ -122,7 +125,7 @@ def parse_messages_request(body: bytes, check_model: CheckModel | None = None) -
     if max_tokens is None:
         _missing("max_tokens")
     stream = _bool(data, "stream") or False
-    _stop_sequences(data.get("stop_sequences"))
+    stop = _stop_sequences(data.get("stop_sequences"))
     temperature = _number(data, "temperature", 0, 1)
     top_p = _number(data, "top_p", 0, 1)
     top_k = _int(data, "top_k", 0, INT64_MAX)
@@ -131,6 +134,7 @@ def parse_messages_request(body: bytes, check_model: CheckModel | None = None) -
     return attrs.evolve(
         common,
         stream=stream,
+        stop=stop,
         sampling=SamplingParams(
             temperature=1.0 if temperature is None else temperature,
             top_p=1.0 if top_p is None else top_p,
@@ -186,20 +190,15 @@ def _keys(value: dict[str, Any], allowed: frozenset[str] | tuple[str, ...], path
             _unknown(f"{path}.{key}")
 
 
-def _stop_sequences(value: Any) -> None:
+def _stop_sequences(value: Any) -> tuple[str, ...]:
     if value is None:
-        return
+        return ()
     if type(value) is not list:
         _fail_type("stop_sequences", "an array of strings", value)
     for i, item in enumerate(value):
         if type(item) is not str:
             _fail_type(f"stop_sequences[{i}]", "a string", item)
-    if value:
-        _fail_unsupported(
-            "stop_sequences",
-            "the runner does not report which stop sequence ended an answer, so "
-            "stop_reason 'stop_sequence' and stop_sequence could not be answered exactly",
-        )
+    return tuple(value)
 
 
 def _metadata(value: Any) -> None:

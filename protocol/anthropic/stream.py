@@ -40,7 +40,7 @@ from protocol.frames import Chunk, FinishReason, ToolCallDelta, Usage
 from protocol.openai.errors import OpenAIError, server_error
 from protocol.openai.stream import CollectedChoice
 
-StopReason = Literal["end_turn", "max_tokens", "tool_use"]
+StopReason = Literal["end_turn", "max_tokens", "tool_use", "stop_sequence"]
 STOP_REASONS: dict[FinishReason, StopReason] = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -70,10 +70,13 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def stop_reason(reason: FinishReason) -> StopReason:
-    """The stop_reason of a finished answer; a cancelled one has none (an error instead)."""
+def stop_reason(reason: FinishReason, matched_stop: str | None = None) -> StopReason:
+    """The stop_reason of a finished answer (`matched_stop`: the stop sequence that ended
+    it); a cancelled one has none (an error instead)."""
     if reason == "cancelled":
         raise server_error(CANCELLED)
+    if reason == "stop" and matched_stop is not None:
+        return "stop_sequence"
     return STOP_REASONS[reason]
 
 
@@ -97,7 +100,7 @@ class MessageWriter:
     """One streamed message's events (see the module docstring); keeps which content block
     is open."""
 
-    __slots__ = ("_block", "_count", "_id", "_model")
+    __slots__ = ("_block", "_count", "_id", "_model", "_stop")
 
     include_usage = False
 
@@ -109,6 +112,8 @@ class MessageWriter:
         self._block: tuple[str, int] | None = None
         """The open block: its kind ("thinking", "text", or "tool_use") and, for a tool
         call, the call's index."""
+        self._stop: str | None = None
+        """The stop sequence that ended the answer (on its last chunk)."""
 
     @staticmethod
     def factory(
@@ -140,6 +145,8 @@ class MessageWriter:
         return event("message_start", {"type": "message_start", "message": message}) + PING
 
     def chunk(self, chunk: Chunk) -> bytes:
+        if chunk.matched_stop is not None:
+            self._stop = chunk.matched_stop
         out: list[bytes] = []
         if chunk.reasoning:
             self._open("thinking", 0, {"type": "thinking", "thinking": "", "signature": ""}, out)
@@ -156,7 +163,10 @@ class MessageWriter:
             return event("error", error_body(server_error(CANCELLED)))
         out: list[bytes] = []
         self._close(out)
-        delta = {"stop_reason": STOP_REASONS[reason], "stop_sequence": None}
+        delta = {
+            "stop_reason": stop_reason(reason, self._stop),
+            "stop_sequence": self._stop if reason == "stop" else None,
+        }
         out.append(
             event(
                 "message_delta", {"type": "message_delta", "delta": delta, "usage": usage_of(usage)}
@@ -226,8 +236,8 @@ def message_body(choice: CollectedChoice, usage: Usage, *, id: str, model: str) 
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(choice.finish or "cancelled"),
-        "stop_sequence": None,
+        "stop_reason": stop_reason(choice.finish or "cancelled", choice.matched_stop),
+        "stop_sequence": choice.matched_stop if choice.finish == "stop" else None,
         "usage": usage_of(usage),
     }
 

@@ -299,6 +299,8 @@ class CompletionBuilder:
                     else Echo(echo.text + item.echo.text, echo.tokens + item.echo.tokens)
                 )
             choice.finish = item.choice_finish or item.finish_reason
+            if item.matched_stop is not None:
+                choice.matched_stop = item.matched_stop
             self.last = item
             self.over = item.finish_reason is not None
             return self.over
@@ -355,3 +357,5 @@ class CollectedChoice:
     finish: FinishReason | None = None
     echo: Echo | None = None
     """The prompt the runner sent back (requests with echo)."""
+    matched_stop: str | None = None
+    """The stop string that ended the choice, if one did."""

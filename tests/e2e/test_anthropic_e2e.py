@@ -227,14 +227,39 @@ def test_system_prompt_is_the_chats(client: anthropic.Anthropic, chat: openai.Op
     assert_usage_is_the_runners(message.usage, expected.usage)
 
 
+def test_a_stop_sequence_is_named(client: anthropic.Anthropic, chat: openai.OpenAI) -> None:
+    text = chat_answer(chat, USER, 12).choices[0].message.content
+    assert len(text) >= 8
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    before = text[: text.index(stop)]
+    message = client.messages.create(
+        model=MODEL,
+        max_tokens=12,
+        messages=USER,
+        stop_sequences=["\x00never", stop],
+        extra_body=GREEDY,
+    )
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+    assert "".join(b.text for b in message.content if b.type == "text") == before
+    with client.messages.stream(
+        model=MODEL, max_tokens=12, messages=USER, stop_sequences=[stop], extra_body=GREEDY
+    ) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == before
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
+    # Ended by the model or the length: no stop sequence.
+    plain = client.messages.create(
+        model=MODEL, max_tokens=3, messages=USER, stop_sequences=["\x00never"], extra_body=GREEDY
+    )
+    assert (plain.stop_reason, plain.stop_sequence) == ("max_tokens", None)
+
+
 def test_refusals_with_the_sdk(client: anthropic.Anthropic) -> None:
-    with pytest.raises(anthropic.BadRequestError, match="stop_sequences") as err:
-        client.messages.create(model=MODEL, max_tokens=4, messages=USER, stop_sequences=["."])
+    with pytest.raises(anthropic.BadRequestError, match="bogus") as err:
+        client.messages.create(model=MODEL, max_tokens=4, messages=USER, extra_body={"bogus": 1})
     assert isinstance(err.value.body, dict)
     assert err.value.body["type"] == "error"
     assert err.value.body["error"]["type"] == "invalid_request_error"
-    assert "which stop sequence" in err.value.body["error"]["message"]
-    with pytest.raises(anthropic.BadRequestError, match="bogus"):
-        client.messages.create(model=MODEL, max_tokens=4, messages=USER, extra_body={"bogus": 1})
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="no-such-model", max_tokens=4, messages=USER)
