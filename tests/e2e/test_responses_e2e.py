@@ -291,3 +291,20 @@ def test_raw_sse_has_event_lines_and_no_done(stack: tuple[Gateway, Process]) -> 
     final = events[-1]
     assert final["type"] == f"response.{final['response']['status']}"  # completed or incomplete
     assert b"[DONE]" not in resp.content
+
+
+def test_reasoning_effort_none_is_the_chats(client: openai.OpenAI) -> None:
+    # The built-in model has think markers: "none" turns thinking off through its template,
+    # which adds an empty think span to the prompt, as the chat's reasoning_effort does.
+    response = client.responses.create(
+        model=MODEL, input=QUESTION, reasoning={"effort": "none"}, temperature=0,
+        max_output_tokens=16,
+    )  # fmt: skip
+    completion = chat(client, [{"role": "user", "content": QUESTION}], 16, reasoning_effort="none")
+    default = chat(client, [{"role": "user", "content": QUESTION}], 16)
+    assert_usage_is_chats(response, completion)
+    assert response.usage is not None
+    assert response.usage.input_tokens != default.usage.prompt_tokens
+    assert response.output_text == completion.choices[0].message.content
+    assert response.reasoning is not None
+    assert response.reasoning.effort == "none"
