@@ -74,6 +74,13 @@ def parse_input(value: Any) -> tuple[Message, ...]:
     messages: list[Message] = []
     for i, item in enumerate(value):
         _item(item, f"input[{i}]", messages)
+    if not messages:
+        raise invalid_request(
+            "Invalid 'input': no message, function_call or function_call_output item (reasoning "
+            "items given back are not given to the model).",
+            "input",
+            "empty_array",
+        )
     chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
     if chars > MAX_PROMPT_CHARS:
         raise invalid_request(

@@ -203,6 +203,7 @@ def test_accepted_fields_with_no_effect() -> None:
         ({"instructions": 5}, "instructions", "invalid_type"),
         ({"input": 5}, "input", "invalid_type"),
         ({"input": []}, "input", "empty_array"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input", "empty_array"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "invalid_value"),
         ({"input": [{"content": "x"}]}, "input[0].type", "missing_required_parameter"),
         ({"input": [{"role": "user"}]}, "input[0].content", "missing_required_parameter"),
