@@ -3,14 +3,19 @@ naming the field for everything we refuse (unknown, unsupported, mistyped, missi
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import hypothesis.strategies as st
 import orjson
 import pytest
+from hypothesis import given
 
+from protocol.codec import decode_gateway_frame, encode
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import parse_responses_object, parse_responses_request
+from tests.protocol.strategies import json_values, text
 
 WEATHER = {
     "type": "function",
@@ -255,3 +260,103 @@ def test_without_a_store_store_and_previous_response_id_are_refused() -> None:
 def test_store_false_where_the_server_stores() -> None:
     assert parse(store=False).store is False
     assert parse(store=True).store is True
+
+
+# --- hostile input: anything but a valid request is a 400, never another exception -----------
+
+
+def _check(body: bytes) -> None:
+    """Either an OpenAIError 400 or a request whose Generate survives the runner codec."""
+    try:
+        request = parse_responses_request(body, store=True)
+    except OpenAIError as exc:
+        err = exc
+    else:
+        generate = request.to_generate("r", (Message("user", "earlier"),))
+        assert decode_gateway_frame(encode(generate)) == generate
+        return
+    assert err.status == 400
+    assert err.type == "invalid_request_error"
+    orjson.dumps(err.body())
+
+
+FULL: dict[str, Any] = {
+    "model": "m",
+    "input": [
+        {"role": "system", "content": "s"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "u"}]},
+        {"type": "reasoning", "summary": [], "content": []},
+        {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "a", "annotations": [], "logprobs": []},
+        ]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "id": "fc_1"},
+        {"type": "function_call_output", "call_id": "c", "output": "o"},
+    ],
+    "instructions": "i",
+    "max_output_tokens": 16,
+    "temperature": 1,
+    "top_p": 0.5,
+    "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+    "tool_choice": {"type": "function", "name": "f"},
+    "parallel_tool_calls": True,
+    "text": {"format": {"type": "json_schema", "name": "o", "schema": {}}, "verbosity": "medium"},
+    "reasoning": {"effort": "low"},
+    "stream": True,
+    "stream_options": {"include_obfuscation": False},
+    "store": True,
+    "previous_response_id": "resp_1",
+    "metadata": {"k": "v"},
+    "include": [],
+    "truncation": "disabled",
+}  # fmt: skip
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix]
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(obj, list):
+        for index, value in enumerate(obj):
+            found += _paths(value, (*prefix, index))
+    return found
+
+
+@st.composite
+def mutated_requests(draw: st.DrawFn) -> Any:
+    """FULL with one value replaced, one key dropped or one key added, at any depth."""
+    obj = copy.deepcopy(FULL)
+    path = draw(st.sampled_from(_paths(obj)[1:]))
+    parent = obj
+    for step in path[:-1]:
+        parent = parent[step]
+    action = draw(st.sampled_from(("replace", "drop", "add")))
+    if action == "replace" or (action == "drop" and isinstance(parent, list)):
+        parent[path[-1]] = draw(json_values)
+    elif action == "drop":
+        del parent[path[-1]]
+    elif isinstance(parent, dict):
+        parent[draw(text | st.sampled_from(sorted(FULL)))] = draw(json_values)
+    else:
+        parent.append(draw(json_values))
+    return obj
+
+
+def test_full_is_valid() -> None:
+    request = parse_responses_object(FULL, store=True)
+    assert len(request.input) == 4  # the function call joins the assistant message
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes(data: bytes) -> None:
+    _check(data)
+
+
+@given(json_values)
+def test_random_json(value: Any) -> None:
+    _check(orjson.dumps(value))
+
+
+@given(mutated_requests())
+def test_mutated_requests(value: Any) -> None:
+    _check(orjson.dumps(value))
