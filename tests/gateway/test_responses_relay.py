@@ -405,3 +405,46 @@ async def test_a_gateway_that_stores_nothing_says_so() -> None:
         await fake.close()
     finally:
         gw.stop()
+
+
+async def test_a_stream_committed_before_its_first_token_then_timed_out() -> None:
+    # Past --first-token-wait the stream commits to 200 (created and in_progress go out with
+    # no token yet, keep-alives fill the silence); past --stream-timeout it fails.
+    gw = Gateway(
+        "--first-token-wait", "0.2", "--keepalive-interval", "0.1", "--stream-timeout", "1.5"
+    )
+    try:
+        fake = await FakeRunner.connect(gw)
+
+        async def serve() -> Generate | Cancel:
+            gen = await generate(fake)
+            await asyncio.sleep(0.6)
+            await fake.send(Chunk(gen.request_id, 0, "late", "", 1, Usage(3, 1)))
+            return await fake.next_request()  # nothing more: the gateway gives up
+
+        task = asyncio.create_task(serve())
+        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
+            resp = await http.post("/v1/responses", json=body(stream=True))
+        cancel = await task
+        assert resp.status_code == 200
+        assert resp.content.startswith(b"event: response.created\n")
+        assert b": keep-alive\n\n" in resp.content
+        events = events_of(resp.content)
+        assert [e["type"] for e in events] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.failed",
+        ]
+        assert "usage" not in events[0]["response"]
+        failed = events[-1]["response"]
+        assert failed["error"] == {
+            "code": "server_error",
+            "message": "The runner sent nothing for 1.5 s; the request was ended.",
+        }
+        assert isinstance(cancel, Cancel)
+        await fake.close()
+    finally:
+        gw.stop()
