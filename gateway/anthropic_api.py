@@ -24,6 +24,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway.http_errors import openai_error_for
+from gateway.openapi_anthropic import CountTokensOperation, MessagesOperation
 from gateway.pool import Pool
 from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
@@ -77,7 +78,7 @@ def _thinking_error(err: OpenAIError) -> OpenAIError:
     return err
 
 
-@post("/v1/messages", status_code=200, include_in_schema=False)
+@post("/v1/messages", status_code=200, operation_class=MessagesOperation)
 async def create_message(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a message (Anthropic's Messages API; `stream: true` for SSE)."""
     pool: Pool = state.pool
@@ -145,7 +146,7 @@ async def _non_streaming(
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 
-@post("/v1/messages/count_tokens", status_code=200, include_in_schema=False)
+@post("/v1/messages/count_tokens", status_code=200, operation_class=CountTokensOperation)
 async def count_tokens(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Count a request's input tokens (its prompt through the model's chat template)."""
     pool: Pool = state.pool

@@ -1,8 +1,9 @@
 """What the hand-written OpenAPI descriptions share: the basic schemas, the error object and
-its responses, a text/event-stream of JSON events, the request fields chat
+its responses, a text/event-stream (or NDJSON) of JSON events, the request fields chat
 (gateway.openapi) and legacy completions (gateway.openapi_completions) read alike, and the
-statuses both endpoints answer. The answers' own schemas are gateway.openapi_responses' and
-gateway.openapi_completions'.
+statuses a generating endpoint answers (`GENERATION_ERRORS`, which the Anthropic and Ollama
+descriptions write in their own error shapes). The answers' own schemas are
+gateway.openapi_responses' and gateway.openapi_completions'.
 """
 
 from __future__ import annotations
@@ -104,15 +105,30 @@ def _error(description: str) -> OpenAPIResponse:
 
 @dataclass
 class _EventStream(MediaType):
-    """A text/event-stream whose `data:` events are JSON objects of one schema: OpenAPI 3.2's
-    `itemSchema`, written as an extension because Litestar writes OpenAPI 3.1 (whose
-    components.schemas Litestar also overwrites with its own)."""
+    """A text/event-stream whose `data:` events (or an application/x-ndjson body whose lines)
+    are JSON objects of one schema: OpenAPI 3.2's `itemSchema`, written as an extension
+    because Litestar writes OpenAPI 3.1 (whose components.schemas Litestar also overwrites
+    with its own)."""
 
     item_schema: Schema | None = field(default=None, metadata={"alias": "x-itemSchema"})
 
 
 def _json_body(schema: Schema) -> RequestBody:
     return RequestBody(required=True, content={"application/json": MediaType(schema=schema)})
+
+
+GENERATION_ERRORS: dict[str, str] = {
+    "400": "Invalid request (the error names the parameter).",
+    "401": "Missing or wrong API key.",
+    "403": "Origin not allowed.",
+    "404": "No runner serves the model.",
+    "413": "Body too large.",
+    "429": "Every runner is busy and the model's queue is full or timed out.",
+    "502": "The runner was lost.",
+    "503": "The model's runners are reconnecting, or the gateway is stopping.",
+    "504": "The runner sent nothing for the stream timeout.",
+}
+"""Every error status a generating endpoint answers, and why (in any API's error shape)."""
 
 
 def _generation_responses(
@@ -132,13 +148,5 @@ def _generation_responses(
                 ),
             },
         ),
-        "400": _error("Invalid request (the error names the parameter)."),
-        "401": _error("Missing or wrong API key."),
-        "403": _error("Origin not allowed."),
-        "404": _error("No runner serves the model."),
-        "413": _error("Body too large."),
-        "429": _error("Every runner is busy and the model's queue is full or timed out."),
-        "502": _error("The runner was lost."),
-        "503": _error("The model's runners are reconnecting, or the gateway is stopping."),
-        "504": _error("The runner sent nothing for the stream timeout."),
+        **{status: _error(why) for status, why in GENERATION_ERRORS.items()},
     }

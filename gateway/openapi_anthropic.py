@@ -1,0 +1,426 @@
+"""The OpenAPI description of Anthropic's Messages API: `POST /v1/messages` and
+`POST /v1/messages/count_tokens`, as gateway.openapi describes the chat endpoint.
+
+The request bodies are what protocol.anthropic.request accepts, with its own limits (closed
+objects: the parser refuses unknown fields); the answers are what protocol.anthropic.stream
+writes (a `message`, or its server-sent events), exactly; errors are Anthropic's
+`{"type": "error", "error": {type, message}}`, each status with the type
+protocol.anthropic.errors gives it. Rules a JSON Schema cannot state (no final assistant
+turn, distinct tool names, a thinking budget below max_tokens, the prompt's total length)
+are in the descriptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import get_args
+
+from litestar.openapi.spec import OpenAPIMediaType as MediaType
+from litestar.openapi.spec import OpenAPIResponse, Operation, Reference, Schema
+from litestar.openapi.spec.enums import OpenAPIType
+
+from gateway.openapi_common import (
+    _BOOLEAN,
+    _MODEL,
+    _NULL,
+    _STRING,
+    GENERATION_ERRORS,
+    _closed,
+    _EventStream,
+    _json_body,
+    _limit,
+    _only,
+)
+from protocol.anthropic.errors import _TYPES, error_type
+from protocol.anthropic.request import MAX_BLOCKS, MAX_TOOLS, MIN_THINKING_BUDGET
+from protocol.anthropic.stream import StopReason
+from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def _error_schema(kind: Schema) -> Schema:
+    return _closed(
+        ["type", "error"],
+        type=_only("error"),
+        error=_closed(["type", "message"], type=kind, message=_STRING),
+    )
+
+
+ERROR = _error_schema(_only(*sorted({*_TYPES.values(), "invalid_request_error", "api_error"})))
+"""Any Anthropic error (an `error` event may end a stream with any of them)."""
+
+
+def _error(status: str, description: str) -> OpenAPIResponse:
+    """An error response: its `type` is the one Anthropic gives the status."""
+    schema = _error_schema(_only(error_type(int(status))))
+    return OpenAPIResponse(
+        description=description, content={"application/json": MediaType(schema=schema)}
+    )
+
+
+_SERVER_ERROR = (
+    "The runner failed, or its answer cannot be written as a message (a tool call whose "
+    "arguments are not a JSON object; a request cancelled by the gateway)."
+)
+
+
+def _errors() -> dict[str, OpenAPIResponse]:
+    reasons = {**GENERATION_ERRORS, "500": _SERVER_ERROR}
+    return {status: _error(status, reasons[status]) for status in sorted(reasons)}
+
+
+# --- the request (protocol.anthropic.request) -----------------------------------------------
+
+_TEXT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
+_CACHE_CONTROL = _closed(["type"], type=_only("ephemeral"), ttl=_only("5m", "1h"))
+_TEXT_BLOCK = _closed(
+    ["type", "text"],
+    type=_only("text"),
+    text=_TEXT,
+    cache_control=_CACHE_CONTROL,
+    citations=Schema(type=OpenAPIType.NULL, description="Not implemented: only null."),
+)
+_TEXT_BLOCKS = Schema(type=OpenAPIType.ARRAY, items=_TEXT_BLOCK, max_items=MAX_BLOCKS)
+_TOOL_RESULT = _closed(
+    ["type", "tool_use_id"],
+    type=_only("tool_result"),
+    tool_use_id=_STRING,
+    content=Schema(
+        one_of=[_TEXT, Schema(type=OpenAPIType.ARRAY, items=_TEXT_BLOCK)],
+        description="The result, which the model reads (an error too: `is_error` has no "
+        "counterpart in the chat template).",
+    ),
+    is_error=_BOOLEAN,
+    cache_control=_CACHE_CONTROL,
+)
+_TOOL_USE = _closed(
+    ["type", "id", "name", "input"],
+    type=_only("tool_use"),
+    id=_STRING,
+    name=_STRING,
+    input=Schema(type=OpenAPIType.OBJECT),
+    cache_control=_CACHE_CONTROL,
+)
+_THINKING_BLOCK = _closed(
+    ["type"],
+    type=_only("thinking"),
+    thinking=_STRING,
+    signature=_STRING,
+)
+"""Accepted in the history and not given back to the model."""
+_REDACTED_THINKING = _closed(["type"], type=_only("redacted_thinking"), data=_STRING)
+
+
+def _message(role: str, *blocks: Schema) -> Schema:
+    return _closed(
+        ["role", "content"],
+        role=_only(role),
+        content=Schema(
+            one_of=[
+                _TEXT,
+                Schema(
+                    type=OpenAPIType.ARRAY,
+                    items=Schema(one_of=list(blocks)),
+                    max_items=MAX_BLOCKS,
+                ),
+            ]
+        ),
+    )
+
+
+_MESSAGES = Schema(
+    type=OpenAPIType.ARRAY,
+    items=Schema(
+        one_of=[
+            _message("user", _TEXT_BLOCK, _TOOL_RESULT),
+            _message("assistant", _TEXT_BLOCK, _TOOL_USE, _THINKING_BLOCK, _REDACTED_THINKING),
+        ]
+    ),
+    min_items=1,
+    max_items=MAX_MESSAGES,
+    description="The conversation; the last message is the user's (a final assistant "
+    "message, a prefill, is refused: the chat template opens a new turn). System, messages "
+    f"and tool results have at most {MAX_PROMPT_CHARS} characters in all.",
+)
+_SYSTEM = Schema(one_of=[_TEXT, _TEXT_BLOCKS], description="The system prompt.")
+_TOOL = _closed(
+    ["name", "input_schema"],
+    type=_only("custom"),
+    name=Schema(type=OpenAPIType.STRING, pattern="^[a-zA-Z0-9_-]{1,128}$"),
+    description=_STRING,
+    input_schema=Schema(
+        type=OpenAPIType.OBJECT,
+        required=["type"],
+        properties={"type": Schema(const="object")},
+        description="A JSON Schema of an object.",
+    ),
+    cache_control=_CACHE_CONTROL,
+    strict=_BOOLEAN,
+)
+_TOOLS = Schema(
+    type=OpenAPIType.ARRAY,
+    items=_TOOL,
+    max_items=MAX_TOOLS,
+    description="Client tools; their names must differ (server tools are not implemented).",
+)
+_SERIAL = Schema(type=OpenAPIType.BOOLEAN, description="True: at most one tool call.")
+_TOOL_CHOICE = Schema(
+    one_of=[
+        _closed(["type"], type=_only("auto"), disable_parallel_tool_use=_SERIAL),
+        _closed(["type"], type=_only("any"), disable_parallel_tool_use=_SERIAL),
+        _closed(
+            ["type", "name"], type=_only("tool"), name=_STRING, disable_parallel_tool_use=_SERIAL
+        ),
+        _closed(["type"], type=_only("none")),
+    ],
+    description='"any" and "tool" need `tools`; a named tool must be one of them.',
+)
+_THINKING = Schema(
+    one_of=[
+        _closed(
+            ["type", "budget_tokens"],
+            type=_only("enabled"),
+            budget_tokens=Schema(
+                type=OpenAPIType.INTEGER,
+                minimum=MIN_THINKING_BUDGET,
+                maximum=INT64_MAX,
+                description="Less than max_tokens (on /v1/messages). Thinking is turned on in "
+                "the chat template; the budget is not enforced apart from max_tokens.",
+            ),
+            display=_only("summarized"),
+        ),
+        _closed(["type"], type=_only("disabled")),
+    ],
+    description="Thinking on or off through the model's chat template (a model without "
+    "think markers refuses either); absent: the model's default.",
+)
+# `tool_choice` "any" or "tool" needs at least one tool.
+_CHOICE_NEEDS_TOOLS = Schema(
+    any_of=[
+        Schema(properties={"tool_choice": Schema(properties={"type": _only("auto", "none")})}),
+        Schema(
+            required=["tools"], properties={"tools": Schema(type=OpenAPIType.ARRAY, min_items=1)}
+        ),
+    ]
+)
+_COMMON: dict[str, Schema | Reference] = {
+    "model": _MODEL,
+    "messages": _MESSAGES,
+    "system": _SYSTEM,
+    "tools": _TOOLS,
+    "tool_choice": _TOOL_CHOICE,
+    "thinking": _THINKING,
+}
+
+_REQUEST = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model", "messages", "max_tokens"],
+    properties={
+        **_COMMON,
+        "max_tokens": Schema(
+            type=OpenAPIType.INTEGER,
+            minimum=0,
+            maximum=_limit("max_tokens_limit"),
+            description="0: no token is generated. The API takes any int64; the gateway's "
+            "ceiling (default shown) is lower.",
+        ),
+        "stop_sequences": Schema(type=OpenAPIType.ARRAY, items=_STRING),
+        "temperature": Schema(type=OpenAPIType.NUMBER, minimum=0, maximum=1),
+        "top_p": Schema(type=OpenAPIType.NUMBER, minimum=0, maximum=1),
+        "top_k": Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX),
+        "stream": _BOOLEAN,
+        "metadata": _closed([], user_id=_STRING),
+    },
+    additional_properties=False,
+    dependent_schemas={"tool_choice": _CHOICE_NEEDS_TOOLS},
+    description="Anthropic's Messages request, the subset Orchard implements (see "
+    "docs/dialects.md: images, documents, server tools, adaptive thinking and a prefill are "
+    "refused, naming the field).",
+)
+_COUNT_REQUEST = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model", "messages"],
+    properties=_COMMON,
+    additional_properties=False,
+    dependent_schemas={"tool_choice": _CHOICE_NEEDS_TOOLS},
+    description="The Messages request's prompt fields: what its input tokens are counted of.",
+)
+
+# --- the answers (protocol.anthropic.stream) ------------------------------------------------
+
+_COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0)
+_USAGE = _closed(
+    [
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+    ],
+    input_tokens=_COUNT,
+    cache_creation_input_tokens=_COUNT,
+    cache_read_input_tokens=_COUNT,
+    output_tokens=_COUNT,
+)
+_STOP_REASON = _only(*get_args(StopReason))
+_STOP_SEQUENCE = Schema(
+    type=[OpenAPIType.STRING, OpenAPIType.NULL],
+    description='The stop sequence that ended the answer (stop_reason "stop_sequence").',
+)
+_TOOL_USE_ID = Schema(type=OpenAPIType.STRING, pattern="^toolu_")
+
+
+def _message_object(content: Schema, stop_reason: Schema, stop_sequence: Schema) -> Schema:
+    return _closed(
+        ["id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"],
+        id=_STRING,
+        type=_only("message"),
+        role=_only("assistant"),
+        model=_STRING,
+        content=content,
+        stop_reason=stop_reason,
+        stop_sequence=stop_sequence,
+        usage=_USAGE,
+    )
+
+
+MESSAGE = _message_object(
+    Schema(
+        type=OpenAPIType.ARRAY,
+        items=Schema(
+            one_of=[
+                _closed(
+                    ["type", "thinking", "signature"],
+                    type=_only("thinking"),
+                    thinking=_STRING,
+                    signature=_STRING,
+                ),
+                _closed(["type", "text"], type=_only("text"), text=_STRING),
+                _closed(
+                    ["type", "id", "name", "input"],
+                    type=_only("tool_use"),
+                    id=_TOOL_USE_ID,
+                    name=_STRING,
+                    input=Schema(type=OpenAPIType.OBJECT),
+                ),
+            ]
+        ),
+        description="Thinking, text and tool calls, in that order, each only when not empty.",
+    ),
+    _STOP_REASON,
+    _STOP_SEQUENCE,
+)
+"""The non-streaming answer."""
+
+_INDEX = Schema(type=OpenAPIType.INTEGER, minimum=0)
+_EMPTY = Schema(type=OpenAPIType.STRING, max_length=0)
+
+
+def _event(name: str, required: list[str] | None = None, **fields: Schema) -> Schema:
+    return _closed(["type", *(required or [])], type=_only(name), **fields)
+
+
+EVENT = Schema(
+    one_of=[
+        _event(
+            "message_start",
+            ["message"],
+            message=_message_object(Schema(type=OpenAPIType.ARRAY, max_items=0), _NULL, _NULL),
+        ),
+        _event("ping"),
+        _event(
+            "content_block_start",
+            ["index", "content_block"],
+            index=_INDEX,
+            content_block=Schema(
+                one_of=[
+                    _closed(
+                        ["type", "thinking", "signature"],
+                        type=_only("thinking"),
+                        thinking=_EMPTY,
+                        signature=_EMPTY,
+                    ),
+                    _closed(["type", "text"], type=_only("text"), text=_EMPTY),
+                    _closed(
+                        ["type", "id", "name", "input"],
+                        type=_only("tool_use"),
+                        id=_TOOL_USE_ID,
+                        name=_STRING,
+                        input=Schema(type=OpenAPIType.OBJECT, max_properties=0),
+                    ),
+                ]
+            ),
+        ),
+        _event(
+            "content_block_delta",
+            ["index", "delta"],
+            index=_INDEX,
+            delta=Schema(
+                one_of=[
+                    _closed(["type", "thinking"], type=_only("thinking_delta"), thinking=_STRING),
+                    _closed(["type", "text"], type=_only("text_delta"), text=_STRING),
+                    _closed(
+                        ["type", "partial_json"],
+                        type=_only("input_json_delta"),
+                        partial_json=_STRING,
+                    ),
+                ]
+            ),
+        ),
+        _event("content_block_stop", ["index"], index=_INDEX),
+        _event(
+            "message_delta",
+            ["delta", "usage"],
+            delta=_closed(
+                ["stop_reason", "stop_sequence"],
+                stop_reason=_STOP_REASON,
+                stop_sequence=_STOP_SEQUENCE,
+            ),
+            usage=_USAGE,
+        ),
+        _event("message_stop"),
+        ERROR,
+    ]
+)
+"""The data of one streamed event (its `event:` line names the same type)."""
+
+
+@dataclass
+class MessagesOperation(Operation):
+    """Operation for `POST /v1/messages`, with its body and every status it answers."""
+
+    def __post_init__(self) -> None:
+        self.request_body = _json_body(_REQUEST)
+        self.responses = {
+            "200": OpenAPIResponse(
+                description="A message, or with stream=true a text/event-stream of Anthropic's "
+                "events, each an `event: <type>` line and a `data:` JSON object of that type "
+                "(x-itemSchema): message_start, ping (also the keep-alive), content blocks' "
+                "start, deltas and stop, message_delta, message_stop; or an error event that "
+                "ends the stream. No [DONE].",
+                content={
+                    "application/json": MediaType(schema=MESSAGE),
+                    "text/event-stream": _EventStream(schema=_STRING, item_schema=EVENT),
+                },
+            ),
+            **_errors(),
+        }
+
+
+@dataclass
+class CountTokensOperation(Operation):
+    """Operation for `POST /v1/messages/count_tokens`."""
+
+    def __post_init__(self) -> None:
+        self.request_body = _json_body(_COUNT_REQUEST)
+        self.responses = {
+            "200": OpenAPIResponse(
+                description="The prompt's tokens, through the model's chat template.",
+                content={
+                    "application/json": MediaType(
+                        schema=_closed(["input_tokens"], input_tokens=_COUNT)
+                    )
+                },
+            ),
+            **_errors(),
+        }
