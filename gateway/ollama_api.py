@@ -10,7 +10,7 @@ Errors before the first line (bad input, unknown model, queue full, a runner ref
 HTTP errors in Ollama's shape; after it the line `{"error": ...}` ends the stream. A client
 that goes away cancels the request on its runner.
 
-The routes stay out of the OpenAPI description (`/schema`), which describes the OpenAI API.
+The routes are described in the OpenAPI document (`/schema`) by gateway.openapi_ollama.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from litestar.datastructures import State
 
 from gateway import ollama_models
 from gateway.http_errors import openai_error_for
+from gateway.openapi_ollama import ChatOperation, GenerateOperation
 from gateway.pool import Pool
 from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
@@ -63,13 +64,13 @@ class NdjsonResponse(SseResponse):
         self.media_type = NDJSON_TYPE
 
 
-@post("/api/chat", status_code=200, include_in_schema=False)
+@post("/api/chat", status_code=200, operation_class=ChatOperation)
 async def chat(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Chat with a model (Ollama's API; streams NDJSON unless `"stream": false`)."""
     return await _answer(request, state.pool, parse_chat)
 
 
-@post("/api/generate", status_code=200, include_in_schema=False)
+@post("/api/generate", status_code=200, operation_class=GenerateOperation)
 async def generate(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Complete a prompt (Ollama's API; streams NDJSON unless `"stream": false`)."""
     return await _answer(request, state.pool, parse_generate)

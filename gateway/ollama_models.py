@@ -2,7 +2,9 @@
 `GET /api/version`, and the model-management calls, which Orchard answers with an error:
 its models are served by runners (`orchard runner --model ...`), not pulled or created here.
 
-Bodies are protocol.ollama.models'; errors are written in Ollama's shape by path.
+Bodies are protocol.ollama.models'; errors are written in Ollama's shape by path. The
+OpenAPI document describes all but the model-management calls (gateway.openapi_ollama): they
+take nothing and always answer 501.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from litestar.datastructures import State
 
 from gateway.errors import ModelNotFound
 from gateway.http_errors import openai_error_for
+from gateway.openapi_ollama import PsOperation, ShowOperation, TagsOperation, VersionOperation
 from gateway.pool import Pool
 from protocol.ollama.models import ServedModel, ps_body, show_body, tags_body, version_body
 from protocol.ollama.request import in_ollama_terms
@@ -45,25 +48,25 @@ def served(pool: Pool) -> dict[str, ServedModel]:
     return models
 
 
-@get("/api/tags", include_in_schema=False)
+@get("/api/tags", operation_class=TagsOperation)
 async def tags(state: State) -> dict[str, Any]:
     """The models the pool serves (Ollama's list)."""
     return tags_body(served(state.pool).values())
 
 
-@get("/api/ps", include_in_schema=False)
+@get("/api/ps", operation_class=PsOperation)
 async def ps(state: State) -> dict[str, Any]:
     """The loaded models: every served one (runners keep their models loaded)."""
     return ps_body(served(state.pool).values())
 
 
-@get("/api/version", include_in_schema=False)
+@get("/api/version", operation_class=VersionOperation)
 async def version() -> dict[str, Any]:
     """The Ollama version whose API this follows."""
     return version_body()
 
 
-@post("/api/show", status_code=200, include_in_schema=False)
+@post("/api/show", status_code=200, operation_class=ShowOperation)
 async def show(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """What is known of one model."""
     data = _object(_json(await request.body()))

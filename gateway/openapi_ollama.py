@@ -1,0 +1,418 @@
+"""The OpenAPI description of the Ollama API: `POST /api/chat`, `POST /api/generate`,
+`POST /api/show`, `GET /api/tags`, `GET /api/ps` and `GET /api/version`, as gateway.openapi
+describes the chat endpoint.
+
+The request bodies are what protocol.ollama.request (and gateway.ollama_models' show)
+accept, with their own limits (closed objects: unknown fields are refused); the answers are
+what protocol.ollama.stream and protocol.ollama.models write, exactly: a whole answer as
+application/json, a streamed one as application/x-ndjson lines; errors are Ollama's
+`{"error": message}`. The model-management calls (pull, push, create, copy, delete, blobs),
+which always answer 501, are not described.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from litestar.openapi.spec import OpenAPIMediaType as MediaType
+from litestar.openapi.spec import OpenAPIResponse, Operation, Schema
+from litestar.openapi.spec.enums import OpenAPIFormat, OpenAPIType
+
+from gateway.openapi import _TOOL
+from gateway.openapi_common import (
+    _BOOLEAN,
+    _MODEL,
+    _NULL,
+    _STOP_STRING,
+    _STRING,
+    GENERATION_ERRORS,
+    _closed,
+    _EventStream,
+    _json_body,
+    _limit,
+    _only,
+)
+from protocol.ollama.models import CAPABILITIES
+from protocol.ollama.request import INT64_MAX, INT64_MIN
+from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP, SAMPLING_RANGES
+from protocol.openai.tools import MAX_TOOLS
+
+NDJSON_TYPE = "application/x-ndjson"
+
+# --- errors ---------------------------------------------------------------------------------
+
+ERROR = _closed(["error"], error=_STRING)
+"""Ollama's error: a body, or the last line of a stream that failed."""
+
+
+def _error(description: str) -> OpenAPIResponse:
+    return OpenAPIResponse(
+        description=description, content={"application/json": MediaType(schema=ERROR)}
+    )
+
+
+_AUTH_ERRORS = {status: _error(GENERATION_ERRORS[status]) for status in ("401", "403")}
+_REASONS = {**GENERATION_ERRORS, "500": "The runner failed."}
+_GENERATION_ERRORS = {status: _error(_REASONS[status]) for status in sorted(_REASONS)}
+
+# --- the requests (protocol.ollama.request) -------------------------------------------------
+
+_CONTENT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
+_NO_IMAGES = Schema(
+    type=OpenAPIType.ARRAY, max_items=0, description="Images are not supported: only empty."
+)
+_CALL = _closed(
+    ["function"],
+    id=_STRING,
+    type=_only("function"),
+    function=_closed(
+        ["name"],
+        index=Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX),
+        name=_STRING,
+        arguments=Schema(type=OpenAPIType.OBJECT),
+    ),
+)
+_MESSAGE = Schema(
+    one_of=[
+        _closed(["role"], role=_only("system", "user"), content=_CONTENT, images=_NO_IMAGES),
+        _closed(
+            ["role"],
+            role=_only("assistant"),
+            content=_CONTENT,
+            images=_NO_IMAGES,
+            thinking=_STRING,
+            tool_calls=Schema(type=OpenAPIType.ARRAY, items=_CALL),
+        ),
+        _closed(
+            ["role"],
+            role=_only("tool"),
+            content=_CONTENT,
+            images=_NO_IMAGES,
+            tool_name=_STRING,
+            tool_call_id=_STRING,
+        ),
+    ]
+)
+
+
+def _sampling(name: str) -> Schema:
+    minimum, maximum = SAMPLING_RANGES[name]
+    return Schema(type=OpenAPIType.NUMBER, minimum=minimum, maximum=maximum)
+
+
+_OPTIONS = _closed(
+    [],
+    temperature=_sampling("temperature"),
+    top_p=_sampling("top_p"),
+    top_k=Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX),
+    min_p=_sampling("min_p"),
+    num_predict=Schema(
+        type=OpenAPIType.INTEGER,
+        minimum=-2,
+        maximum=_limit("max_tokens_limit"),
+        schema_not=Schema(const=0),
+        description="The most tokens to generate; -1: no limit, -2: up to the context. The "
+        "gateway's ceiling (default shown) bounds it.",
+    ),
+    stop=Schema(type=OpenAPIType.ARRAY, items=_STOP_STRING, max_items=MAX_STOP),
+    seed=Schema(
+        type=OpenAPIType.INTEGER,
+        minimum=INT64_MIN,
+        maximum=INT64_MAX,
+        description="A negative seed: a random one.",
+    ),
+    presence_penalty=_sampling("presence_penalty"),
+    frequency_penalty=_sampling("frequency_penalty"),
+)
+_COMMON: dict[str, Schema] = {
+    "model": _MODEL,
+    "stream": Schema(type=OpenAPIType.BOOLEAN, description="True unless false: NDJSON lines."),
+    "format": Schema(
+        one_of=[_only("", "json"), Schema(type=OpenAPIType.OBJECT, description="A JSON Schema.")],
+        description='"json": any JSON object; a JSON Schema: an object of that schema.',
+    ),
+    "options": _OPTIONS,
+    "keep_alive": Schema(
+        type=[OpenAPIType.STRING, OpenAPIType.NUMBER],
+        description="Accepted; runners keep their models loaded.",
+    ),
+    "think": Schema(
+        one_of=[_BOOLEAN, _only("low", "medium", "high")],
+        description="false turns thinking off through the chat template; the others ask for "
+        "it, which a model without think markers refuses.",
+    ),
+    "logprobs": Schema(const=False, description="Not implemented: only false."),
+    "top_logprobs": Schema(const=0, description="Not implemented: only 0."),
+}
+
+_CHAT = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model"],
+    properties={
+        **_COMMON,
+        "messages": Schema(
+            type=OpenAPIType.ARRAY,
+            items=_MESSAGE,
+            max_items=MAX_MESSAGES,
+            description=f"At most {MAX_PROMPT_CHARS} characters of content in all; none: the "
+            'model is loaded (done_reason "load").',
+        ),
+        "tools": Schema(
+            type=OpenAPIType.ARRAY,
+            items=_TOOL,
+            max_items=MAX_TOOLS,
+            description="Function tools; their names must differ.",
+        ),
+    },
+    additional_properties=False,
+    description="Ollama's chat request, the subset Orchard implements (see docs/dialects.md).",
+)
+
+
+def _refused(schema: Schema, reason: str) -> Schema:
+    schema.description = f"Not implemented ({reason}): only empty."
+    return schema
+
+
+_GENERATE = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model"],
+    properties={
+        **_COMMON,
+        "prompt": Schema(
+            type=OpenAPIType.STRING,
+            max_length=MAX_PROMPT_CHARS,
+            description=f"With `system`, at most {MAX_PROMPT_CHARS} characters; empty: the "
+            'model is loaded (done_reason "load").',
+        ),
+        "system": _STRING,
+        "raw": Schema(
+            type=OpenAPIType.BOOLEAN,
+            description="The prompt as given, with no chat template (and no `system`).",
+        ),
+        "suffix": _refused(Schema(const=""), "fill-in-the-middle"),
+        "template": _refused(Schema(const=""), "the model's own chat template is used"),
+        "context": _refused(Schema(type=OpenAPIType.ARRAY, max_items=0), "send /api/chat"),
+        "images": _refused(Schema(type=OpenAPIType.ARRAY, max_items=0), "images"),
+        **{
+            name: _refused(Schema(const=0), "image generation")
+            for name in ("width", "height", "steps")
+        },
+    },
+    additional_properties=False,
+    # A raw prompt takes no system prompt.
+    dependent_schemas={
+        "raw": Schema(
+            any_of=[
+                Schema(properties={"raw": Schema(const=False)}),
+                Schema(schema_not=Schema(required=["system"])),
+                Schema(properties={"system": Schema(max_length=0)}),
+            ]
+        )
+    },
+    description="Ollama's generate request, the subset Orchard implements (see docs/dialects.md).",
+)
+
+_SHOW = Schema(
+    type=OpenAPIType.OBJECT,
+    properties={"model": _STRING, "name": _STRING, "verbose": _BOOLEAN},
+    additional_properties=False,
+    any_of=[Schema(required=["model"]), Schema(required=["name"])],
+    description="`name` is the older spelling of `model`.",
+)
+
+# --- the answers (protocol.ollama.stream and .models) ---------------------------------------
+
+_STAMP = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.DATE_TIME)
+_EMPTY = Schema(type=OpenAPIType.STRING, max_length=0)
+_NANOSECONDS = Schema(type=OpenAPIType.INTEGER, minimum=0)
+_METRICS = {
+    "total_duration": _NANOSECONDS,
+    "load_duration": _NANOSECONDS,
+    "prompt_eval_count": _NANOSECONDS,
+    "prompt_eval_duration": _NANOSECONDS,
+    "eval_count": _NANOSECONDS,
+    "eval_duration": _NANOSECONDS,
+}
+_ANSWER_CALL = _closed(
+    ["function"],
+    id=_STRING,
+    function=_closed(
+        ["index", "name", "arguments"],
+        index=Schema(type=OpenAPIType.INTEGER, minimum=0),
+        name=_STRING,
+        arguments=Schema(type=OpenAPIType.OBJECT),
+    ),
+)
+
+
+def _chat_message(content: Schema, *, more: bool) -> Schema:
+    if not more:
+        return _closed(["role", "content"], role=_only("assistant"), content=content)
+    return _closed(
+        ["role", "content"],
+        role=_only("assistant"),
+        content=content,
+        thinking=_STRING,
+        tool_calls=Schema(type=OpenAPIType.ARRAY, items=_ANSWER_CALL, min_items=1),
+    )
+
+
+def _answers(text: str, *, chat: bool) -> tuple[Schema, Schema]:
+    """(the whole answer's schema, one NDJSON line's), for /api/chat or /api/generate."""
+
+    def answer(content: Schema, done: str, *, more: bool = True, metrics: bool = False) -> Schema:
+        body: dict[str, Any] = {"model": _STRING, "created_at": _STAMP}
+        if chat:
+            body["message"] = _chat_message(content, more=more)
+        else:
+            body[text] = content
+            if more:
+                body["thinking"] = _STRING
+        body["done"] = Schema(const=done != "")
+        if done:
+            body["done_reason"] = _only(*done.split())
+        if metrics:
+            body.update(_METRICS)
+        required = [name for name in body if name != "thinking"]
+        return _closed(required, **body)
+
+    whole = answer(_STRING, "stop length", metrics=True)
+    load = answer(_EMPTY, "load", more=False)
+    chunk = answer(_STRING, "")
+    last = answer(_EMPTY, "stop length", more=False, metrics=True)
+    return Schema(one_of=[whole, load]), Schema(one_of=[chunk, last, load, ERROR])
+
+
+CHAT_ANSWER, CHAT_LINE = _answers("message", chat=True)
+GENERATE_ANSWER, GENERATE_LINE = _answers("response", chat=False)
+
+_DETAILS = _closed(
+    ["parent_model", "format", "family", "families", "parameter_size", "quantization_level"],
+    parent_model=_STRING,
+    format=_STRING,
+    family=_STRING,
+    families=_NULL,
+    parameter_size=_STRING,
+    quantization_level=_STRING,
+)
+TAGS = _closed(
+    ["models"],
+    models=Schema(
+        type=OpenAPIType.ARRAY,
+        items=_closed(
+            ["name", "model", "modified_at", "details"],
+            name=_STRING,
+            model=_STRING,
+            modified_at=_STAMP,
+            details=_DETAILS,
+        ),
+    ),
+)
+PS = _closed(
+    ["models"],
+    models=Schema(
+        type=OpenAPIType.ARRAY,
+        items=_closed(
+            ["name", "model", "details", "context_length"],
+            name=_STRING,
+            model=_STRING,
+            details=_DETAILS,
+            context_length=Schema(type=OpenAPIType.INTEGER, minimum=0),
+        ),
+        description="Every served model: runners keep their models loaded.",
+    ),
+)
+SHOW = _closed(
+    ["details", "model_info", "capabilities", "modified_at"],
+    details=_DETAILS,
+    model_info=_closed(
+        ["general.architecture", "general.basename", "orchard.context_length"],
+        **{
+            "general.architecture": _only("orchard"),
+            "general.basename": _STRING,
+            "orchard.context_length": Schema(type=OpenAPIType.INTEGER, minimum=0),
+            "orchard.engine": _STRING,
+        },
+    ),
+    capabilities=Schema(type=OpenAPIType.ARRAY, items=_only(*CAPABILITIES)),
+    modified_at=_STAMP,
+)
+VERSION = _closed(["version"], version=_STRING)
+
+
+def _ok(description: str, schema: Schema) -> OpenAPIResponse:
+    return OpenAPIResponse(
+        description=description, content={"application/json": MediaType(schema=schema)}
+    )
+
+
+def _generation(body: str, request: Schema, answer: Schema, line: Schema) -> dict[str, Any]:
+    return {
+        "request_body": _json_body(request),
+        "responses": {
+            "200": OpenAPIResponse(
+                description=f"With stream false, the whole {body} as one object; otherwise "
+                "application/x-ndjson, one JSON object a line (x-itemSchema): the answer as "
+                'it comes ("done": false), then the last one with done_reason, the counts '
+                'and the durations in nanoseconds, or {"error"} ending a stream that failed. '
+                'A request with nothing to generate answers done_reason "load".',
+                content={
+                    "application/json": MediaType(schema=answer),
+                    NDJSON_TYPE: _EventStream(schema=_STRING, item_schema=line),
+                },
+            ),
+            **_GENERATION_ERRORS,
+        },
+    }
+
+
+@dataclass
+class ChatOperation(Operation):
+    """Operation for `POST /api/chat`."""
+
+    def __post_init__(self) -> None:
+        parts = _generation("chat answer", _CHAT, CHAT_ANSWER, CHAT_LINE)
+        self.request_body = parts["request_body"]
+        self.responses = parts["responses"]
+
+
+@dataclass
+class GenerateOperation(Operation):
+    """Operation for `POST /api/generate`."""
+
+    def __post_init__(self) -> None:
+        parts = _generation("completion", _GENERATE, GENERATE_ANSWER, GENERATE_LINE)
+        self.request_body = parts["request_body"]
+        self.responses = parts["responses"]
+
+
+@dataclass
+class ShowOperation(Operation):
+    """Operation for `POST /api/show`."""
+
+    def __post_init__(self) -> None:
+        self.request_body = _json_body(_SHOW)
+        self.responses = {
+            "200": _ok("What is known of the model (its runners' registration).", SHOW),
+            "400": _error(GENERATION_ERRORS["400"]),
+            **_AUTH_ERRORS,
+            "404": _error(GENERATION_ERRORS["404"]),
+            "413": _error(GENERATION_ERRORS["413"]),
+            "503": _error("The model's runners are reconnecting."),
+        }
+
+
+def _listing(description: str, schema: Schema) -> type[Operation]:
+    @dataclass
+    class ListingOperation(Operation):
+        def __post_init__(self) -> None:
+            self.responses = {"200": _ok(description, schema), **_AUTH_ERRORS}
+
+    return ListingOperation
+
+
+TagsOperation = _listing("The models the pool serves.", TAGS)
+PsOperation = _listing("The loaded models: every served one.", PS)
+VersionOperation = _listing("The Ollama version whose API this follows.", VERSION)
