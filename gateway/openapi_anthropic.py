@@ -384,6 +384,28 @@ EVENT = Schema(
 )
 """The data of one streamed event (its `event:` line names the same type)."""
 
+_EVENT_NAMES = [
+    "message_start",
+    "ping",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "error",
+]
+SSE_EVENT = _closed(
+    ["event", "data"],
+    event=Schema(
+        type=OpenAPIType.STRING, enum=_EVENT_NAMES, description="The type of the data's object."
+    ),
+    data=Schema(
+        type=OpenAPIType.STRING, content_media_type="application/json", content_schema=EVENT
+    ),
+)
+"""One server-sent event as OpenAPI 3.1 describes an event stream (the media type's schema is
+each event's: its `event` and `data` fields), the JSON in its data an `EVENT`."""
+
 
 @dataclass
 class MessagesOperation(Operation):
@@ -400,7 +422,7 @@ class MessagesOperation(Operation):
                 "ends the stream. No [DONE].",
                 content={
                     "application/json": MediaType(schema=MESSAGE),
-                    "text/event-stream": _EventStream(schema=_STRING, item_schema=EVENT),
+                    "text/event-stream": _EventStream(schema=SSE_EVENT, item_schema=EVENT),
                 },
             ),
             **_errors(),

@@ -570,6 +570,15 @@ def test_message_events_fit_the_schema(spec: dict[str, Any]) -> None:
     for event in events:
         assert ok(event), event
         assert not ok({**event, "extra": 1})
+    # Each event as schemathesis reads an OpenAPI 3.1 event stream: the media type's schema
+    # is one event's (`event` and `data`), the data's JSON its contentSchema.
+    media = op(spec, "/v1/messages")["responses"]["200"]["content"]["text/event-stream"]
+    event_ok = validator(media["schema"])
+    assert set(media["schema"]["properties"]["event"]["enum"]) == kinds
+    assert media["schema"]["properties"]["data"]["contentSchema"] == media["x-itemSchema"]
+    for event in events:
+        assert event_ok({"event": event["type"], "data": orjson.dumps(event).decode()})
+    assert not event_ok({"event": "done", "data": "[DONE]"})
 
 
 def clocks() -> tuple[Callable[[], int], Callable[[], int]]:
