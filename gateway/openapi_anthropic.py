@@ -32,9 +32,14 @@ from gateway.openapi_common import (
     _only,
 )
 from protocol.anthropic.errors import _TYPES, error_type
-from protocol.anthropic.request import MAX_BLOCKS, MAX_TOOLS, MIN_THINKING_BUDGET
+from protocol.anthropic.request import (
+    MAX_BLOCKS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOOLS,
+    MIN_THINKING_BUDGET,
+)
 from protocol.anthropic.stream import StopReason
-from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP_CHARS
 
 # --- errors ---------------------------------------------------------------------------------
 
@@ -225,7 +230,11 @@ _REQUEST = Schema(
             description="0: no token is generated. The API takes any int64; the gateway's "
             "ceiling (default shown) is lower.",
         ),
-        "stop_sequences": Schema(type=OpenAPIType.ARRAY, items=_STRING),
+        "stop_sequences": Schema(
+            type=OpenAPIType.ARRAY,
+            items=Schema(type=OpenAPIType.STRING, min_length=1, max_length=MAX_STOP_CHARS),
+            max_items=MAX_STOP_SEQUENCES,
+        ),
         "temperature": Schema(type=OpenAPIType.NUMBER, minimum=0, maximum=1),
         "top_p": Schema(type=OpenAPIType.NUMBER, minimum=0, maximum=1),
         "top_k": Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX),

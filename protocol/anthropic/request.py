@@ -53,9 +53,18 @@ from protocol.openai._fields import (
     _str,
 )
 from protocol.openai.errors import invalid_request
-from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS, _model_first
+from protocol.openai.request import (
+    INT64_MAX,
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    _model_first,
+    _stop_string,
+)
 
 MAX_TOOLS = 128
+MAX_STOP_SEQUENCES = 16
+"""Orchard's bound (Anthropic documents none); each one as the chat's stop strings: not
+empty, at most `MAX_STOP_CHARS` characters."""
 MAX_BLOCKS = 256
 """Content blocks in one message (or the system prompt)."""
 MIN_THINKING_BUDGET = 1024
@@ -195,9 +204,12 @@ def _stop_sequences(value: Any) -> tuple[str, ...]:
         return ()
     if type(value) is not list:
         _fail_type("stop_sequences", "an array of strings", value)
+    if len(value) > MAX_STOP_SEQUENCES:
+        _fail_array_too_long("stop_sequences", MAX_STOP_SEQUENCES, len(value))
     for i, item in enumerate(value):
         if type(item) is not str:
             _fail_type(f"stop_sequences[{i}]", "a string", item)
+        _stop_string(item, f"stop_sequences[{i}]")
     return tuple(value)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Literal
 import orjson
 
 from protocol.anthropic.errors import error_body
+from protocol.calls import call_input, call_text
 from protocol.frames import Chunk, FinishReason, ToolCallDelta, Usage
 from protocol.openai.errors import OpenAIError, server_error
 from protocol.openai.stream import CollectedChoice
@@ -226,10 +227,11 @@ def message_body(choice: CollectedChoice, usage: Usage, *, id: str, model: str) 
     reasoning = "".join(choice.reasoning)
     if reasoning:
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    text = "".join(choice.content)
+    calls, unparsed = _tool_uses(choice.tool_calls)
+    text = "".join(choice.content) + unparsed
     if text:
         content.append({"type": "text", "text": text})
-    content.extend(_tool_uses(choice.tool_calls))
+    content.extend(calls)
     return {
         "id": id,
         "type": "message",
@@ -242,7 +244,9 @@ def message_body(choice: CollectedChoice, usage: Usage, *, id: str, model: str) 
     }
 
 
-def _tool_uses(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+def _tool_uses(deltas: list[ToolCallDelta]) -> tuple[list[dict[str, Any]], str]:
+    """The tool_use blocks of the calls, and the text of those whose arguments are not a JSON
+    object (cut short by max_tokens, say: protocol.calls), which goes out as text."""
     calls: dict[int, tuple[str, str, list[str]]] = {}
     for delta in deltas:
         if delta.id is not None:
@@ -250,16 +254,14 @@ def _tool_uses(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
         if delta.arguments and delta.index in calls:
             calls[delta.index][2].append(delta.arguments)
     blocks = []
+    unparsed = []
     for call_id, name, parts in calls.values():
-        try:
-            arguments = orjson.loads("".join(parts) or "{}")
-        except orjson.JSONDecodeError:
-            arguments = None
-        if type(arguments) is not dict:
-            raise server_error(
-                f"The model's call of {name!r} has arguments that are not a JSON object."
-            )
+        arguments = "".join(parts) or "{}"
+        parsed = call_input(arguments)
+        if parsed is None:
+            unparsed.append(call_text(name, arguments))
+            continue
         blocks.append(
-            {"type": "tool_use", "id": tool_use_id(call_id), "name": name, "input": arguments}
+            {"type": "tool_use", "id": tool_use_id(call_id), "name": name, "input": parsed}
         )
-    return blocks
+    return blocks, "".join(unparsed)

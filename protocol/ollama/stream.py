@@ -37,6 +37,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
+from protocol.calls import call_input, call_text
 from protocol.frames import Chunk, FinishReason, ToolCallDelta, Usage
 from protocol.ollama.errors import error_body
 from protocol.openai.errors import OpenAIError
@@ -123,13 +124,9 @@ class ToolCalls:
                 continue
             call_id, name, pieces = self._calls.pop(index)
             arguments = "".join(pieces)
-            try:
-                parsed = orjson.loads(arguments)
-            except orjson.JSONDecodeError:
-                parsed = None
-            if type(parsed) is not dict:
-                text.append(f'{{"name": {orjson.dumps(name or "").decode()}, "arguments": ')
-                text.append(f"{arguments}}}")
+            parsed = call_input(arguments)
+            if parsed is None:
+                text.append(call_text(name or "", arguments))
                 continue
             function = {"index": index, "name": name or "", "arguments": parsed}
             calls.append(

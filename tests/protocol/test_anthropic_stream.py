@@ -308,10 +308,23 @@ def test_a_cancelled_answer_is_a_server_error() -> None:
     assert err.value.status == 500
 
 
-def test_tool_arguments_that_are_not_an_object_are_a_server_error() -> None:
+def test_a_call_whose_arguments_are_not_an_object_is_sent_as_text() -> None:
+    # Cut short by max_tokens: what the model wrote is text, after the answer's own; a whole
+    # call beside it is still a tool_use block.
     choices, usage = collected(
-        chunk(0, tool_calls=(ToolCallDelta(0, "[1]", id="call_1", name="f"),)),
-        chunk(1, finish_reason="tool_calls"),
+        chunk(0, text="Let me see. "),
+        chunk(1, tool_calls=(ToolCallDelta(0, '{"city": "Par', id="call_1", name="f"),)),
+        chunk(2, tool_calls=(ToolCallDelta(1, "{}", id="call_2", name="g"),)),
+        chunk(3, tool_calls=(ToolCallDelta(2, "[1]", id="call_3", name="h"),)),
+        chunk(4, finish_reason="length"),
     ).result()
-    with pytest.raises(OpenAIError, match="not a JSON object"):
-        message_body(choices[0], usage, id=RID, model="m")
+    body = message_body(choices[0], usage, id=RID, model="m")
+    assert body["content"] == [
+        {
+            "type": "text",
+            "text": 'Let me see. {"name": "f", "arguments": {"city": "Par}'
+            '{"name": "h", "arguments": [1]}',
+        },
+        {"type": "tool_use", "id": "toolu_2", "name": "g", "input": {}},
+    ]
+    assert body["stop_reason"] == "max_tokens"
