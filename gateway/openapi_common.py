@@ -131,11 +131,37 @@ GENERATION_ERRORS: dict[str, str] = {
 """Every error status a generating endpoint answers, and why (in any API's error shape)."""
 
 
+_DONE = Schema(type=OpenAPIType.STRING, const="[DONE]")
+
+
+def _data_event(data: Schema) -> Schema:
+    """One server-sent event of an OpenAI stream as OpenAPI 3.1 describes an event stream (the
+    media type's schema is each event's: no `event:` line, so the name is "message", and its
+    `data`), the JSON in its data a `data`, or the final `[DONE]`."""
+    return _closed(
+        ["event", "data"],
+        event=Schema(
+            type=OpenAPIType.STRING, const="message", description="No `event:` line is sent."
+        ),
+        data=Schema(
+            any_of=[
+                _DONE,
+                Schema(
+                    type=OpenAPIType.STRING,
+                    content_media_type="application/json",
+                    content_schema=data,
+                ),
+            ]
+        ),
+    )
+
+
 def _generation_responses(
     body: Schema, body_name: str, event: Schema, event_name: str
 ) -> dict[str, Any]:
     """What an endpoint that generates answers: `body` (a `body_name`), or with stream=true
     `event`s (each an `event_name`), and every error status the gateway sends."""
+    item = Schema(one_of=[event, _ERROR])
     return {
         "200": OpenAPIResponse(
             description=f"A {body_name}, or with stream=true a text/event-stream of `data:` "
@@ -143,9 +169,7 @@ def _generation_responses(
             "last of them data: [DONE].",
             content={
                 "application/json": MediaType(schema=body),
-                "text/event-stream": _EventStream(
-                    schema=_STRING, item_schema=Schema(one_of=[event, _ERROR])
-                ),
+                "text/event-stream": _EventStream(schema=_data_event(item), item_schema=item),
             },
         ),
         **{status: _error(why) for status, why in GENERATION_ERRORS.items()},

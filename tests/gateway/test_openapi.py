@@ -391,3 +391,18 @@ def test_stream_events_fit_the_schema(
     assert len(data) >= 7  # role, text, tool calls, finish (usage); role, text, error
     for event in data:
         assert event_ok(orjson.loads(event)), event
+
+
+def test_stream_media_schema_is_one_event(operation: dict[str, Any]) -> None:
+    """The media type's schema is one event as schemathesis reads an OpenAPI 3.1 event stream
+    (`event` "message": no event line; `data`), its data the JSON of an x-itemSchema object
+    or the final [DONE]."""
+    media = operation["responses"]["200"]["content"]["text/event-stream"]
+    event_ok = jsonschema_rs.Draft202012Validator(media["schema"]).is_valid
+    json_data = media["schema"]["properties"]["data"]["anyOf"][1]
+    assert json_data["contentMediaType"] == "application/json"
+    assert json_data["contentSchema"] == media["x-itemSchema"]
+    assert event_ok({"event": "message", "data": "[DONE]"})
+    assert event_ok({"event": "message", "data": '{"id": "x"}'})
+    assert not event_ok({"event": "error", "data": "[DONE]"})
+    assert not event_ok({"event": "message", "data": "[DONE]", "extra": 1})
