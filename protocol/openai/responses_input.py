@@ -59,7 +59,7 @@ _UNSUPPORTED_PARTS = ("input_image", "input_file", "input_audio")
 def parse_input(value: Any) -> tuple[Message, ...]:
     """`input`: a string (one user message) or a list of items, as messages."""
     if type(value) is str:
-        return (Message("user", value),)
+        return _bounded((Message("user", value),))
     if type(value) is not list:
         _fail_type("input", "one of a string or array of objects", value)
     if not value:
@@ -81,6 +81,11 @@ def parse_input(value: Any) -> tuple[Message, ...]:
             "input",
             "empty_array",
         )
+    return _bounded(tuple(messages))
+
+
+def _bounded(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+    """The input's messages, at most MAX_PROMPT_CHARS in all (a plain string too)."""
     chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
     if chars > MAX_PROMPT_CHARS:
         raise invalid_request(
@@ -88,7 +93,7 @@ def parse_input(value: Any) -> tuple[Message, ...]:
             "input",
             "string_above_max_length",
         )
-    return tuple(messages)
+    return messages
 
 
 def _item(value: Any, path: str, out: list[Message]) -> None:
