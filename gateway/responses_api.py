@@ -25,6 +25,11 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 
 from gateway.http_errors import openai_error_for
+from gateway.openapi_responses_api import (
+    CreateResponseOperation,
+    DeleteResponseOperation,
+    GetResponseOperation,
+)
 from gateway.pool import Pool
 from gateway.relay import Relay, collect, first_item
 from gateway.responses_store import ResponseStore
@@ -52,7 +57,7 @@ def response_store(state: State) -> ResponseStore:
     return store
 
 
-@post("/v1/responses", status_code=200, include_in_schema=False)
+@post("/v1/responses", status_code=200, operation_class=CreateResponseOperation)
 async def create_response(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a model response (OpenAI's Responses API; `stream: true` for SSE)."""
     pool: Pool = state.pool
@@ -142,7 +147,7 @@ def _no_query(request: Request[Any, Any, Any]) -> None:
         _fail_unknown(key)
 
 
-@get("/v1/responses/{response_id:str}", include_in_schema=False)
+@get("/v1/responses/{response_id:str}", operation_class=GetResponseOperation)
 async def get_response(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
@@ -152,7 +157,7 @@ async def get_response(
     return Response(content=body, media_type="application/json")
 
 
-@delete("/v1/responses/{response_id:str}", status_code=200, include_in_schema=False)
+@delete("/v1/responses/{response_id:str}", status_code=200, operation_class=DeleteResponseOperation)
 async def delete_response(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:

@@ -1,0 +1,522 @@
+"""The OpenAPI description of OpenAI's Responses API: `POST /v1/responses`, `GET` and
+`DELETE /v1/responses/{response_id}`, as gateway.openapi describes the chat endpoint.
+
+The request body is what protocol.openai.responses accepts, with its own limits (closed
+objects: the parser refuses unknown fields; a field it refuses unless default is shown only
+with its default); the answers are what protocol.openai.responses_stream writes (the
+`response` object, or its server-sent events), exactly, in openapi.yaml's shapes (`Response`,
+`ResponseStreamEvent`); errors are OpenAI's. Rules a JSON Schema cannot state (input with
+something for the model, the prompt's total length, distinct tool names, a named tool among
+`tools`) are in the descriptions. (gateway.openapi_responses holds chat's answer schemas.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import get_args
+
+from litestar.openapi.spec import OpenAPIMediaType as MediaType
+from litestar.openapi.spec import OpenAPIResponse, Operation, Schema
+from litestar.openapi.spec.enums import OpenAPIType
+
+from gateway.openapi_common import (
+    _BOOLEAN,
+    _DECODING,
+    _INTEGER,
+    _MODEL,
+    _NULL,
+    _STRING,
+    GENERATION_ERRORS,
+    _closed,
+    _error,
+    _EventStream,
+    _json_body,
+    _limit,
+    _only,
+)
+from protocol.frames import ReasoningEffort
+from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.openai.responses import MAX_INSTRUCTIONS_CHARS, MAX_TOOLS, MIN_OUTPUT_TOKENS
+from protocol.openai.responses_input import MAX_CONTENT_PARTS
+from protocol.openai.stored import (
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_KEYS,
+    MAX_METADATA_VALUE_CHARS,
+)
+from protocol.openai.tools import MAX_NAME_CHARS, NAME_PATTERN
+
+
+def _nullable(schema: Schema) -> Schema:
+    return Schema(one_of=[schema, _NULL])
+
+
+def _array(items: Schema, **bounds: int) -> Schema:
+    return Schema(type=OpenAPIType.ARRAY, items=items, **bounds)  # type: ignore[arg-type]
+
+
+_EMPTY = Schema(type=OpenAPIType.ARRAY, max_items=0)
+_JSON_SCHEMA = Schema(type=OpenAPIType.OBJECT, description="A JSON Schema.")
+_NAME = Schema(type=OpenAPIType.STRING, pattern=NAME_PATTERN, max_length=MAX_NAME_CHARS)
+_ITEM_STATUS = _only("in_progress", "completed", "incomplete")
+_METADATA = Schema(
+    type=OpenAPIType.OBJECT,
+    property_names=Schema(type=OpenAPIType.STRING, max_length=MAX_METADATA_KEY_CHARS),
+    additional_properties=Schema(type=OpenAPIType.STRING, max_length=MAX_METADATA_VALUE_CHARS),
+    max_properties=MAX_METADATA_KEYS,
+)
+_EFFORT = _only(*get_args(ReasoningEffort))
+
+# --- the request (protocol.openai.responses, .responses_input) -------------------------------
+
+_TEXT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
+_INPUT_TEXT = _closed(["type", "text"], type=_only("input_text"), text=_TEXT)
+_OUTPUT_TEXT_IN = _closed(
+    ["type", "text"],
+    type=_only("output_text"),
+    text=_TEXT,
+    annotations=Schema(type=OpenAPIType.ARRAY),
+    logprobs=Schema(type=OpenAPIType.ARRAY),
+)
+
+
+def _content(part: Schema) -> Schema:
+    return Schema(one_of=[_TEXT, _array(part, max_items=MAX_CONTENT_PARTS)])
+
+
+def _message(roles: Schema, part: Schema) -> Schema:
+    return _closed(
+        ["role", "content"],
+        type=_only("message"),
+        role=roles,
+        content=_content(part),
+        id=_STRING,
+        status=_ITEM_STATUS,
+        phase=_STRING,
+    )
+
+
+_INPUT_ITEM = Schema(
+    one_of=[
+        _message(_only("user", "system", "developer"), _INPUT_TEXT),
+        _message(_only("assistant"), _OUTPUT_TEXT_IN),
+        _closed(
+            ["type", "call_id", "name", "arguments"],
+            type=_only("function_call"),
+            call_id=_STRING,
+            name=_STRING,
+            arguments=_STRING,
+            id=_STRING,
+            status=_ITEM_STATUS,
+        ),
+        _closed(
+            ["type", "call_id", "output"],
+            type=_only("function_call_output"),
+            call_id=_STRING,
+            output=_content(_INPUT_TEXT),
+            id=_STRING,
+            status=_ITEM_STATUS,
+        ),
+        _closed(
+            ["type"],
+            type=_only("reasoning"),
+            id=_STRING,
+            summary=Schema(type=OpenAPIType.ARRAY),
+            content=Schema(type=OpenAPIType.ARRAY),
+            status=_ITEM_STATUS,
+        ),
+    ]
+)
+_INPUT = Schema(
+    one_of=[
+        _TEXT,
+        _array(_INPUT_ITEM, min_items=1, max_items=MAX_MESSAGES),
+    ],
+    description="A user message, or items: messages (type may be left out), the model's "
+    "function calls and their outputs, reasoning items (checked, not re-fed). Something "
+    f"for the model besides reasoning; at most {MAX_PROMPT_CHARS} characters in all.",
+)
+_TOOL = _closed(
+    ["type", "name"],
+    type=_only("function"),
+    name=_NAME,
+    description=_STRING,
+    parameters=_JSON_SCHEMA,
+    strict=_BOOLEAN,
+)
+_TOOL_CHOICE = Schema(
+    one_of=[
+        _only("none", "auto", "required"),
+        _closed(["type", "name"], type=_only("function"), name=_NAME),
+    ],
+    description='"required" and a named function need `tools`; the function must be one of them.',
+)
+
+
+def _format(json_schema: Schema) -> Schema:
+    return Schema(
+        one_of=[
+            _closed(["type"], type=_only("text")),
+            _closed(["type"], type=_only("json_object")),
+            json_schema,
+        ]
+    )
+
+
+_TEXT_FORMAT = _format(
+    _closed(
+        ["type", "name"],
+        type=_only("json_schema"),
+        name=_NAME,
+        description=_STRING,
+        schema=_JSON_SCHEMA,
+        strict=_BOOLEAN,
+    )
+)
+_WITH_TOOLS = Schema(
+    required=["tools"], properties={"tools": Schema(type=OpenAPIType.ARRAY, min_items=1)}
+)
+
+# Every limit is the parser's own constant, so the schema and the validation cannot disagree.
+_REQUEST = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model", "input"],
+    properties={
+        "model": _MODEL,
+        "input": _INPUT,
+        "instructions": Schema(type=OpenAPIType.STRING, max_length=MAX_INSTRUCTIONS_CHARS),
+        "max_output_tokens": Schema(
+            type=OpenAPIType.INTEGER,
+            minimum=MIN_OUTPUT_TOKENS,
+            maximum=_limit("max_tokens_limit"),
+        ),
+        "temperature": _DECODING["temperature"],
+        "top_p": _DECODING["top_p"],
+        "tools": _array(_TOOL, max_items=MAX_TOOLS),
+        "tool_choice": _TOOL_CHOICE,
+        "parallel_tool_calls": _BOOLEAN,
+        "text": _closed([], format=_TEXT_FORMAT, verbosity=_only("medium")),
+        "reasoning": _closed([], effort=_EFFORT),
+        "stream": _BOOLEAN,
+        "stream_options": _closed([], include_obfuscation=_BOOLEAN),
+        "store": Schema(
+            type=OpenAPIType.BOOLEAN,
+            description="Keep the response (default true where the gateway keeps responses; "
+            "true is refused where its store's limits are zero).",
+        ),
+        "previous_response_id": Schema(
+            type=OpenAPIType.STRING,
+            description="A stored response this one continues (refused where the gateway "
+            "keeps no responses).",
+        ),
+        "metadata": _METADATA,
+        "user": _STRING,
+        "safety_identifier": Schema(type=OpenAPIType.STRING, max_length=64),
+        "prompt_cache_key": _STRING,
+        "prompt_cache_retention": _only("in_memory", "24h"),
+        "prompt_cache_options": _closed([], ttl=_only("30m"), mode=_only("implicit")),
+        "max_tool_calls": Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=INT64_MAX),
+        "truncation": _only("disabled"),
+        "service_tier": _only("auto", "default"),
+        # Refused unless default.
+        "background": Schema(const=False),
+        "include": _EMPTY,
+        "top_logprobs": Schema(const=0),
+    },
+    additional_properties=False,
+    # The parameters that only mean something next to another one.
+    dependent_schemas={
+        "tool_choice": Schema(
+            any_of=[Schema(properties={"tool_choice": _only("none", "auto")}), _WITH_TOOLS]
+        ),
+        "stream_options": Schema(required=["stream"], properties={"stream": Schema(const=True)}),
+    },
+    description="OpenAI's CreateResponse, the subset Orchard implements (function tools; no "
+    "background, conversations, prompt templates, includes or logprobs).",
+)
+
+# --- the response object (protocol.openai.responses_stream) ----------------------------------
+
+_OUTPUT_TEXT = _closed(
+    ["type", "text", "annotations", "logprobs"],
+    type=_only("output_text"),
+    text=_STRING,
+    annotations=_EMPTY,
+    logprobs=_EMPTY,
+)
+_REASONING_TEXT = _closed(["type", "text"], type=_only("reasoning_text"), text=_STRING)
+_OUTPUT_ITEM = Schema(
+    one_of=[
+        _closed(
+            ["id", "type", "summary", "content", "status"],
+            type=_only("reasoning"),
+            id=_STRING,
+            summary=_EMPTY,
+            content=_array(_REASONING_TEXT, max_items=1),
+            status=_ITEM_STATUS,
+        ),
+        _closed(
+            ["id", "type", "status", "content", "role"],
+            type=_only("message"),
+            id=_STRING,
+            status=_ITEM_STATUS,
+            content=_array(_OUTPUT_TEXT, max_items=1),
+            role=_only("assistant"),
+        ),
+        _closed(
+            ["id", "type", "status", "arguments", "call_id", "name"],
+            type=_only("function_call"),
+            id=_STRING,
+            status=_ITEM_STATUS,
+            arguments=_STRING,
+            call_id=_STRING,
+            name=_STRING,
+        ),
+    ]
+)
+_USAGE_FIELDS: dict[str, Schema] = {
+    "input_tokens": _INTEGER,
+    "input_tokens_details": _closed(
+        ["cached_tokens", "cache_write_tokens"], cached_tokens=_INTEGER, cache_write_tokens=_INTEGER
+    ),
+    "output_tokens": _INTEGER,
+    "output_tokens_details": _closed(["reasoning_tokens"], reasoning_tokens=_INTEGER),
+    "total_tokens": _INTEGER,
+}
+_USAGE = _closed(list(_USAGE_FIELDS), **_USAGE_FIELDS)
+_SHOWN_FORMAT = _format(
+    _closed(
+        ["type", "name", "schema", "strict"],
+        type=_only("json_schema"),
+        name=_STRING,
+        description=_STRING,
+        schema=_JSON_SCHEMA,
+        strict=_BOOLEAN,
+    )
+)
+_FIELDS: dict[str, Schema] = {
+    "id": _STRING,
+    "object": _only("response"),
+    "created_at": _INTEGER,
+    "status": _STRING,
+    "background": Schema(const=False),
+    "completed_at": _nullable(_INTEGER),
+    "error": _NULL,
+    "incomplete_details": Schema(
+        one_of=[_NULL, _closed(["reason"], reason=_only("max_output_tokens"))]
+    ),
+    "instructions": _nullable(_STRING),
+    "max_output_tokens": _nullable(_INTEGER),
+    "max_tool_calls": _nullable(_INTEGER),
+    "model": _STRING,
+    "output": _array(_OUTPUT_ITEM),
+    "parallel_tool_calls": _BOOLEAN,
+    "previous_response_id": _nullable(_STRING),
+    "prompt_cache_key": _nullable(_STRING),
+    "reasoning": _closed(["effort", "summary"], effort=_nullable(_EFFORT), summary=_NULL),
+    "safety_identifier": _nullable(_STRING),
+    "service_tier": _only("default"),
+    "store": _BOOLEAN,
+    "temperature": Schema(type=OpenAPIType.NUMBER),
+    "text": _closed(["format", "verbosity"], format=_SHOWN_FORMAT, verbosity=_only("medium")),
+    "tool_choice": Schema(
+        one_of=[
+            _only("none", "auto", "required"),
+            _closed(["type", "name"], type=_only("function"), name=_STRING),
+        ]
+    ),
+    "tools": _array(
+        _closed(
+            ["type", "name", "description", "parameters", "strict"],
+            type=_only("function"),
+            name=_STRING,
+            description=_nullable(_STRING),
+            parameters=_nullable(Schema(type=OpenAPIType.OBJECT)),
+            strict=_BOOLEAN,
+        )
+    ),
+    "top_logprobs": Schema(const=0),
+    "top_p": Schema(type=OpenAPIType.NUMBER),
+    "truncation": _only("disabled"),
+    "metadata": Schema(type=OpenAPIType.OBJECT, additional_properties=_STRING),
+    "usage": _USAGE,
+    "user": _STRING,
+}
+
+
+def _response(status: Schema, *, finished: bool, **fields: Schema) -> Schema:
+    """The response object with its `status` (and any field told otherwise); `usage` only
+    once `finished` (openapi.yaml's usage is not nullable), `user` only when given."""
+    properties = {**_FIELDS, "status": status, **fields}
+    if not finished:
+        del properties["usage"]
+    optional = ("user",) if finished else ("user", "usage")
+    return _closed([key for key in properties if key not in optional], **properties)
+
+
+RESPONSE = _response(_only("completed", "incomplete"), finished=True)
+"""A finished response: the whole answer, and what GET /v1/responses/{id} gives back."""
+_IN_PROGRESS = _response(
+    _only("in_progress"), finished=False, completed_at=_NULL, incomplete_details=_NULL
+)
+_FAILED = _response(
+    _only("failed"),
+    finished=False,
+    completed_at=_NULL,
+    incomplete_details=_NULL,
+    error=_closed(
+        ["code", "message"], code=_only("server_error", "rate_limit_exceeded"), message=_STRING
+    ),
+)
+
+# --- the events (ResponseEvents) ------------------------------------------------------------
+
+
+def _event(kind: str, **fields: Schema) -> Schema:
+    return _closed(
+        ["type", "sequence_number", *fields],
+        type=_only(kind),
+        sequence_number=Schema(type=OpenAPIType.INTEGER, minimum=0),
+        **fields,
+    )
+
+
+_WHERE = {"item_id": _STRING, "output_index": Schema(type=OpenAPIType.INTEGER, minimum=0)}
+_PART = {**_WHERE, "content_index": Schema(const=0)}
+EVENT = Schema(
+    one_of=[
+        _event("response.created", response=_IN_PROGRESS),
+        _event("response.in_progress", response=_IN_PROGRESS),
+        _event(
+            "response.output_item.added", output_index=_WHERE["output_index"], item=_OUTPUT_ITEM
+        ),
+        _event(
+            "response.content_part.added",
+            **_PART,
+            part=Schema(one_of=[_OUTPUT_TEXT, _REASONING_TEXT]),
+        ),
+        _event("response.reasoning_text.delta", **_PART, delta=_STRING),
+        _event("response.reasoning_text.done", **_PART, text=_STRING),
+        _event("response.output_text.delta", **_PART, delta=_STRING, logprobs=_EMPTY),
+        _event("response.output_text.done", **_PART, text=_STRING, logprobs=_EMPTY),
+        _event(
+            "response.content_part.done",
+            **_PART,
+            part=Schema(one_of=[_OUTPUT_TEXT, _REASONING_TEXT]),
+        ),
+        _event("response.function_call_arguments.delta", **_WHERE, delta=_STRING),
+        _event("response.function_call_arguments.done", **_WHERE, name=_STRING, arguments=_STRING),
+        _event("response.output_item.done", output_index=_WHERE["output_index"], item=_OUTPUT_ITEM),
+        _event("response.completed", response=_response(_only("completed"), finished=True)),
+        _event(
+            "response.incomplete",
+            response=_response(
+                _only("incomplete"),
+                finished=True,
+                completed_at=_NULL,
+                incomplete_details=_closed(["reason"], reason=_only("max_output_tokens")),
+            ),
+        ),
+        _event("response.failed", response=_FAILED),
+        _event("error", code=_nullable(_STRING), message=_STRING, param=_nullable(_STRING)),
+    ]
+)
+"""The data of one streamed event (its `event:` line names the same type)."""
+
+EVENT_NAMES = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.reasoning_text.delta",
+    "response.reasoning_text.done",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "error",
+]
+SSE_EVENT = _closed(
+    ["event", "data"],
+    event=Schema(
+        type=OpenAPIType.STRING, enum=EVENT_NAMES, description="The type of the data's object."
+    ),
+    data=Schema(
+        type=OpenAPIType.STRING, content_media_type="application/json", content_schema=EVENT
+    ),
+)
+"""One server-sent event as OpenAPI 3.1 describes an event stream (the media type's schema is
+each event's: its `event` and `data` fields), the JSON in its data an `EVENT`."""
+
+# --- the operations -------------------------------------------------------------------------
+
+_SERVER_ERROR = "The runner failed, or cancelled the response before it finished."
+_BY_ID = {
+    "400": "A query parameter (none is implemented; the error names it).",
+    "401": "Missing or wrong API key.",
+    "403": "Origin not allowed.",
+    "404": "No stored response has this id.",
+}
+_DELETED = _closed(
+    ["id", "object", "deleted"], id=_STRING, object=_only("response"), deleted=Schema(const=True)
+)
+
+
+def _json(description: str, schema: Schema) -> OpenAPIResponse:
+    return OpenAPIResponse(
+        description=description, content={"application/json": MediaType(schema=schema)}
+    )
+
+
+@dataclass
+class CreateResponseOperation(Operation):
+    """Operation for `POST /v1/responses`, with its body and every status it answers."""
+
+    def __post_init__(self) -> None:
+        self.request_body = _json_body(_REQUEST)
+        reasons = {
+            **GENERATION_ERRORS,
+            "400": GENERATION_ERRORS["400"] + " An unknown previous_response_id is a 400 too.",
+            "500": _SERVER_ERROR,
+        }
+        self.responses = {
+            "200": OpenAPIResponse(
+                description="A response, or with stream=true a text/event-stream of OpenAI's "
+                "Responses events, each an `event: <type>` line and a `data:` JSON object of "
+                "that type (x-itemSchema): response.created and response.in_progress, each "
+                "output item's added, content and delta events and done, then "
+                "response.completed or response.incomplete; or response.failed (or an error "
+                "event) that ends the stream. No [DONE].",
+                content={
+                    "application/json": MediaType(schema=RESPONSE),
+                    "text/event-stream": _EventStream(schema=SSE_EVENT, item_schema=EVENT),
+                },
+            ),
+            **{status: _error(reasons[status]) for status in sorted(reasons)},
+        }
+
+
+@dataclass
+class GetResponseOperation(Operation):
+    """Operation for `GET /v1/responses/{response_id}`."""
+
+    def __post_init__(self) -> None:
+        self.responses = {
+            "200": _json("The stored response.", RESPONSE),
+            **{status: _error(why) for status, why in _BY_ID.items()},
+        }
+
+
+@dataclass
+class DeleteResponseOperation(Operation):
+    """Operation for `DELETE /v1/responses/{response_id}`."""
+
+    def __post_init__(self) -> None:
+        self.responses = {
+            "200": _json("The response was deleted.", _DELETED),
+            **{status: _error(why) for status, why in _BY_ID.items()},
+        }
