@@ -49,6 +49,7 @@ from protocol.openai._fields import (
     _json,
     _number,
     _required,
+    _required_str,
     _show,
     _str,
 )
@@ -256,9 +257,7 @@ def _system(value: Any) -> tuple[Message, ...]:
 def _block(value: Any, path: str) -> tuple[dict[str, Any], str]:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    kind = _required(value, "type", path)
-    if type(kind) is not str:
-        _fail_type(f"{path}.type", "a string", kind)
+    kind = _required_str(value, "type", path)
     return value, kind
 
 
@@ -270,10 +269,7 @@ def _text_block(value: Any, path: str) -> str:
     if block.get("citations") is not None:
         _fail_unsupported(f"{path}.citations", "citations are not implemented")
     _cache_control(block, path)
-    text = _required(block, "text", path)
-    if type(text) is not str:
-        _fail_type(f"{path}.text", "a string", text)
-    return text
+    return _required_str(block, "text", path)
 
 
 def _messages(value: Any) -> tuple[Message, ...]:
@@ -353,9 +349,7 @@ def _user_blocks(blocks: list[Any], path: str) -> list[Message]:
 def _tool_result(block: dict[str, Any], path: str) -> Message:
     _keys(block, ("type", "tool_use_id", "content", "is_error", "cache_control"), path)
     _cache_control(block, path)
-    call_id = _required(block, "tool_use_id", path)
-    if type(call_id) is not str:
-        _fail_type(f"{path}.tool_use_id", "a string", call_id)
+    call_id = _required_str(block, "tool_use_id", path)
     # The chat template has no error flag: the model reads the error in the content.
     _bool(block, "is_error", path)
     content = block.get("content")
@@ -397,12 +391,8 @@ def _assistant_blocks(blocks: list[Any], path: str) -> Message:
 def _tool_use(block: dict[str, Any], path: str) -> ToolCall:
     _keys(block, ("type", "id", "name", "input", "cache_control"), path)
     _cache_control(block, path)
-    call_id = _required(block, "id", path)
-    if type(call_id) is not str:
-        _fail_type(f"{path}.id", "a string", call_id)
-    name = _required(block, "name", path)
-    if type(name) is not str:
-        _fail_type(f"{path}.name", "a string", name)
+    call_id = _required_str(block, "id", path)
+    name = _required_str(block, "name", path)
     arguments = _required(block, "input", path)
     if type(arguments) is not dict:
         _fail_type(f"{path}.input", "an object", arguments)
@@ -433,9 +423,7 @@ def _tools(value: Any) -> tuple[Tool, ...]:
             item, ("type", "name", "description", "input_schema", "cache_control", "strict"), path
         )
         _cache_control(item, path)
-        name = _required(item, "name", path)
-        if type(name) is not str:
-            _fail_type(f"{path}.name", "a string", name)
+        name = _required_str(item, "name", path)
         if not _TOOL_NAME.fullmatch(name):
             raise invalid_request(
                 f"{path}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'",
@@ -472,9 +460,7 @@ def _tool_choice(
         return "auto", None, True
     if type(value) is not dict:
         _fail_type("tool_choice", "an object", value)
-    kind = _required(value, "type", "tool_choice")
-    if type(kind) is not str:
-        _fail_type("tool_choice.type", "a string", kind)
+    kind = _required_str(value, "type", "tool_choice")
     choice = _CHOICES.get(kind)
     if choice is None:
         _fail_value("tool_choice.type", kind, tuple(_CHOICES))
@@ -483,9 +469,7 @@ def _tool_choice(
     serial = _bool(value, "disable_parallel_tool_use", "tool_choice") or False
     name = None
     if kind == "tool":
-        name = _required(value, "name", "tool_choice")
-        if type(name) is not str:
-            _fail_type("tool_choice.name", "a string", name)
+        name = _required_str(value, "name", "tool_choice")
         if all(tool.name != name for tool in tools):
             raise invalid_request(
                 f"tool_choice.name: no tool named {_show(name)} in 'tools'", "tool_choice.name"

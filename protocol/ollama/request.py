@@ -42,6 +42,7 @@ from protocol.openai._fields import (
     _json,
     _number,
     _required,
+    _required_str,
     _str,
 )
 from protocol.openai.errors import OpenAIError, invalid_request
@@ -370,9 +371,7 @@ def _messages(value: Any) -> tuple[Message, ...]:
 def _message(value: Any, path: str) -> Message:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    role_name = _required(value, "role", path)
-    if type(role_name) is not str:
-        _fail_type(f"{path}.role", "a string", role_name)
+    role_name = _required_str(value, "role", path)
     role = _ROLES.get(role_name)
     if role is None:
         _fail_value(f"{path}.role", role_name, tuple(_ROLES))
@@ -419,9 +418,7 @@ def _tool_calls(value: Any, path: str) -> tuple[ToolCall, ...]:
             if key not in ("index", "name", "arguments"):
                 _fail_unknown(f"{item_path}.function.{key}")
         _int(function, "index", 0, INT64_MAX, f"{item_path}.function")
-        name = _required(function, "name", f"{item_path}.function")
-        if type(name) is not str:
-            _fail_type(f"{item_path}.function.name", "a string", name)
+        name = _required_str(function, "name", f"{item_path}.function")
         arguments = function.get("arguments")
         if arguments is None:
             arguments = {}

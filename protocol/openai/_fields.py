@@ -54,6 +54,13 @@ def _required(obj: dict[str, Any], key: str, path: str) -> Any:
     return obj[key]
 
 
+def _required_str(obj: dict[str, Any], key: str, path: str = "") -> str:
+    value = _required(obj, key, path)
+    if type(value) is not str:
+        _fail_type(_param(path, key), "a string", value)
+    return value
+
+
 def _bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:
     value = obj.get(key)
     if value is not None and type(value) is not bool:

@@ -61,6 +61,7 @@ from protocol.openai._fields import (
     _number,
     _object,
     _required,
+    _required_str,
     _show,
     _str,
 )
@@ -286,9 +287,7 @@ def _model_first(data: Any, known: frozenset[str], check_model: CheckModel | Non
     serves it, then that every field is one of `known`, before anything else is read, as
     OpenAI does. Returns the model."""
     data = _object(data)
-    model = _required(data, "model", "")
-    if type(model) is not str:
-        _fail_type("model", "a string", model)
+    model = _required_str(data, "model")
     if len(model) > MAX_MODEL_CHARS:
         _fail_too_long("model", MAX_MODEL_CHARS, len(model))
     if check_model is not None:
@@ -399,9 +398,7 @@ def _messages(value: Any) -> tuple[Message, ...]:
 def _message(value: Any, path: str) -> Message:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    role_name = _required(value, "role", path)
-    if type(role_name) is not str:
-        _fail_type(f"{path}.role", "a string", role_name)
+    role_name = _required_str(value, "role", path)
     if role_name == "function":
         raise invalid_request(
             f"Unsupported value: '{path}.role' does not support 'function' with this server: "
@@ -430,9 +427,7 @@ def _message(value: Any, path: str) -> Message:
                 "missing_required_parameter",
             )
     elif role == "tool":
-        tool_call_id = _required(value, "tool_call_id", path)
-        if type(tool_call_id) is not str:
-            _fail_type(f"{path}.tool_call_id", "a string", tool_call_id)
+        tool_call_id = _required_str(value, "tool_call_id", path)
     content = _content(_required(value, "content", path), f"{path}.content", role)
     return Message(
         role=role, content=content, name=name, tool_calls=tool_calls, tool_call_id=tool_call_id
@@ -477,9 +472,7 @@ def _content(value: Any, path: str, role: Role) -> str:
 def _text_part(part: Any, path: str, role: Role) -> str:
     if type(part) is not dict:
         _fail_type(path, "an object", part)
-    kind = _required(part, "type", path)
-    if type(kind) is not str:
-        _fail_type(f"{path}.type", "a string", kind)
+    kind = _required_str(part, "type", path)
     if kind != "text":
         if kind in _PART_TYPES[role]:
             raise invalid_request(
@@ -492,9 +485,7 @@ def _text_part(part: Any, path: str, role: Role) -> str:
     for key in part:
         if key not in ("type", "text", "prompt_cache_breakpoint"):
             _fail_unknown(f"{path}.{key}")
-    text = _required(part, "text", path)
-    if type(text) is not str:
-        _fail_type(f"{path}.text", "a string", text)
+    text = _required_str(part, "text", path)
     breakpoint_ = part.get("prompt_cache_breakpoint")
     if breakpoint_ is not None and breakpoint_ != {"mode": "explicit"}:
         _fail_value(f"{path}.prompt_cache_breakpoint", breakpoint_, ('{"mode": "explicit"}',))

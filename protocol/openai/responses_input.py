@@ -22,6 +22,7 @@ from protocol.openai._fields import (
     _fail_unsupported,
     _fail_value,
     _required,
+    _required_str,
     _show,
     _str,
 )
@@ -141,9 +142,7 @@ def _keys(value: dict[str, Any], path: str, allowed: tuple[str, ...]) -> None:
 
 def _message(value: dict[str, Any], path: str) -> Message:
     _keys(value, path, ("type", "role", "content", "id", "status", "phase"))
-    role = _required(value, "role", path)
-    if type(role) is not str:
-        _fail_type(f"{path}.role", "a string", role)
+    role = _required_str(value, "role", path)
     if role not in _MESSAGE_ROLES:
         _fail_value(f"{path}.role", role, _MESSAGE_ROLES)
     _str(value, "id", path)
@@ -177,9 +176,7 @@ def _content(value: Any, path: str, role: str) -> str:
 def _part(part: Any, path: str, role: str) -> str:
     if type(part) is not dict:
         _fail_type(path, "an object", part)
-    kind = _required(part, "type", path)
-    if type(kind) is not str:
-        _fail_type(f"{path}.type", "a string", kind)
+    kind = _required_str(part, "type", path)
     expected = ("output_text", "refusal") if role == "assistant" else ("input_text",)
     if kind in _UNSUPPORTED_PARTS and role != "assistant":
         raise invalid_request(
@@ -199,23 +196,14 @@ def _part(part: Any, path: str, role: str) -> str:
                 _fail_type(f"{path}.{key}", "an array", part[key])
     else:
         _keys(part, path, ("type", "text"))
-    text = _required(part, "text", path)
-    if type(text) is not str:
-        _fail_type(f"{path}.text", "a string", text)
-    return text
+    return _required_str(part, "text", path)
 
 
 def _function_call(value: dict[str, Any], path: str) -> ToolCall:
     _keys(value, path, ("type", "call_id", "name", "arguments", "id", "status"))
-    call_id = _required(value, "call_id", path)
-    if type(call_id) is not str:
-        _fail_type(f"{path}.call_id", "a string", call_id)
-    name = _required(value, "name", path)
-    if type(name) is not str:
-        _fail_type(f"{path}.name", "a string", name)
-    arguments = _required(value, "arguments", path)
-    if type(arguments) is not str:
-        _fail_type(f"{path}.arguments", "a string", arguments)
+    call_id = _required_str(value, "call_id", path)
+    name = _required_str(value, "name", path)
+    arguments = _required_str(value, "arguments", path)
     _str(value, "id", path)
     _status(value, path)
     return ToolCall(id=call_id, name=name, arguments=arguments)
@@ -223,9 +211,7 @@ def _function_call(value: dict[str, Any], path: str) -> ToolCall:
 
 def _function_call_output(value: dict[str, Any], path: str) -> Message:
     _keys(value, path, ("type", "call_id", "output", "id", "status"))
-    call_id = _required(value, "call_id", path)
-    if type(call_id) is not str:
-        _fail_type(f"{path}.call_id", "a string", call_id)
+    call_id = _required_str(value, "call_id", path)
     output = _required(value, "output", path)
     text = _content(output, f"{path}.output", "tool")
     _str(value, "id", path)

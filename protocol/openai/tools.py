@@ -23,6 +23,7 @@ from protocol.openai._fields import (
     _fail_unsupported_value,
     _fail_value,
     _required,
+    _required_str,
     _show,
     _str,
 )
@@ -63,9 +64,7 @@ def parse_tools(value: Any) -> tuple[Tool, ...]:
 def _tool(value: Any, path: str) -> Tool:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    kind = _required(value, "type", path)
-    if type(kind) is not str:
-        _fail_type(f"{path}.type", "a string", kind)
+    kind = _required_str(value, "type", path)
     if kind == "custom":
         _fail_unsupported_value(f"{path}.type", kind, "function")
     if kind != "function":
@@ -126,9 +125,7 @@ def parse_tool_choice(value: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, 
         return _CHOICES[value], None
     if type(value) is not dict:
         _fail_type("tool_choice", "one of a string or object", value)
-    kind = _required(value, "type", "tool_choice")
-    if type(kind) is not str:
-        _fail_type("tool_choice.type", "a string", kind)
+    kind = _required_str(value, "type", "tool_choice")
     if kind in ("allowed_tools", "custom"):
         _fail_unsupported_value("tool_choice.type", kind, "function")
     if kind != "function":
@@ -180,9 +177,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         return None
     if type(value) is not dict:
         _fail_type("response_format", "an object", value)
-    kind = _required(value, "type", "response_format")
-    if type(kind) is not str:
-        _fail_type("response_format.type", "a string", kind)
+    kind = _required_str(value, "type", "response_format")
     if kind not in ("text", "json_object", "json_schema"):
         _fail_value("response_format.type", kind, ("text", "json_object", "json_schema"))
     allowed = ("type", "json_schema") if kind == "json_schema" else ("type",)
@@ -231,9 +226,7 @@ def _tool_call(value: Any, path: str) -> ToolCall:
     for key in value:
         if key not in ("id", "type", "function"):
             _fail_unknown(f"{path}.{key}")
-    call_id = _required(value, "id", path)
-    if type(call_id) is not str:
-        _fail_type(f"{path}.id", "a string", call_id)
+    call_id = _required_str(value, "id", path)
     kind = _required(value, "type", path)
     if kind != "function":
         if type(kind) is not str:
@@ -245,10 +238,6 @@ def _tool_call(value: Any, path: str) -> ToolCall:
     for key in function:
         if key not in ("name", "arguments"):
             _fail_unknown(f"{path}.function.{key}")
-    name = _required(function, "name", f"{path}.function")
-    if type(name) is not str:
-        _fail_type(f"{path}.function.name", "a string", name)
-    arguments = _required(function, "arguments", f"{path}.function")
-    if type(arguments) is not str:
-        _fail_type(f"{path}.function.arguments", "a string", arguments)
+    name = _required_str(function, "name", f"{path}.function")
+    arguments = _required_str(function, "arguments", f"{path}.function")
     return ToolCall(id=call_id, name=name, arguments=arguments)
