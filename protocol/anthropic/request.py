@@ -48,6 +48,7 @@ from protocol.openai._fields import (
     _int,
     _json,
     _number,
+    _one_of,
     _required,
     _required_str,
     _show,
@@ -70,6 +71,7 @@ MAX_BLOCKS = 256
 """Content blocks in one message (or the system prompt)."""
 MIN_THINKING_BUDGET = 1024
 """Anthropic's least `thinking.budget_tokens`."""
+_ROLES: tuple[Literal["user", "assistant"], ...] = ("user", "assistant")
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
 _THINKING_ON: ReasoningEffort = "medium"
 """Any effort but none/minimal: the template's enable_thinking=True."""
@@ -297,11 +299,7 @@ def _message(value: Any, path: str) -> list[Message]:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
     _keys(value, ("role", "content"), path)
-    role = _required(value, "role", path)
-    if role not in ("user", "assistant"):
-        if type(role) is not str:
-            _fail_type(f"{path}.role", "a string", role)
-        _fail_value(f"{path}.role", role, ("user", "assistant"))
+    role = _one_of(value, "role", path, _ROLES)
     content = _required(value, "content", path)
     if type(content) is str:
         return [Message(role=role, content=content)]
@@ -460,10 +458,8 @@ def _tool_choice(
         return "auto", None, True
     if type(value) is not dict:
         _fail_type("tool_choice", "an object", value)
-    kind = _required_str(value, "type", "tool_choice")
-    choice = _CHOICES.get(kind)
-    if choice is None:
-        _fail_value("tool_choice.type", kind, tuple(_CHOICES))
+    kind = _one_of(value, "type", "tool_choice", tuple(_CHOICES))
+    choice = _CHOICES[kind]
     allowed = ("type",) if kind == "none" else ("type", "disable_parallel_tool_use")
     _keys(value, ("name", *allowed) if kind == "tool" else allowed, "tool_choice")
     serial = _bool(value, "disable_parallel_tool_use", "tool_choice") or False

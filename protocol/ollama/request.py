@@ -41,6 +41,7 @@ from protocol.openai._fields import (
     _int,
     _json,
     _number,
+    _one_of,
     _required,
     _required_str,
     _str,
@@ -371,10 +372,7 @@ def _messages(value: Any) -> tuple[Message, ...]:
 def _message(value: Any, path: str) -> Message:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    role_name = _required_str(value, "role", path)
-    role = _ROLES.get(role_name)
-    if role is None:
-        _fail_value(f"{path}.role", role_name, tuple(_ROLES))
+    role = _ROLES[_one_of(value, "role", path, tuple(_ROLES))]
     for key in value:
         if key not in _MESSAGE_KEYS[role]:
             _fail_unknown(f"{path}.{key}")

@@ -4,7 +4,7 @@ the request parsers. A JSON null reads as None ("not given"). Private to protoco
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar, cast
 
 import orjson
 
@@ -40,6 +40,8 @@ def _object(data: Any) -> dict[str, Any]:
 
 # --- field readers: a JSON null reads as None (not given) -----------------------------------
 
+_S = TypeVar("_S", bound=str)
+
 
 def _param(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
@@ -59,6 +61,15 @@ def _required_str(obj: dict[str, Any], key: str, path: str = "") -> str:
     if type(value) is not str:
         _fail_type(_param(path, key), "a string", value)
     return value
+
+
+def _one_of(obj: dict[str, Any], key: str, path: str, allowed: Sequence[_S]) -> _S:
+    """A required string field that must be one of `allowed` (a role, a `type`), which the
+    error lists."""
+    value = _required_str(obj, key, path)
+    if value not in allowed:
+        _fail_value(_param(path, key), value, allowed)
+    return cast(_S, value)
 
 
 def _bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:

@@ -60,6 +60,7 @@ from protocol.openai._fields import (
     _json,
     _number,
     _object,
+    _one_of,
     _required,
     _required_str,
     _show,
@@ -398,7 +399,7 @@ def _messages(value: Any) -> tuple[Message, ...]:
 def _message(value: Any, path: str) -> Message:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    role_name = _required_str(value, "role", path)
+    role_name = _one_of(value, "role", path, _ALL_ROLES)
     if role_name == "function":
         raise invalid_request(
             f"Unsupported value: '{path}.role' does not support 'function' with this server: "
@@ -406,9 +407,7 @@ def _message(value: Any, path: str) -> Message:
             f"{path}.role",
             "unsupported_value",
         )
-    role = ROLES.get(role_name)
-    if role is None:
-        _fail_value(f"{path}.role", role_name, _ALL_ROLES)
+    role = ROLES[role_name]
     allowed = _MESSAGE_KEYS[role]
     for key in value:
         if key not in allowed:
@@ -472,16 +471,14 @@ def _content(value: Any, path: str, role: Role) -> str:
 def _text_part(part: Any, path: str, role: Role) -> str:
     if type(part) is not dict:
         _fail_type(path, "an object", part)
-    kind = _required_str(part, "type", path)
+    kind = _one_of(part, "type", path, _PART_TYPES[role])
     if kind != "text":
-        if kind in _PART_TYPES[role]:
-            raise invalid_request(
-                f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
-                "server: only text content parts are supported.",
-                f"{path}.type",
-                "unsupported_value",
-            )
-        _fail_value(f"{path}.type", kind, _PART_TYPES[role])
+        raise invalid_request(
+            f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
+            "server: only text content parts are supported.",
+            f"{path}.type",
+            "unsupported_value",
+        )
     for key in part:
         if key not in ("type", "text", "prompt_cache_breakpoint"):
             _fail_unknown(f"{path}.{key}")

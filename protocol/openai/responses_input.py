@@ -10,7 +10,7 @@ built-in tools' items and item references are refused, naming the item's `type`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -21,6 +21,7 @@ from protocol.openai._fields import (
     _fail_unknown,
     _fail_unsupported,
     _fail_value,
+    _one_of,
     _required,
     _required_str,
     _show,
@@ -30,7 +31,12 @@ from protocol.openai.errors import invalid_request
 from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS
 
 MAX_CONTENT_PARTS = 256
-_MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+_MESSAGE_ROLES: tuple[Literal["user", "system", "developer", "assistant"], ...] = (
+    "user",
+    "system",
+    "developer",
+    "assistant",
+)
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _OTHER_ITEM_TYPES = (
     "file_search_call",
@@ -142,9 +148,7 @@ def _keys(value: dict[str, Any], path: str, allowed: tuple[str, ...]) -> None:
 
 def _message(value: dict[str, Any], path: str) -> Message:
     _keys(value, path, ("type", "role", "content", "id", "status", "phase"))
-    role = _required_str(value, "role", path)
-    if role not in _MESSAGE_ROLES:
-        _fail_value(f"{path}.role", role, _MESSAGE_ROLES)
+    role = _one_of(value, "role", path, _MESSAGE_ROLES)
     _str(value, "id", path)
     _status(value, path)
     phase = _str(value, "phase", path)
@@ -152,8 +156,7 @@ def _message(value: dict[str, Any], path: str) -> Message:
         _fail_value(f"{path}.phase", phase, ("commentary", "final_answer"))
     content = _required(value, "content", path)
     text = _content(content, f"{path}.content", role)
-    checked: Any = role
-    return Message(role=checked, content=text)
+    return Message(role=role, content=text)
 
 
 def _status(value: dict[str, Any], path: str) -> None:

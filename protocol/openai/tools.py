@@ -22,6 +22,7 @@ from protocol.openai._fields import (
     _fail_unknown,
     _fail_unsupported_value,
     _fail_value,
+    _one_of,
     _required,
     _required_str,
     _show,
@@ -64,11 +65,9 @@ def parse_tools(value: Any) -> tuple[Tool, ...]:
 def _tool(value: Any, path: str) -> Tool:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    kind = _required_str(value, "type", path)
+    kind = _one_of(value, "type", path, ("function", "custom"))
     if kind == "custom":
         _fail_unsupported_value(f"{path}.type", kind, "function")
-    if kind != "function":
-        _fail_value(f"{path}.type", kind, ("function", "custom"))
     for key in value:
         if key not in ("type", "function"):
             _fail_unknown(f"{path}.{key}")
@@ -125,11 +124,9 @@ def parse_tool_choice(value: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, 
         return _CHOICES[value], None
     if type(value) is not dict:
         _fail_type("tool_choice", "one of a string or object", value)
-    kind = _required_str(value, "type", "tool_choice")
-    if kind in ("allowed_tools", "custom"):
-        _fail_unsupported_value("tool_choice.type", kind, "function")
+    kind = _one_of(value, "type", "tool_choice", ("function", "allowed_tools", "custom"))
     if kind != "function":
-        _fail_value("tool_choice.type", kind, ("function", "allowed_tools", "custom"))
+        _fail_unsupported_value("tool_choice.type", kind, "function")
     for key in value:
         if key not in ("type", "function"):
             _fail_unknown(f"tool_choice.{key}")
@@ -177,9 +174,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         return None
     if type(value) is not dict:
         _fail_type("response_format", "an object", value)
-    kind = _required_str(value, "type", "response_format")
-    if kind not in ("text", "json_object", "json_schema"):
-        _fail_value("response_format.type", kind, ("text", "json_object", "json_schema"))
+    kind = _one_of(value, "type", "response_format", ("text", "json_object", "json_schema"))
     allowed = ("type", "json_schema") if kind == "json_schema" else ("type",)
     for key in value:
         if key not in allowed:
@@ -227,11 +222,7 @@ def _tool_call(value: Any, path: str) -> ToolCall:
         if key not in ("id", "type", "function"):
             _fail_unknown(f"{path}.{key}")
     call_id = _required_str(value, "id", path)
-    kind = _required(value, "type", path)
-    if kind != "function":
-        if type(kind) is not str:
-            _fail_type(f"{path}.type", "a string", kind)
-        _fail_value(f"{path}.type", kind, ("function",))
+    _one_of(value, "type", path, ("function",))
     function = _required(value, "function", path)
     if type(function) is not dict:
         _fail_type(f"{path}.function", "an object", function)
