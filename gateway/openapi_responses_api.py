@@ -12,11 +12,11 @@ something for the model, the prompt's total length, distinct tool names, a named
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import get_args
 
 from litestar.openapi.spec import OpenAPIMediaType as MediaType
-from litestar.openapi.spec import OpenAPIResponse, Operation, Schema
+from litestar.openapi.spec import OpenAPIResponse, Operation, Reference, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.openapi_common import (
@@ -47,7 +47,21 @@ from protocol.openai.tools import MAX_NAME_CHARS, NAME_PATTERN
 
 
 def _nullable(schema: Schema) -> Schema:
-    return Schema(one_of=[schema, _NULL])
+    """`schema` or null (its description on the whole)."""
+    return Schema(one_of=[replace(schema, description=None), _NULL], description=schema.description)
+
+
+def _or_null(required: list[str], properties: dict[str, Schema]) -> dict[str, Schema | Reference]:
+    """`properties`, a field not `required` also null (which the parser reads as left out)."""
+    return {
+        key: value if key in required or value is _NULL else _nullable(value)
+        for key, value in properties.items()
+    }
+
+
+def _optional(required: list[str], **properties: Schema) -> Schema:
+    """A closed object of the request whose fields not required may also be null."""
+    return _closed(required, **_or_null(required, properties))
 
 
 def _array(items: Schema, **bounds: int) -> Schema:
@@ -70,7 +84,7 @@ _EFFORT = _only(*get_args(ReasoningEffort))
 
 _TEXT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
 _INPUT_TEXT = _closed(["type", "text"], type=_only("input_text"), text=_TEXT)
-_OUTPUT_TEXT_IN = _closed(
+_OUTPUT_TEXT_IN = _optional(
     ["type", "text"],
     type=_only("output_text"),
     text=_TEXT,
@@ -84,7 +98,7 @@ def _content(part: Schema) -> Schema:
 
 
 def _message(roles: Schema, part: Schema) -> Schema:
-    return _closed(
+    return _optional(
         ["role", "content"],
         type=_only("message"),
         role=roles,
@@ -99,7 +113,7 @@ _INPUT_ITEM = Schema(
     one_of=[
         _message(_only("user", "system", "developer"), _INPUT_TEXT),
         _message(_only("assistant"), _OUTPUT_TEXT_IN),
-        _closed(
+        _optional(
             ["type", "call_id", "name", "arguments"],
             type=_only("function_call"),
             call_id=_STRING,
@@ -108,7 +122,7 @@ _INPUT_ITEM = Schema(
             id=_STRING,
             status=_ITEM_STATUS,
         ),
-        _closed(
+        _optional(
             ["type", "call_id", "output"],
             type=_only("function_call_output"),
             call_id=_STRING,
@@ -116,13 +130,14 @@ _INPUT_ITEM = Schema(
             id=_STRING,
             status=_ITEM_STATUS,
         ),
-        _closed(
+        _optional(
             ["type"],
             type=_only("reasoning"),
             id=_STRING,
             summary=Schema(type=OpenAPIType.ARRAY),
             content=Schema(type=OpenAPIType.ARRAY),
             status=_ITEM_STATUS,
+            encrypted_content=_NULL,
         ),
     ]
 )
@@ -135,7 +150,7 @@ _INPUT = Schema(
     "function calls and their outputs, reasoning items (checked, not re-fed). Something "
     f"for the model besides reasoning; at most {MAX_PROMPT_CHARS} characters in all.",
 )
-_TOOL = _closed(
+_TOOL = _optional(
     ["type", "name"],
     type=_only("function"),
     name=_NAME,
@@ -180,58 +195,71 @@ _WITH_TOOLS = Schema(
 _REQUEST = Schema(
     type=OpenAPIType.OBJECT,
     required=["model", "input"],
-    properties={
-        "model": _MODEL,
-        "input": _INPUT,
-        "instructions": Schema(type=OpenAPIType.STRING, max_length=MAX_INSTRUCTIONS_CHARS),
-        "max_output_tokens": Schema(
-            type=OpenAPIType.INTEGER,
-            minimum=MIN_OUTPUT_TOKENS,
-            maximum=_limit("max_tokens_limit"),
-        ),
-        "temperature": _DECODING["temperature"],
-        "top_p": _DECODING["top_p"],
-        "tools": _array(_TOOL, max_items=MAX_TOOLS),
-        "tool_choice": _TOOL_CHOICE,
-        "parallel_tool_calls": _BOOLEAN,
-        "text": _closed([], format=_TEXT_FORMAT, verbosity=_only("medium")),
-        "reasoning": _closed([], effort=_EFFORT),
-        "stream": _BOOLEAN,
-        "stream_options": _closed([], include_obfuscation=_BOOLEAN),
-        "store": Schema(
-            type=OpenAPIType.BOOLEAN,
-            description="Keep the response (default true where the gateway keeps responses; "
-            "true is refused where its store's limits are zero).",
-        ),
-        "previous_response_id": Schema(
-            type=OpenAPIType.STRING,
-            description="A stored response this one continues (refused where the gateway "
-            "keeps no responses).",
-        ),
-        "metadata": _METADATA,
-        "user": _STRING,
-        "safety_identifier": Schema(type=OpenAPIType.STRING, max_length=64),
-        "prompt_cache_key": _STRING,
-        "prompt_cache_retention": _only("in_memory", "24h"),
-        "prompt_cache_options": _closed([], ttl=_only("30m"), mode=_only("implicit")),
-        "max_tool_calls": Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=INT64_MAX),
-        "truncation": _only("disabled"),
-        "service_tier": _only("auto", "default"),
-        # Refused unless default.
-        "background": Schema(const=False),
-        "include": _EMPTY,
-        "top_logprobs": Schema(const=0),
-    },
+    properties=_or_null(
+        ["model", "input"],
+        {
+            "model": _MODEL,
+            "input": _INPUT,
+            "instructions": Schema(type=OpenAPIType.STRING, max_length=MAX_INSTRUCTIONS_CHARS),
+            "max_output_tokens": Schema(
+                type=OpenAPIType.INTEGER,
+                minimum=MIN_OUTPUT_TOKENS,
+                maximum=_limit("max_tokens_limit"),
+            ),
+            "temperature": _DECODING["temperature"],
+            "top_p": _DECODING["top_p"],
+            "tools": _array(_TOOL, max_items=MAX_TOOLS),
+            "tool_choice": _TOOL_CHOICE,
+            "parallel_tool_calls": _BOOLEAN,
+            "text": _optional([], format=_TEXT_FORMAT, verbosity=_only("medium")),
+            "reasoning": _optional([], effort=_EFFORT, summary=_NULL, generate_summary=_NULL),
+            "stream": _BOOLEAN,
+            "stream_options": _optional([], include_obfuscation=_BOOLEAN),
+            "store": Schema(
+                type=OpenAPIType.BOOLEAN,
+                description="Keep the response (default true where the gateway keeps responses; "
+                "true is refused where its store's limits are zero).",
+            ),
+            "previous_response_id": Schema(
+                type=OpenAPIType.STRING,
+                description="A stored response this one continues (refused where the gateway "
+                "keeps no responses).",
+            ),
+            "metadata": _METADATA,
+            "user": _STRING,
+            "safety_identifier": Schema(type=OpenAPIType.STRING, max_length=64),
+            "prompt_cache_key": _STRING,
+            "prompt_cache_retention": _only("in_memory", "24h"),
+            "prompt_cache_options": _optional([], ttl=_only("30m"), mode=_only("implicit")),
+            "max_tool_calls": Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=INT64_MAX),
+            "truncation": _only("disabled"),
+            "service_tier": _only("auto", "default"),
+            # Refused unless default.
+            "background": Schema(const=False),
+            "include": _EMPTY,
+            "top_logprobs": Schema(const=0),
+            **dict.fromkeys(("conversation", "prompt", "context_management", "moderation"), _NULL),
+        },
+    ),
     additional_properties=False,
     # The parameters that only mean something next to another one.
     dependent_schemas={
         "tool_choice": Schema(
-            any_of=[Schema(properties={"tool_choice": _only("none", "auto")}), _WITH_TOOLS]
+            any_of=[
+                Schema(properties={"tool_choice": Schema(one_of=[_only("none", "auto"), _NULL])}),
+                _WITH_TOOLS,
+            ]
         ),
-        "stream_options": Schema(required=["stream"], properties={"stream": Schema(const=True)}),
+        "stream_options": Schema(
+            any_of=[
+                Schema(properties={"stream_options": _NULL}),
+                Schema(required=["stream"], properties={"stream": Schema(const=True)}),
+            ]
+        ),
     },
     description="OpenAI's CreateResponse, the subset Orchard implements (function tools; no "
-    "background, conversations, prompt templates, includes or logprobs).",
+    "background, conversations, prompt templates, includes or logprobs). A field that is not "
+    "required may also be null: the parser reads it as left out.",
 )
 
 # --- the response object (protocol.openai.responses_stream) ----------------------------------

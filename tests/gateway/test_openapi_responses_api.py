@@ -131,6 +131,14 @@ ITEMS = [
     {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text",
                                                                    "text": "sunny"}]},
 ]  # fmt: skip
+NULLABLE = (
+    "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
+    "parallel_tool_calls", "text", "reasoning", "stream", "stream_options", "store",
+    "previous_response_id", "metadata", "user", "safety_identifier", "prompt_cache_key",
+    "prompt_cache_retention", "prompt_cache_options", "max_tool_calls", "truncation",
+    "service_tier", "background", "include", "top_logprobs", "conversation", "prompt",
+    "context_management", "moderation",
+)  # fmt: skip
 GOOD = [
     body(),
     body(input=ITEMS),
@@ -155,8 +163,23 @@ GOOD = [
     body(input=[MESSAGE] * MAX_MESSAGES),
     body(input=[{"role": "user", "content": [MESSAGE["content"][0]] * MAX_CONTENT_PARTS}]),
     body(tools=[{**TOOL, "name": f"f{i}"} for i in range(MAX_TOOLS)]),
+    # null is read as left out, wherever a field is not required.
+    body(**dict.fromkeys(NULLABLE)),
+    body(stream_options=None, tool_choice=None),
+    body(
+        text={"format": None, "verbosity": None},
+        reasoning={"effort": None, "summary": None, "generate_summary": None},
+        prompt_cache_options={"ttl": None, "mode": None},
+        tools=[{**TOOL, "description": None, "parameters": None, "strict": None}],
+        input=[
+            {"type": None, "role": "user", "content": "hi", "id": None, "status": None},
+            {"type": "reasoning", "summary": None, "content": None, "encrypted_content": None},
+        ],
+    ),
 ]
 BAD = [
+    body(model=None),
+    body(input=None),
     {"input": "hi"},
     {"model": "m"},
     body(unknown=1),
@@ -225,6 +248,11 @@ def test_the_schema_allows_what_the_parser_takes(accepted: Check, data: Any) -> 
 def test_the_schema_refuses_what_the_parser_refuses(accepted: Check, data: Any) -> None:
     assert not parser_accepts(data)
     assert not accepted(data)
+
+
+def test_every_optional_field_is_nullable(spec: dict[str, Any]) -> None:
+    schema = op(spec, CREATE)["requestBody"]["content"]["application/json"]["schema"]
+    assert set(schema["properties"]) - set(schema["required"]) == set(NULLABLE)
 
 
 def test_what_a_schema_cannot_say_is_in_the_descriptions(spec: dict[str, Any]) -> None:
