@@ -40,6 +40,7 @@ import orjson
 from protocol.frames import Generate, Message, ReasoningEffort, SamplingParams, Tool, ToolCall
 from protocol.frames import ToolChoice as InternalToolChoice
 from protocol.openai._fields import (
+    _array,
     _bool,
     _fail_array_too_long,
     _fail_type,
@@ -60,7 +61,7 @@ from protocol.openai.request import (
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
     _model_first,
-    _stop_string,
+    _stop_strings,
 )
 
 MAX_TOOLS = 128
@@ -137,7 +138,9 @@ def parse_messages_request(body: bytes, check_model: CheckModel | None = None) -
     if max_tokens is None:
         _missing("max_tokens")
     stream = _bool(data, "stream") or False
-    stop = _stop_sequences(data.get("stop_sequences"))
+    stop = _stop_strings(
+        data.get("stop_sequences"), "stop_sequences", MAX_STOP_SEQUENCES, "an array of strings"
+    )
     temperature = _number(data, "temperature", 0, 1)
     top_p = _number(data, "top_p", 0, 1)
     top_k = _int(data, "top_k", 0, INT64_MAX)
@@ -202,20 +205,6 @@ def _keys(value: dict[str, Any], allowed: frozenset[str] | tuple[str, ...], path
             _unknown(f"{path}.{key}")
 
 
-def _stop_sequences(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if type(value) is not list:
-        _fail_type("stop_sequences", "an array of strings", value)
-    if len(value) > MAX_STOP_SEQUENCES:
-        _fail_array_too_long("stop_sequences", MAX_STOP_SEQUENCES, len(value))
-    for i, item in enumerate(value):
-        if type(item) is not str:
-            _fail_type(f"stop_sequences[{i}]", "a string", item)
-        _stop_string(item, f"stop_sequences[{i}]")
-    return tuple(value)
-
-
 def _metadata(value: Any) -> None:
     if value is None:
         return
@@ -244,15 +233,10 @@ def _cache_control(block: dict[str, Any], path: str) -> None:
 
 
 def _system(value: Any) -> tuple[Message, ...]:
-    if value is None:
-        return ()
     if type(value) is str:
         return (Message(role="system", content=value),)
-    if type(value) is not list:
-        _fail_type("system", "a string or an array of text blocks", value)
-    if len(value) > MAX_BLOCKS:
-        _fail_array_too_long("system", MAX_BLOCKS, len(value))
-    texts = [_text_block(block, f"system[{i}]") for i, block in enumerate(value)]
+    blocks = _array(value, "system", MAX_BLOCKS, "a string or an array of text blocks")
+    texts = [_text_block(block, f"system[{i}]") for i, block in enumerate(blocks)]
     return (Message(role="system", content="\n".join(texts)),) if texts else ()
 
 
@@ -401,14 +385,8 @@ def _tool_use(block: dict[str, Any], path: str) -> ToolCall:
 
 
 def _tools(value: Any) -> tuple[Tool, ...]:
-    if value is None:
-        return ()
-    if type(value) is not list:
-        _fail_type("tools", "an array", value)
-    if len(value) > MAX_TOOLS:
-        _fail_array_too_long("tools", MAX_TOOLS, len(value))
     tools: list[Tool] = []
-    for i, item in enumerate(value):
+    for i, item in enumerate(_array(value, "tools", MAX_TOOLS)):
         path = f"tools[{i}]"
         if type(item) is not dict:
             _fail_type(path, "an object", item)

@@ -32,8 +32,8 @@ from protocol.frames import (
     ToolCall,
 )
 from protocol.openai._fields import (
+    _array,
     _bool,
-    _fail_array_too_long,
     _fail_type,
     _fail_unknown,
     _fail_unsupported,
@@ -52,8 +52,9 @@ from protocol.openai.request import (
     MAX_PROMPT_CHARS,
     MAX_STOP,
     SAMPLING_RANGES,
+    _check_messages_chars,
     _model_first,
-    _stop_string,
+    _stop_strings,
 )
 from protocol.openai.tools import parse_tools
 
@@ -326,24 +327,9 @@ def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
     )
     return (
         num_predict if num_predict is not None and num_predict > 0 else None,
-        _stop(value.get("stop")),
+        _stop_strings(value.get("stop"), "options.stop", MAX_STOP, "an array of strings"),
         sampling,
     )
-
-
-def _stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if type(value) is not list:
-        _fail_type("options.stop", "an array of strings", value)
-    if len(value) > MAX_STOP:
-        _fail_array_too_long("options.stop", MAX_STOP, len(value))
-    stops = []
-    for i, item in enumerate(value):
-        if type(item) is not str:
-            _fail_type(f"options.stop[{i}]", "a string", item)
-        stops.append(_stop_string(item, f"options.stop[{i}]"))
-    return tuple(stops)
 
 
 # --- messages -------------------------------------------------------------------------------
@@ -351,21 +337,9 @@ def _stop(value: Any) -> tuple[str, ...]:
 
 def _messages(value: Any) -> tuple[Message, ...]:
     """`messages`; absent or empty is Ollama's way to load a model (see `load_only`)."""
-    if value is None:
-        return ()
-    if type(value) is not list:
-        _fail_type("messages", "an array", value)
-    if len(value) > MAX_MESSAGES:
-        _fail_array_too_long("messages", MAX_MESSAGES, len(value))
-    messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
-    chars = sum(len(m.content) for m in messages)
-    if chars > MAX_PROMPT_CHARS:
-        raise invalid_request(
-            f"Invalid 'messages': the messages are too long ({chars} characters; at most "
-            f"{MAX_PROMPT_CHARS} are accepted).",
-            "messages",
-            "string_above_max_length",
-        )
+    items = _array(value, "messages", MAX_MESSAGES)
+    messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(items))
+    _check_messages_chars(sum(len(m.content) for m in messages))
     return messages
 
 

@@ -72,6 +72,18 @@ def _one_of(obj: dict[str, Any], key: str, path: str, allowed: Sequence[_S]) -> 
     return cast(_S, value)
 
 
+def _array(value: Any, param: str, maximum: int, expected: str = "an array") -> list[Any]:
+    """An optional array of at most `maximum` items (`expected`: the type the error names);
+    None (not given) reads as empty."""
+    if value is None:
+        return []
+    if type(value) is not list:
+        _fail_type(param, expected, value)
+    if len(value) > maximum:
+        _fail_array_too_long(param, maximum, len(value))
+    return value
+
+
 def _bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:
     value = obj.get(key)
     if value is not None and type(value) is not bool:
@@ -174,6 +186,15 @@ def _fail_array_too_long(param: str, maximum: int, length: int) -> NoReturn:
         f"but got an array with length {length} instead.",
         param,
         "array_above_max_length",
+    )
+
+
+def _fail_empty_array(param: str) -> NoReturn:
+    raise invalid_request(
+        f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got "
+        "an empty array instead.",
+        param,
+        "empty_array",
     )
 
 

@@ -43,6 +43,7 @@ from protocol.openai._fields import (
     _bool,
     _check_range,
     _fail_array_too_long,
+    _fail_empty_array,
     _fail_type,
     _fail_unsupported,
     _fail_unsupported_value,
@@ -207,12 +208,7 @@ def _prompts(value: Any) -> tuple[Prompt, ...]:
     elif type(value) is not list:
         _fail_type("prompt", _PROMPT_TYPES, value)
     elif not value:
-        raise invalid_request(
-            "Invalid 'prompt': empty array. Expected an array with minimum length 1, but got "
-            "an empty array instead.",
-            "prompt",
-            "empty_array",
-        )
+        _fail_empty_array("prompt")
     elif type(value[0]) is int:
         prompts = (_token_ids(value, "prompt"),)
     else:
@@ -253,12 +249,7 @@ def _token_list(value: Any, param: str) -> tuple[int, ...]:
     if type(value) is not list:
         _fail_type(param, "an array of integers", value)
     if not value:
-        raise invalid_request(
-            f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got "
-            "an empty array instead.",
-            param,
-            "empty_array",
-        )
+        _fail_empty_array(param)
     return _token_ids(value, param)
 
 

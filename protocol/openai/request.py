@@ -45,10 +45,12 @@ from protocol.frames import (
     ToolChoice,
 )
 from protocol.openai._fields import (
+    _array,
     _bool,
     _check_range,
     _clip,
     _fail_array_too_long,
+    _fail_empty_array,
     _fail_too_long,
     _fail_too_many,
     _fail_type,
@@ -376,16 +378,17 @@ def _messages(value: Any) -> tuple[Message, ...]:
     if type(value) is not list:
         _fail_type("messages", "an array", value)
     if not value:
-        raise invalid_request(
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
-            "but got an empty array instead.",
-            "messages",
-            "empty_array",
-        )
+        _fail_empty_array("messages")
     if len(value) > MAX_MESSAGES:
         _fail_array_too_long("messages", MAX_MESSAGES, len(value))
     messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
-    chars = sum(len(m.content) + len(m.name or "") for m in messages)
+    _check_messages_chars(sum(len(m.content) + len(m.name or "") for m in messages))
+    return messages
+
+
+def _check_messages_chars(chars: int) -> None:
+    """The messages' `chars` (as the dialect counts them) within MAX_PROMPT_CHARS; shared
+    with Ollama's chat."""
     if chars > MAX_PROMPT_CHARS:
         raise invalid_request(
             f"Invalid 'messages': the messages are too long ({chars} characters; at most "
@@ -393,7 +396,6 @@ def _messages(value: Any) -> tuple[Message, ...]:
             "messages",
             "string_above_max_length",
         )
-    return messages
 
 
 def _message(value: Any, path: str) -> Message:
@@ -456,12 +458,7 @@ def _content(value: Any, path: str, role: Role) -> str:
     if type(value) is not list:
         _fail_type(path, "one of a string or array of objects", value)
     if not value:
-        raise invalid_request(
-            f"Invalid '{path}': empty array. Expected an array with minimum length 1, but got "
-            "an empty array instead.",
-            path,
-            "empty_array",
-        )
+        _fail_empty_array(path)
     if len(value) > MAX_CONTENT_PARTS:
         _fail_array_too_long(path, MAX_CONTENT_PARTS, len(value))
     # Text parts are joined with a newline, as vLLM does.
@@ -545,20 +542,20 @@ def _sampling(data: dict[str, Any]) -> SamplingParams:
 
 
 def _stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
     if type(value) is str:
         return (_stop_string(value, "stop"),)
-    if type(value) is not list:
-        _fail_type("stop", "one of a string or array of strings", value)
-    if len(value) > MAX_STOP:
-        _fail_array_too_long("stop", MAX_STOP, len(value))
-    stops = []
-    for i, item in enumerate(value):
+    return _stop_strings(value, "stop", MAX_STOP, "one of a string or array of strings")
+
+
+def _stop_strings(value: Any, param: str, maximum: int, expected: str) -> tuple[str, ...]:
+    """An optional array of at most `maximum` stop strings (`expected`: the type the error
+    names); shared with Anthropic's stop_sequences and Ollama's options.stop."""
+    items = _array(value, param, maximum, expected)
+    for i, item in enumerate(items):
         if type(item) is not str:
-            _fail_type(f"stop[{i}]", "a string", item)
-        stops.append(_stop_string(item, f"stop[{i}]"))
-    return tuple(stops)
+            _fail_type(f"{param}[{i}]", "a string", item)
+        _stop_string(item, f"{param}[{i}]")
+    return tuple(items)
 
 
 def _stop_string(value: str, param: str) -> str:

@@ -17,6 +17,7 @@ import attrs
 from protocol.frames import Message, ToolCall
 from protocol.openai._fields import (
     _fail_array_too_long,
+    _fail_empty_array,
     _fail_type,
     _fail_unknown,
     _fail_unsupported,
@@ -70,12 +71,7 @@ def parse_input(value: Any) -> tuple[Message, ...]:
     if type(value) is not list:
         _fail_type("input", "one of a string or array of objects", value)
     if not value:
-        raise invalid_request(
-            "Invalid 'input': empty array. Expected an array with minimum length 1, but got "
-            "an empty array instead.",
-            "input",
-            "empty_array",
-        )
+        _fail_empty_array("input")
     if len(value) > MAX_MESSAGES:
         _fail_array_too_long("input", MAX_MESSAGES, len(value))
     messages: list[Message] = []

@@ -16,8 +16,8 @@ import orjson
 
 from protocol.frames import ResponseFormat, Tool, ToolCall, ToolChoice
 from protocol.openai._fields import (
+    _array,
     _bool,
-    _fail_array_too_long,
     _fail_type,
     _fail_unknown,
     _fail_unsupported_value,
@@ -43,13 +43,8 @@ _CHOICES: dict[str, ToolChoice] = {"none": "none", "auto": "auto", "required": "
 
 def parse_tools(value: Any) -> tuple[Tool, ...]:
     """`tools`: function tools only (custom tools are refused)."""
-    if value is None:
-        return ()
-    if type(value) is not list:
-        _fail_type("tools", "an array", value)
-    if len(value) > MAX_TOOLS:
-        _fail_array_too_long("tools", MAX_TOOLS, len(value))
-    tools = tuple(_tool(item, f"tools[{i}]") for i, item in enumerate(value))
+    items = _array(value, "tools", MAX_TOOLS)
+    tools = tuple(_tool(item, f"tools[{i}]") for i, item in enumerate(items))
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if tool.name in seen:
@@ -206,13 +201,8 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
 
 def parse_tool_calls(value: Any, path: str) -> tuple[ToolCall, ...]:
     """An assistant message's `tool_calls` in the history."""
-    if value is None:
-        return ()
-    if type(value) is not list:
-        _fail_type(path, "an array", value)
-    if len(value) > MAX_TOOL_CALLS:
-        _fail_array_too_long(path, MAX_TOOL_CALLS, len(value))
-    return tuple(_tool_call(item, f"{path}[{i}]") for i, item in enumerate(value))
+    items = _array(value, path, MAX_TOOL_CALLS)
+    return tuple(_tool_call(item, f"{path}[{i}]") for i, item in enumerate(items))
 
 
 def _tool_call(value: Any, path: str) -> ToolCall:
