@@ -34,8 +34,8 @@ from protocol.frames import (
 from protocol.openai._fields import (
     _array,
     _bool,
+    _check_keys,
     _fail_type,
-    _fail_unknown,
     _fail_unsupported,
     _fail_value,
     _int,
@@ -347,9 +347,7 @@ def _message(value: Any, path: str) -> Message:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
     role = _ROLES[_one_of(value, "role", path, tuple(_ROLES))]
-    for key in value:
-        if key not in _MESSAGE_KEYS[role]:
-            _fail_unknown(f"{path}.{key}")
+    _check_keys(value, path, _MESSAGE_KEYS[role])
     if value.get("images"):
         _fail_unsupported(f"{path}.images", "images are not supported")
     content = _str(value, "content", path) or ""
@@ -376,9 +374,7 @@ def _tool_calls(value: Any, path: str) -> tuple[ToolCall, ...]:
         item_path = f"{path}[{i}]"
         if type(item) is not dict:
             _fail_type(item_path, "an object", item)
-        for key in item:
-            if key not in ("id", "type", "function"):
-                _fail_unknown(f"{item_path}.{key}")
+        _check_keys(item, item_path, ("id", "type", "function"))
         call_id = _str(item, "id", item_path)
         kind = _str(item, "type", item_path)
         if kind not in (None, "function"):
@@ -386,9 +382,7 @@ def _tool_calls(value: Any, path: str) -> tuple[ToolCall, ...]:
         function = _required(item, "function", item_path)
         if type(function) is not dict:
             _fail_type(f"{item_path}.function", "an object", function)
-        for key in function:
-            if key not in ("index", "name", "arguments"):
-                _fail_unknown(f"{item_path}.function.{key}")
+        _check_keys(function, f"{item_path}.function", ("index", "name", "arguments"))
         _int(function, "index", 0, INT64_MAX, f"{item_path}.function")
         name = _required_str(function, "name", f"{item_path}.function")
         arguments = function.get("arguments")

@@ -3,7 +3,7 @@ the request parsers. A JSON null reads as None ("not given"). Private to protoco
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NoReturn, TypeVar, cast
 
 import orjson
@@ -82,6 +82,14 @@ def _array(value: Any, param: str, maximum: int, expected: str = "an array") -> 
     if len(value) > maximum:
         _fail_array_too_long(param, maximum, len(value))
     return value
+
+
+def _check_keys(obj: dict[str, Any], path: str, allowed: Collection[str]) -> None:
+    """Every key of the object at `path` is one of `allowed`; the first that is not is an
+    unknown parameter."""
+    for key in obj:
+        if key not in allowed:
+            _fail_unknown(f"{path}.{key}")
 
 
 def _bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:

@@ -47,6 +47,7 @@ from protocol.frames import (
 from protocol.openai._fields import (
     _array,
     _bool,
+    _check_keys,
     _check_range,
     _clip,
     _fail_array_too_long,
@@ -54,7 +55,6 @@ from protocol.openai._fields import (
     _fail_too_long,
     _fail_too_many,
     _fail_type,
-    _fail_unknown,
     _fail_unsupported,
     _fail_unsupported_value,
     _fail_value,
@@ -411,9 +411,7 @@ def _message(value: Any, path: str) -> Message:
         )
     role = ROLES[role_name]
     allowed = _MESSAGE_KEYS[role]
-    for key in value:
-        if key not in allowed:
-            _fail_unknown(f"{path}.{key}")
+    _check_keys(value, path, allowed)
     name = _str(value, "name", path)
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id = None
@@ -476,9 +474,7 @@ def _text_part(part: Any, path: str, role: Role) -> str:
             f"{path}.type",
             "unsupported_value",
         )
-    for key in part:
-        if key not in ("type", "text", "prompt_cache_breakpoint"):
-            _fail_unknown(f"{path}.{key}")
+    _check_keys(part, path, ("type", "text", "prompt_cache_breakpoint"))
     text = _required_str(part, "text", path)
     breakpoint_ = part.get("prompt_cache_breakpoint")
     if breakpoint_ is not None and breakpoint_ != {"mode": "explicit"}:
@@ -500,9 +496,7 @@ def _stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
         )
     if type(value) is not dict:
         _fail_type("stream_options", "an object", value)
-    for key in value:
-        if key not in _STREAM_OPTIONS:
-            _fail_unknown(f"stream_options.{key}")
+    _check_keys(value, "stream_options", _STREAM_OPTIONS)
     include_usage = _bool(value, "include_usage", "stream_options") or False
     # We never obfuscate; OpenAI's default is to, and false only saves bandwidth.
     _bool(value, "include_obfuscation", "stream_options")
@@ -636,9 +630,7 @@ def _check_accepted(data: dict[str, Any]) -> None:
     if options is not None:
         if type(options) is not dict:
             _fail_type("prompt_cache_options", "an object", options)
-        for key in options:
-            if key not in ("ttl", "mode"):
-                _fail_unknown(f"prompt_cache_options.{key}")
+        _check_keys(options, "prompt_cache_options", ("ttl", "mode"))
         ttl = _str(options, "ttl", "prompt_cache_options")
         if ttl is not None and ttl != "30m":
             _fail_value("prompt_cache_options.ttl", ttl, ("30m",))

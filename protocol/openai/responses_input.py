@@ -16,10 +16,10 @@ import attrs
 
 from protocol.frames import Message, ToolCall
 from protocol.openai._fields import (
+    _check_keys,
     _fail_array_too_long,
     _fail_empty_array,
     _fail_type,
-    _fail_unknown,
     _fail_unsupported,
     _fail_value,
     _one_of,
@@ -136,10 +136,8 @@ def _item(value: Any, path: str, out: list[Message]) -> None:
         _fail_value(f"{path}.type", kind, _ITEM_TYPES)
 
 
-def _keys(value: dict[str, Any], path: str, allowed: tuple[str, ...]) -> None:
-    for key in value:
-        if key not in allowed:
-            _fail_unknown(f"{path}.{key}")
+_keys = _check_keys
+"""This module's (and protocol.openai.responses') name for it."""
 
 
 def _message(value: dict[str, Any], path: str) -> Message:

@@ -18,8 +18,8 @@ from protocol.frames import ResponseFormat, Tool, ToolCall, ToolChoice
 from protocol.openai._fields import (
     _array,
     _bool,
+    _check_keys,
     _fail_type,
-    _fail_unknown,
     _fail_unsupported_value,
     _fail_value,
     _one_of,
@@ -63,16 +63,12 @@ def _tool(value: Any, path: str) -> Tool:
     kind = _one_of(value, "type", path, ("function", "custom"))
     if kind == "custom":
         _fail_unsupported_value(f"{path}.type", kind, "function")
-    for key in value:
-        if key not in ("type", "function"):
-            _fail_unknown(f"{path}.{key}")
+    _check_keys(value, path, ("type", "function"))
     function = _required(value, "function", path)
     path = f"{path}.function"
     if type(function) is not dict:
         _fail_type(path, "an object", function)
-    for key in function:
-        if key not in ("name", "description", "parameters", "strict"):
-            _fail_unknown(f"{path}.{key}")
+    _check_keys(function, path, ("name", "description", "parameters", "strict"))
     name = _function_name(_required(function, "name", path), f"{path}.name")
     description = _str(function, "description", path)
     parameters = function.get("parameters")
@@ -122,15 +118,11 @@ def parse_tool_choice(value: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, 
     kind = _one_of(value, "type", "tool_choice", ("function", "allowed_tools", "custom"))
     if kind != "function":
         _fail_unsupported_value("tool_choice.type", kind, "function")
-    for key in value:
-        if key not in ("type", "function"):
-            _fail_unknown(f"tool_choice.{key}")
+    _check_keys(value, "tool_choice", ("type", "function"))
     function = _required(value, "function", "tool_choice")
     if type(function) is not dict:
         _fail_type("tool_choice.function", "an object", function)
-    for key in function:
-        if key != "name":
-            _fail_unknown(f"tool_choice.function.{key}")
+    _check_keys(function, "tool_choice.function", ("name",))
     name = _function_name(
         _required(function, "name", "tool_choice.function"), "tool_choice.function.name"
     )
@@ -171,9 +163,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         _fail_type("response_format", "an object", value)
     kind = _one_of(value, "type", "response_format", ("text", "json_object", "json_schema"))
     allowed = ("type", "json_schema") if kind == "json_schema" else ("type",)
-    for key in value:
-        if key not in allowed:
-            _fail_unknown(f"response_format.{key}")
+    _check_keys(value, "response_format", allowed)
     if kind == "text":
         return None
     if kind == "json_object":
@@ -182,9 +172,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
     path = "response_format.json_schema"
     if type(spec) is not dict:
         _fail_type(path, "an object", spec)
-    for key in spec:
-        if key not in ("name", "description", "schema", "strict"):
-            _fail_unknown(f"{path}.{key}")
+    _check_keys(spec, path, ("name", "description", "schema", "strict"))
     name = _function_name(_required(spec, "name", path), f"{path}.name")
     _str(spec, "description", path)
     schema = spec.get("schema")
@@ -208,17 +196,13 @@ def parse_tool_calls(value: Any, path: str) -> tuple[ToolCall, ...]:
 def _tool_call(value: Any, path: str) -> ToolCall:
     if type(value) is not dict:
         _fail_type(path, "an object", value)
-    for key in value:
-        if key not in ("id", "type", "function"):
-            _fail_unknown(f"{path}.{key}")
+    _check_keys(value, path, ("id", "type", "function"))
     call_id = _required_str(value, "id", path)
     _one_of(value, "type", path, ("function",))
     function = _required(value, "function", path)
     if type(function) is not dict:
         _fail_type(f"{path}.function", "an object", function)
-    for key in function:
-        if key not in ("name", "arguments"):
-            _fail_unknown(f"{path}.function.{key}")
+    _check_keys(function, f"{path}.function", ("name", "arguments"))
     name = _required_str(function, "name", f"{path}.function")
     arguments = _required_str(function, "arguments", f"{path}.function")
     return ToolCall(id=call_id, name=name, arguments=arguments)
