@@ -188,6 +188,15 @@ def _fail_unsupported_value(param: str, value: Any, default: str) -> NoReturn:
     )
 
 
+def _fail_unsupported_kind(param: str, value: str, reason: str) -> NoReturn:
+    """A role or a `type` that OpenAI knows and this server does not take, and why."""
+    raise invalid_request(
+        f"Unsupported value: '{param}' does not support {_show(value)} with this server: {reason}.",
+        param,
+        "unsupported_value",
+    )
+
+
 def _fail_array_too_long(param: str, maximum: int, length: int) -> NoReturn:
     raise invalid_request(
         f"Invalid '{param}': array too long. Expected an array with maximum length {maximum}, "

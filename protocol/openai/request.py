@@ -56,6 +56,7 @@ from protocol.openai._fields import (
     _fail_too_many,
     _fail_type,
     _fail_unsupported,
+    _fail_unsupported_kind,
     _fail_unsupported_value,
     _fail_value,
     _int,
@@ -403,11 +404,10 @@ def _message(value: Any, path: str) -> Message:
         _fail_type(path, "an object", value)
     role_name = _one_of(value, "role", path, _ALL_ROLES)
     if role_name == "function":
-        raise invalid_request(
-            f"Unsupported value: '{path}.role' does not support 'function' with this server: "
-            "the deprecated function role is not implemented; use tool messages.",
+        _fail_unsupported_kind(
             f"{path}.role",
-            "unsupported_value",
+            role_name,
+            "the deprecated function role is not implemented; use tool messages",
         )
     role = ROLES[role_name]
     allowed = _MESSAGE_KEYS[role]
@@ -468,12 +468,7 @@ def _text_part(part: Any, path: str, role: Role) -> str:
         _fail_type(path, "an object", part)
     kind = _one_of(part, "type", path, _PART_TYPES[role])
     if kind != "text":
-        raise invalid_request(
-            f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
-            "server: only text content parts are supported.",
-            f"{path}.type",
-            "unsupported_value",
-        )
+        _fail_unsupported_kind(f"{path}.type", kind, "only text content parts are supported")
     _check_keys(part, path, ("type", "text", "prompt_cache_breakpoint"))
     text = _required_str(part, "text", path)
     breakpoint_ = part.get("prompt_cache_breakpoint")

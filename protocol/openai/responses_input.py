@@ -21,11 +21,11 @@ from protocol.openai._fields import (
     _fail_empty_array,
     _fail_type,
     _fail_unsupported,
+    _fail_unsupported_kind,
     _fail_value,
     _one_of,
     _required,
     _required_str,
-    _show,
     _str,
 )
 from protocol.openai.errors import invalid_request
@@ -125,12 +125,11 @@ def _item(value: Any, path: str, out: list[Message]) -> None:
     elif kind == "reasoning":
         _reasoning_item(value, path)
     elif kind in _OTHER_ITEM_TYPES:
-        raise invalid_request(
-            f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
-            "server: only message, function_call, function_call_output and reasoning items "
-            "are supported (built-in tools run at OpenAI, not here).",
+        _fail_unsupported_kind(
             f"{path}.type",
-            "unsupported_value",
+            kind,
+            "only message, function_call, function_call_output and reasoning items are "
+            "supported (built-in tools run at OpenAI, not here)",
         )
     else:
         _fail_value(f"{path}.type", kind, _ITEM_TYPES)
@@ -176,12 +175,7 @@ def _part(part: Any, path: str, role: str) -> str:
     kind = _required_str(part, "type", path)
     expected = ("output_text", "refusal") if role == "assistant" else ("input_text",)
     if kind in _UNSUPPORTED_PARTS and role != "assistant":
-        raise invalid_request(
-            f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
-            "server: only text content parts are supported.",
-            f"{path}.type",
-            "unsupported_value",
-        )
+        _fail_unsupported_kind(f"{path}.type", kind, "only text content parts are supported")
     if kind == "refusal" and role == "assistant":
         _fail_unsupported(f"{path}.type", "refusals cannot be given back to the model")
     if kind not in expected:
