@@ -1,4 +1,4 @@
-"""The `orchard` command: gateway, runner, serve (both), demo-model."""
+"""The `orchard` command: gateway, runner, serve (both), status, demo-model."""
 
 from __future__ import annotations
 
@@ -507,6 +507,57 @@ Orchard is up at {base}/v1  (model: {model}; runners: {base}/v1/runners)
 
 Press Ctrl-C to stop.
 """
+
+
+@main.command()
+@click.option(
+    "--gateway",
+    "gateway_url",
+    default=f"http://{GatewayConfig().host}:{GatewayConfig().port}",
+    show_default=True,
+    envvar="ORCHARD_GATEWAY",
+    help="Gateway base URL (env ORCHARD_GATEWAY).",
+)
+@click.option(
+    "--api-key",
+    envvar="ORCHARD_API_KEY",
+    help="Client API key, sent as 'Authorization: Bearer' (env ORCHARD_API_KEY).",
+)
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Redraw every SECONDS (2 when given alone) until Ctrl-C.",
+)
+def status(gateway_url: str, api_key: str | None, watch: float | None) -> None:
+    """Print the pool as a table: each runner's models, hardware, load and tokens."""
+    import time
+
+    from orchard.status import StatusError, fetch, render
+
+    def draw() -> str:
+        try:
+            runners = fetch(gateway_url, "/v1/runners", api_key)
+            models = fetch(gateway_url, "/v1/models", api_key)
+        except StatusError as exc:
+            raise click.ClickException(str(exc)) from None
+        return render(runners, models, time.time())
+
+    if watch is None:
+        click.echo(draw(), nl=False)
+        return
+    try:
+        while True:
+            table = draw()
+            click.clear()
+            click.echo(f"{gateway_url}  every {watch:g} s  {time.strftime('%H:%M:%S')}\n")
+            click.echo(table, nl=False)
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
 
 
 @main.command("demo-model")

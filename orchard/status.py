@@ -1,0 +1,129 @@
+"""`orchard status`: the pool as a table, from the gateway's `/v1/runners` and `/v1/models`.
+
+`fetch` reads one endpoint (standard library only: httpx is a test dependency); `render` is
+pure, so the table is tested from recorded JSON without a network.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+HEADERS = ("NAME", "MODELS", "HARDWARE", "ACTIVE", "DRAINING", "TOKENS", "CONNECTED", "KV CACHE")
+
+
+class StatusError(Exception):
+    """Why the gateway could not be read, as one line for the operator."""
+
+
+def fetch(base: str, path: str, api_key: str | None, timeout: float = 5.0) -> dict[str, Any]:
+    """GET `base + path` as JSON, with the API key as a bearer token when one is given."""
+    if not base.startswith(("http://", "https://")):
+        raise StatusError(f"the gateway URL must start with http:// or https://, not {base!r}")
+    url = base.rstrip("/") + path
+    # http(s) only, checked above.
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the response's socket
+        if exc.code == 401:
+            raise StatusError(
+                f"the gateway at {base} refused the API key (HTTP 401): "
+                "pass --api-key or set ORCHARD_API_KEY"
+            ) from None
+        raise StatusError(f"the gateway at {base} answered HTTP {exc.code} on {path}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise StatusError(f"cannot reach the gateway at {base}: {reason}") from None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise StatusError(f"the gateway at {base} did not answer {path} with JSON") from None
+    if not isinstance(data, dict):
+        raise StatusError(f"the gateway at {base} did not answer {path} with a JSON object")
+    return data
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'; whole bytes below 1 KiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def human_duration(seconds: float) -> str:
+    """How long ago, coarsest two units: '45s', '12m 05s', '3h 07m', '2d 04h'."""
+    s = max(0, int(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {s:02d}s"
+    return f"{s}s"
+
+
+def _hardware(hw: dict[str, Any]) -> str:
+    return (
+        f"{hw['chip']}, {hw['cpu_count']} cpu, {human_bytes(hw['memory_bytes'])}, {hw['backend']}"
+    )
+
+
+def _kv_cache(kv: dict[str, Any] | None) -> str:
+    if not kv or kv.get("bytes") is None:
+        return "-"
+    limit = kv.get("limit_bytes")
+    return f"{human_bytes(kv['bytes'])} / {human_bytes(limit) if limit else 'unbounded'}"
+
+
+def row(runner: dict[str, Any], now: float) -> tuple[str, ...]:
+    """One runner of `/v1/runners` as the table's cells."""
+    return (
+        runner["name"],
+        ", ".join(m["id"] for m in runner["models"]) or "-",
+        _hardware(runner["hardware"]),
+        f"{runner['active']}/{runner['max_concurrent']}",
+        "yes" if runner["draining"] else "no",
+        f"{runner['tokens_generated']:,}",
+        human_duration(now - runner["connected_since"]) + " ago",
+        _kv_cache(runner.get("kv_cache")),
+    )
+
+
+def render(runners: dict[str, Any], models: dict[str, Any] | None, now: float) -> str:
+    """The pool as text: a table of runners, then one line of totals."""
+    rows = [row(r, now) for r in runners["data"]]
+    lines: list[str] = []
+    if rows:
+        widths = [max(len(cells[i]) for cells in (HEADERS, *rows)) for i in range(len(HEADERS))]
+        for cells in (HEADERS, *rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    else:
+        lines.append("no runners connected")
+    model_ids = (
+        [m["id"] for m in models["data"]]
+        if models is not None
+        else sorted({m["id"] for r in runners["data"] for m in r["models"]})
+    )
+    count = len(rows)
+    lines.append("")
+    lines.append(
+        f"{count} runner{'' if count == 1 else 's'}; "
+        f"models: {', '.join(model_ids) or 'none'}; "
+        f"queue depth: {runners.get('queue_depth', 0)}"
+    )
+    return "\n".join(lines) + "\n"
