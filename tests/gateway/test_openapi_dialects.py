@@ -14,11 +14,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
-import jsonschema_rs
 import orjson
 import pytest
 
-from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.errors import (
     ModelNotFound,
@@ -50,9 +48,9 @@ from protocol.ollama.stream import (
 from protocol.openai.errors import OpenAIError, server_error
 from protocol.openai.request import MAX_MESSAGES, MAX_STOP
 from protocol.openai.stream import CollectedChoice, CompletionStream
+from tests.gateway.openapi_spec import Check, gateway_spec, op, response_check, validator
 from tests.support import UNIT, FakeRunner, Gateway
 
-Check = Callable[[Any], bool]
 LIMIT = GatewayConfig().max_tokens_limit
 
 DESCRIBED = {
@@ -69,27 +67,11 @@ DESCRIBED = {
 
 @pytest.fixture(scope="module")
 def spec() -> dict[str, Any]:
-    schema: dict[str, Any] = create_app().openapi_schema.to_schema()
-    return schema
-
-
-def op(spec: dict[str, Any], path: str, method: str = "post") -> dict[str, Any]:
-    operation: dict[str, Any] = spec["paths"][path][method]
-    return operation
-
-
-def validator(schema: dict[str, Any]) -> Check:
-    return jsonschema_rs.Draft202012Validator(schema, validate_formats=True).is_valid
+    return gateway_spec()
 
 
 def request_check(spec: dict[str, Any], path: str) -> Check:
     return validator(op(spec, path)["requestBody"]["content"]["application/json"]["schema"])
-
-
-def response_check(spec: dict[str, Any], path: str, status: int, method: str = "post") -> Check:
-    """The validator of `status`'s documented JSON body (the test fails if it is not there)."""
-    content = op(spec, path, method)["responses"][str(status)]["content"]
-    return validator(content["application/json"]["schema"])
 
 
 def item_check(spec: dict[str, Any], path: str, media: str) -> Check:

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
-import jsonschema_rs
 import orjson
 import pytest
 
-from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.errors import (
     ModelNotFound,
@@ -36,9 +34,9 @@ from protocol.openai.responses import MAX_TOOLS, MIN_OUTPUT_TOKENS, parse_respon
 from protocol.openai.responses_input import MAX_CONTENT_PARTS
 from protocol.openai.responses_stream import ResponseEvents, response_base, response_body
 from protocol.openai.stream import CompletionStream
+from tests.gateway.openapi_spec import Check, gateway_spec, op, response_check, validator
 from tests.support import UNIT, FakeRunner, Gateway
 
-Check = Callable[[Any], bool]
 LIMIT = GatewayConfig().max_tokens_limit
 CREATE = "/v1/responses"
 BY_ID = "/v1/responses/{response_id}"
@@ -52,22 +50,7 @@ DESCRIBED = {
 
 @pytest.fixture(scope="module")
 def spec() -> dict[str, Any]:
-    schema: dict[str, Any] = create_app().openapi_schema.to_schema()
-    return schema
-
-
-def op(spec: dict[str, Any], path: str, method: str = "post") -> dict[str, Any]:
-    operation: dict[str, Any] = spec["paths"][path][method]
-    return operation
-
-
-def validator(schema: dict[str, Any]) -> Check:
-    return jsonschema_rs.Draft202012Validator(schema, validate_formats=True).is_valid
-
-
-def response_check(spec: dict[str, Any], path: str, status: int, method: str = "post") -> Check:
-    content = op(spec, path, method)["responses"][str(status)]["content"]
-    return validator(content["application/json"]["schema"])
+    return gateway_spec()
 
 
 def event_check(spec: dict[str, Any]) -> Check:
