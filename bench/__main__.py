@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import concurrency, paced, relay, single_stream, structured
+from bench import concurrency, engine, paced, relay, single_stream, structured
 
 SCENARIOS = {
     "single": single_stream.main,  # 1: one stream, gateway vs in-process
@@ -13,6 +13,9 @@ SCENARIOS = {
     "relay": relay.main,  # 4: relay capacity on scripted runners, idle sockets
     "paced": paced.main,  # 5: paced streams until the p99 gap passes 40 ms
     "structured": structured.main,  # 6: json_schema vs free text tok/s, schema compile time
+    # 7: decode at 1-64 streams, stream_generate → engine stepped / threaded → end to end; the
+    # step's build / launch / wait split; bursts, arrivals, cold start (BENCH_ENGINE_PARTS)
+    "engine": engine.main,
 }
 
 
