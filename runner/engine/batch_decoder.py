@@ -28,6 +28,7 @@ from runner.engine.constraint import BatchConstraints, ConstraintProcessor
 from runner.engine.generation import Generation
 from runner.engine.mlx_model import Request
 from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
+from runner.engine.solo import HandOver
 
 log = logging.getLogger("runner.engine.batched")
 
@@ -93,22 +94,58 @@ class BatchDecoder:
     def start(self, request: Request) -> None:
         """Insert a request: its prompt is prefilled in the next step."""
         cache, reused = self._generation.take_cache(request)
-        params = request.generate.sampling
-        # The batch's token context is the whole prompt (all_tokens + the suffix), so the
-        # penalties skip all of it. A constraint is not a processor here: the batch's model
-        # call masks its rows (BatchConstraints).
         guard = request.constraint.processor() if request.constraint is not None else None
-        processors = make_logits_processors(params, len(request.prompt))
         request.first_step_at = time.perf_counter()
+        detokenizer = self._model.tokenizer_for(request).detokenizer
+        self._insert(
+            request,
+            cache,
+            held=request.prompt[:reused],
+            pending=request.prompt[reused:],
+            detokenizer=detokenizer,
+            guard=guard,
+        )
+
+    def join(self, handover: HandOver) -> None:
+        """Go on with a request that ran alone (`solo.SoloDecoder.hand_over`): its cache,
+        detokenizer and constraint state carry over, and the next step feeds its last
+        token."""
+        request = handover.request
+        request.decoder = self
+        self._insert(
+            request,
+            handover.cache,
+            held=handover.held,
+            pending=handover.pending,
+            detokenizer=handover.detokenizer,
+            guard=handover.guard,
+        )
+
+    def _insert(
+        self,
+        request: Request,
+        cache: list[Any],
+        *,
+        held: list[int],
+        pending: list[int],
+        detokenizer: Any,
+        guard: ConstraintProcessor | None,
+    ) -> None:
+        """A row for `request`: `cache` holds the tokens `held`, `pending` go in next."""
+        params = request.generate.sampling
+        # The batch's token context is the whole prompt (`held` + `pending`, then the
+        # generated tokens), so the penalties skip the prompt. A constraint is not a
+        # processor here: the batch's model call masks its rows (BatchConstraints).
+        processors = make_logits_processors(params, len(request.prompt))
         (uid,) = self._batch.insert(
-            [request.prompt[reused:]],
-            max_tokens=[request.max_tokens],
+            [pending],
+            max_tokens=[request.max_tokens - len(request.tokens)],
             caches=[cache],
-            all_tokens=[list(request.prompt[:reused])],
+            all_tokens=[list(held)],
             samplers=[self._shared_sampler(params)],
             logits_processors=[processors],
         )
-        row = _Row(request, uid, self._model.tokenizer_for(request).detokenizer, guard)
+        row = _Row(request, uid, detokenizer, guard)
         if guard is not None:
             self._constraints.add(uid, guard)
         self._rows[request.request_id] = row

@@ -9,13 +9,16 @@ step alongside the batch:
 - a sampled request with a fixed `seed`: its draws must not depend on what runs alongside it,
   and a batch row's logits are only bit-identical to a lone run when the rows line up.
 
-Everything else (greedy, sampled without a seed, logit_bias, penalties) is batched.
+Everything else (greedy, sampled without a seed, logit_bias, penalties) is batched. A request
+that arrives with nothing else running or waiting starts alone on a plain KV cache
+(`solo.SoloDecoder`: `stream_generate`'s speed, no batch mask) and joins the batch as a row,
+its cache and state carried over, when a second request is placed.
 
-KV memory: `kv_bytes` is the bytes held by KV caches now (batch, interleaved requests and the
-prefix cache); with `max_kv_bytes` set, a request only starts when the worst case of every
-running request (prompt + max_tokens each, rows padded to the longest as `BatchKVCache` lays
-them out) fits, evicting prefix-cache entries first. Transient copies while a new row joins
-the batch are not counted.
+KV memory: `kv_bytes` is the bytes held by KV caches now (batch, lone and interleaved
+requests and the prefix cache); with `max_kv_bytes` set, a request only starts when the worst
+case of every running request (prompt + max_tokens each, rows padded to the longest as
+`BatchKVCache` lays them out, a lone request counted as a row) fits, evicting prefix-cache
+entries first. Transient copies while a new row joins the batch are not counted.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from runner.engine.generation import Decoder, Generation, Stepping
 from runner.engine.interleaved import InterleavedDecoder
 from runner.engine.mlx_engine import MlxEngine
 from runner.engine.mlx_model import Request
+from runner.engine.solo import SoloDecoder
 from runner.errors import RequestError
 
 log = logging.getLogger("runner.engine.batched")
@@ -44,7 +48,8 @@ class BatchedMlxEngine(MlxEngine):
     """`MlxEngine` with batched decoding; same constructor plus the batch's options.
 
     Extra attributes: `kv_bytes` (KV-cache bytes held now), `kv_bytes_per_token`,
-    `batched_requests` and `fallback_requests` (how many took each path so far),
+    `batched_requests` and `fallback_requests` (how many took each path so far; of the
+    batched ones, `solo_requests` started alone on a plain cache),
     `peak_batch_size`.
     """
 
@@ -68,6 +73,7 @@ class BatchedMlxEngine(MlxEngine):
         self.kv_bytes_per_token = 0
         self.batched_requests = 0
         self.fallback_requests = 0
+        self.solo_requests = 0
         self.peak_batch_size = 0
 
     def _make_stepping(self, generation: Generation) -> Stepping:
@@ -87,6 +93,7 @@ class BatchCounters(Protocol):
     kv_bytes_per_token: int
     batched_requests: int
     fallback_requests: int
+    solo_requests: int
     peak_batch_size: int
 
 
@@ -112,6 +119,7 @@ class BatchedStepping:
             prefill_step_size=prefill_step_size,
         )
         self._own_streams = InterleavedDecoder(generation)
+        self._solo = SoloDecoder(generation)
         self._bytes_per_token = counters.kv_bytes_per_token = _bytes_per_token(
             generation.model.model
         )
@@ -144,32 +152,50 @@ class BatchedStepping:
             )
 
     def place(self, request: Request) -> Decoder | None:
-        """The batch or its own stream (a seeded sampled request); None while the KV budget
-        cannot take it."""
+        """Its own stream (a seeded sampled request), the plain-cache decoder (a request
+        alone: nothing else running or waiting) or the batch; None while the KV budget
+        cannot take it. A lone request joins the batch when a second one is placed."""
         own_stream = needs_own_stream(request.generate.sampling)
         if not self._fits(request, own_stream=own_stream):
             return None
+        counters = self._counters
         if own_stream:
-            self._counters.fallback_requests += 1
+            counters.fallback_requests += 1
             return self._own_streams
-        self._counters.batched_requests += 1
-        return self._batch
+        counters.batched_requests += 1
+        solo, batch = self._solo, self._batch
+        if len(solo):
+            handover = solo.hand_over()
+            assert handover is not None
+            batch.join(handover)
+        elif solo.usable and not len(batch) and len(self._generation.waiting) == 1:
+            # `request` is still the head of the queue: nothing waits behind it.
+            counters.solo_requests += 1
+            return solo
+        return batch
 
     def step(self) -> None:
-        """One batch step (decode + pending prefill), then a token for each request on its own
-        stream."""
+        """One batch step (decode + pending prefill), the lone request's token, then a
+        token for each request on its own stream."""
         counters = self._counters
         batch = self._batch
         counters.peak_batch_size = max(counters.peak_batch_size, len(batch))
         if len(batch):
             batch.step()
+        solo = self._solo
+        if len(solo):
+            solo.step()
         if len(self._own_streams):
             self._own_streams.step()
         counters.kv_bytes = (
-            batch.nbytes + self._generation.prefix_cache.nbytes + self._own_streams.nbytes
+            batch.nbytes
+            + solo.nbytes
+            + self._generation.prefix_cache.nbytes
+            + self._own_streams.nbytes
         )
 
     def drop_all(self) -> None:
+        self._solo.drop_all()
         self._own_streams.drop_all()
         self._batch.drop_all()
 
@@ -182,7 +208,7 @@ class BatchedStepping:
         limit = self._max_kv_bytes
         if limit is None:
             return True
-        rows = self._batch.requests()
+        rows = self._batch.requests() + self._solo.requests()  # a lone request joins the batch
         others = self._own_streams.requests()
         (others if own_stream else rows).append(request)
         longest = max((len(r.prompt) + r.max_tokens for r in rows), default=0)

@@ -239,3 +239,55 @@ def test_rows_leave_the_batch_when_their_requests_end(start_engine: StartEngine)
     # Counted at the end of the step that ended the request, after its events.
     wait_until(lambda: engine.kv_bytes == 0, 5, "the batch to hold nothing")
     assert engine.active_requests == 0
+
+
+def test_a_lone_request_decodes_on_a_plain_cache(
+    start_engine: StartEngine, reference: Reference
+) -> None:
+    engine, collector = start_engine(max_concurrent=8)
+    request = ask("alone", PROMPTS[0], max_tokens=24, sampling=GREEDY)
+    events = run(engine, collector, request)
+    tokens, texts = reference.greedy(request)
+    assert [o.text for o in outputs(events)] == texts
+    assert dict(engine.recent_tokens)["alone"] == tuple(tokens)
+    # It never took a batch row.
+    assert (engine.solo_requests, engine.batched_requests, engine.peak_batch_size) == (1, 1, 0)
+    # Its KV cache (prompt and every generated token) went to the prefix cache.
+    again = ask("again", PROMPTS[0], max_tokens=4, sampling=GREEDY)
+    usage = final(run(engine, collector, again)).usage
+    assert usage.cached_tokens == len(reference.prompt(again)) - 1
+    assert engine.solo_requests == 2
+
+
+def test_a_lone_request_joins_the_batch_with_its_state(
+    start_engine: StartEngine, reference: Reference
+) -> None:
+    # A lone request with a presence penalty hands over to the batch when a second arrives:
+    # its penalty context carries over, so no token repeats across the handover.
+    engine, collector = start_engine(max_concurrent=8)
+    plain = reference.greedy(ask("x", PROMPTS[4], max_tokens=40))[0]
+    assert len(set(plain)) < len(plain)  # unpenalised, this model repeats itself
+    penalised = ask(
+        "penalised",
+        PROMPTS[4],
+        max_tokens=40,
+        sampling=SamplingParams(temperature=0, presence_penalty=50),
+    )
+    other = ask("other", PROMPTS[5], max_tokens=20, sampling=GREEDY)
+
+    def second_at_five(event: EngineEvent) -> None:
+        if isinstance(event, Output) and (event.request_id, event.usage.completion_tokens) == (
+            "penalised",
+            5,
+        ):
+            engine.submit(other)
+
+    collector.on_event = second_at_five
+    engine.submit(penalised)
+    events = collector.wait("penalised")
+    assert final(events).usage.completion_tokens == 40
+    tokens = dict(engine.recent_tokens)["penalised"]
+    assert len(set(tokens)) == len(tokens)
+    assert tokens[0] == plain[0]
+    assert [o.text for o in outputs(collector.wait("other"))] == reference.greedy(other)[1]
+    assert (engine.solo_requests, engine.peak_batch_size) == (1, 2)

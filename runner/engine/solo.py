@@ -1,0 +1,195 @@
+"""One request alone on a plain KV cache, at `stream_generate`'s speed, until a second arrives.
+
+A batch row decodes through `BatchKVCache`, whose attention carries an array mask: a bigger
+graph than a plain `KVCache` step, and on a GPU no fused attention kernel (1.97 → 4.4 ms of
+CPU per step on an H200's big model, docs/benchmarks.md). While one request runs there is
+nothing to batch, so `BatchedStepping` starts a lone request here: mlx-lm's `generate_step`
+on a plain cache, pipelined as `stream_generate` is, with this request's own sampler and
+logits processors.
+
+When a second request arrives, `hand_over` stops the lone one between two tokens and gives
+back what it needs to go on as a batch row (`BatchDecoder.join`):
+
+- its KV cache, without the last token: `generate_step` has already fed that token to the
+  model (the next step runs ahead of the one just yielded), and the batch feeds it again
+  (mlx-lm's batch insert needs at least one token to prefill);
+- its detokenizer, holding any partly decoded character;
+- its constraint's processor, rolled back by that token for the same reason.
+
+A request whose output must not depend on what runs beside it (a seeded sampled one) is not
+placed here but on its own stream; the handover keeps greedy and unseeded requests exact up
+to the batch's numerics, as a request that started in the batch would be.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from runner.engine.constraint import ConstraintProcessor
+from runner.engine.generation import PREFILL_CHUNK, Generation
+from runner.engine.mlx_model import Request
+from runner.engine.sampling import make_logits_processors, make_sampler_for
+
+log = logging.getLogger("runner.engine")
+
+
+@attrs.define(eq=False)
+class HandOver:
+    """A lone request's state as it leaves the plain cache for a batch row."""
+
+    request: Request
+    cache: list[Any]
+    held: list[int]
+    """The tokens its KV cache holds: the prompt and every generated token but the last."""
+    pending: list[int]
+    """What the batch is to feed the model next: the last generated token (or the prompt
+    past what the cache holds, for a request that never stepped)."""
+    detokenizer: Any
+    guard: ConstraintProcessor | None
+    """Its constraint's processor, at the state before the last token."""
+
+
+@attrs.define(eq=False)
+class _Lone:
+    request: Request
+    steps: Generator[tuple[Any, Any], None, None]
+    """`generate_step`: each token (an int) and the step's log-probabilities."""
+    reused: int
+    """Prompt tokens its cache held when it started."""
+    detokenizer: Any
+    guard: ConstraintProcessor | None
+
+
+class SoloDecoder:
+    """Runs at most one request on `generate_step` (see the module docstring)."""
+
+    def __init__(self, generation: Generation) -> None:
+        self._generation = generation
+        self._eos = generation.model.eos_token_ids
+        self._lone: _Lone | None = None
+        # A model whose cache cannot drop its last token (a rotating or recurrent cache)
+        # cannot hand its lone request over: it never runs one here.
+        self.usable = can_trim_prompt_cache(make_prompt_cache(generation.model.model))
+
+    def __len__(self) -> int:
+        return 0 if self._lone is None else 1
+
+    def requests(self) -> list[Request]:
+        return [] if self._lone is None else [self._lone.request]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the lone request's KV cache."""
+        lone = self._lone
+        if lone is None or lone.request.cache is None:
+            return 0
+        return sum(c.nbytes for c in lone.request.cache)
+
+    def start(self, request: Request) -> None:
+        assert self._lone is None, "one request at a time"
+        model = self._generation.model
+        cache, reused = self._generation.take_cache(request)
+        request.cache = cache
+        suffix = request.prompt[reused:]
+        params = request.generate.sampling
+        guard = request.constraint.processor() if request.constraint is not None else None
+        steps = generate_step(
+            mx.array(suffix),
+            model.model,
+            max_tokens=request.max_tokens,
+            sampler=make_sampler_for(params, model.vocab_size),
+            # None, not [], when there are none: mlx-lm then skips the token bookkeeping.
+            logits_processors=make_logits_processors(params, len(suffix), guard) or None,
+            prompt_cache=cache,
+            prefill_step_size=PREFILL_CHUNK,
+        )
+        request.first_step_at = time.perf_counter()
+        self._lone = _Lone(request, steps, reused, model.tokenizer_for(request).detokenizer, guard)
+
+    def step(self) -> None:
+        """The lone request's next token."""
+        lone = self._lone
+        if lone is None:
+            return
+        generation = self._generation
+        request = lone.request
+        try:
+            token, logprobs = next(lone.steps)
+            token = int(token)
+            if request.first_token_at is None:
+                request.first_token_at = time.perf_counter()
+            guard = lone.guard
+            if guard is not None and guard.error is not None:
+                raise RuntimeError(f"constraint: {guard.error}")
+            finish: str | None = None
+            detokenizer = lone.detokenizer
+            # As stream_generate: an end-of-sequence token adds no text; the last token
+            # flushes.
+            if token in self._eos:
+                finish = "stop"
+                detokenizer.finalize()
+            else:
+                if len(request.tokens) + 1 >= request.max_tokens:
+                    finish = "length"
+                detokenizer.add_token(token)
+                if finish is not None:
+                    detokenizer.finalize()
+            generation.token(request, token, detokenizer.last_segment, finish, logprobs)
+        except Exception as exc:  # this request ends, alone
+            if generation.is_running(request):
+                generation.fail(request, exc)
+
+    def hand_over(self) -> HandOver | None:
+        """Stop the lone request between two tokens and give back what a batch row needs
+        to go on from there; None when none runs."""
+        lone, self._lone = self._lone, None
+        if lone is None:
+            return None
+        request = lone.request
+        _close(request, lone.steps)
+        request.decoder = None
+        cache = request.cache
+        assert cache is not None
+        request.cache = None
+        prompt, tokens = request.prompt, request.tokens
+        if not tokens:
+            # Never stepped: its cache holds what the prefix cache gave, nothing generated.
+            reused = lone.reused
+            return HandOver(
+                request, cache, prompt[:reused], prompt[reused:], lone.detokenizer, lone.guard
+            )
+        trim_prompt_cache(cache, 1)
+        guard = lone.guard
+        if guard is not None and guard.error is None and guard.started:
+            guard.matcher.rollback(1)
+        return HandOver(request, cache, prompt + tokens[:-1], tokens[-1:], lone.detokenizer, guard)
+
+    def release(self, request: Request) -> None:
+        lone = self._lone
+        if lone is None or lone.request is not request:
+            return
+        self._lone = None
+        # Its cache stays in request.cache: the prompt and every generated token (the step
+        # that ran ahead has fed the last one).
+        _close(request, lone.steps)
+
+    def drop_all(self) -> None:
+        lone, self._lone = self._lone, None
+        if lone is not None:
+            _close(lone.request, lone.steps)
+
+
+def _close(request: Request, steps: Generator[Any, None, None]) -> None:
+    """Close the generator here, on the generation thread, not whenever it is collected."""
+    try:
+        steps.close()
+    except Exception:
+        log.exception("closing the generation steps of %s", request.request_id)
