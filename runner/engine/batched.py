@@ -76,10 +76,10 @@ class BatchedMlxEngine(MlxEngine):
         self.solo_requests = 0
         self.peak_batch_size = 0
 
-    def _make_stepping(self, generation: Generation) -> Stepping:
+    def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
         return BatchedStepping(
             generation,
-            counters=self,
+            counters=counters,
             max_kv_bytes=self.max_kv_bytes,
             prefill_batch_size=self.prefill_batch_size,
             prefill_step_size=self.prefill_step_size,

@@ -2,7 +2,8 @@
 
 MLX arrays, the model and its KV caches belong to the thread that made them, so `MlxEngine`
 loads the model on its own generation thread (a `ThreadedEngine`) and touches MLX nowhere
-else. For each request the generation thread:
+else. Before serving it warms up (`_warm_up`: a few requests nobody sees, so the first real
+one is as fast as the hundredth). For each request the generation thread:
 
 1. on intake, applies the chat template and checks the lengths (`mlx_model.MlxModel`), so
    errors come at once and a cancelled queued request still reports its real prompt usage;
@@ -21,11 +22,15 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from importlib.metadata import version
+from typing import Any
 
+import attrs
 import mlx.core as mx
 
-from protocol.frames import ModelInfo
+from protocol.frames import Generate, Message, ModelInfo, SamplingParams
+from runner.engine.base import EngineEvent
 from runner.engine.generation import Generation, Stepping
 from runner.engine.interleaved import InterleavedDecoder
 from runner.engine.mlx_model import MlxModel
@@ -40,8 +45,9 @@ class MlxEngine(ThreadedEngine):
 
     Counters for tests and metrics are plain attributes, written by the generation thread:
     `tokens_generated`, `requests_finished` (terminal events of any kind), `active_requests`,
-    `waiting_requests`, `peak_active_requests`, `prefix_cache_hits`; and `recent_tokens`, the
-    generated token ids of the last few requests that finished (for exact-output tests).
+    `waiting_requests`, `peak_active_requests`, `prefix_cache_hits`, `warm_up_seconds`; and
+    `recent_tokens`, the generated token ids of the last few requests that finished (for
+    exact-output tests).
     """
 
     def __init__(
@@ -70,12 +76,14 @@ class MlxEngine(ThreadedEngine):
         self.waiting_requests = 0
         self.peak_active_requests = 0
         self.prefix_cache_hits = 0
+        self.warm_up_seconds = 0.0
         self.recent_tokens: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
             maxlen=32
         )
 
-    def _make_stepping(self, generation: Generation) -> Stepping:
-        """The decoding strategy, made on the generation thread once the model is loaded."""
+    def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
+        """The decoding strategy, made on the generation thread once the model is loaded;
+        `counters`: where it counts (the engine, or the warm-up's scratch tally)."""
         return InterleavedDecoder(generation)
 
     # The generation thread.
@@ -83,6 +91,7 @@ class MlxEngine(ThreadedEngine):
     def _load(self) -> None:
         assert self._sink is not None
         model = MlxModel.load(self.model_name, context_length=self._context_length)
+        self.warm_up_seconds = self._warm_up(model)
         generation = Generation(
             model,
             sink=self._sink,
@@ -90,15 +99,47 @@ class MlxEngine(ThreadedEngine):
             max_concurrent=self.max_concurrent,
             prefix_cache=PrefixCache(self.prefix_cache_size),
         )
-        self._stepping = self._make_stepping(generation)
+        self._stepping = self._make_stepping(generation, self)
         self._generation = generation
         self._models = (ModelInfo(self.model_name, model.context_length, engine_version()),)
         log.info(
-            "loaded %s (context %d tokens, %s)",
+            "loaded %s (context %d tokens, %s, warmed up in %.0f ms)",
             self.model_name,
             model.context_length,
             type(self._stepping).__name__,
+            self.warm_up_seconds * 1000,
         )
+
+    def _warm_up(self, model: MlxModel) -> float:
+        """Serve a few requests nobody sees before serving anyone: a lone one, a pair and a
+        group (greedy and sampled, prompts of different lengths), so that what the first
+        requests would otherwise pay once (the chat template's compilation, kernels built on
+        first use, the allocator's first buffers) is paid before the runner registers. They
+        run on a scratch generation and strategy with their own counters and no prefix
+        cache: the engine's figures start from zero. Returns the seconds it took."""
+        start = time.perf_counter()
+        tally = WarmUpTally()
+        generation = Generation(
+            model,
+            sink=_discard,
+            counters=tally,
+            max_concurrent=self.max_concurrent,
+            prefix_cache=PrefixCache(0),
+        )
+        stepping = self._make_stepping(generation, tally)
+        try:
+            for group in _warm_up_groups(min(WARM_UP_GROUP, self.max_concurrent), model.name):
+                for generate in group:
+                    generation.intake(generate, time.perf_counter(), stepping.check)
+                for _ in range(WARM_UP_STEPS):
+                    if not generation.busy:
+                        break
+                    generation.admit(stepping.place)
+                    stepping.step()
+        finally:
+            stepping.drop_all()
+            generation.drop_all()
+        return time.perf_counter() - start
 
     def _next_step_at(self, pending: bool) -> float | None:
         assert self._generation is not None
@@ -125,6 +166,61 @@ class MlxEngine(ThreadedEngine):
             # MLX 0.32 aborts the process at exit ("terminate called without an active
             # exception") unless a thread that used MLX destroys its streams before it ends.
             mx.clear_streams()
+
+
+WARM_UP_GROUP = 8
+"""The most requests warmed up together (capped by the engine's slots)."""
+WARM_UP_TOKENS = 4
+WARM_UP_STEPS = 200
+"""A bound on each warm-up group's steps (a group that cannot finish is left behind)."""
+
+
+def _warm_up_groups(group: int, model: str) -> list[list[Generate]]:
+    """A lone greedy request; a greedy and a sampled one together; then `group` at once."""
+
+    def ask(i: int, temperature: float = 0.0) -> Generate:
+        words = " ".join(["pear"] * (1 + 3 * i))  # a different length each, padded in a batch
+        return Generate(
+            f"warm-up-{i}",
+            model,
+            (Message("user", f"Warm up {words}."),),
+            max_tokens=WARM_UP_TOKENS,
+            sampling=SamplingParams(temperature=temperature),
+        )
+
+    sizes = [1, 2, group] if group > 2 else [1, group]
+    groups: list[list[Generate]] = []
+    first = 0
+    for size in sizes:
+        groups.append([ask(first + i, 0.7 if i == 1 else 0.0) for i in range(size)])
+        first += size
+    return groups
+
+
+def _discard(event: EngineEvent) -> None:
+    """The warm-up's sink: nobody asked."""
+
+
+@attrs.define
+class WarmUpTally:
+    """What the warm-up's generation and strategy count, apart from the engine's counters
+    (`generation.Counters` and `batched.BatchCounters`)."""
+
+    tokens_generated: int = 0
+    requests_finished: int = 0
+    active_requests: int = 0
+    waiting_requests: int = 0
+    peak_active_requests: int = 0
+    prefix_cache_hits: int = 0
+    recent_tokens: collections.deque[tuple[str, tuple[int, ...]]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=32)
+    )
+    kv_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    batched_requests: int = 0
+    fallback_requests: int = 0
+    solo_requests: int = 0
+    peak_batch_size: int = 0
 
 
 def engine_version() -> str:

@@ -19,6 +19,7 @@ from protocol.frames import LogitBias, SamplingParams
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.batched import BatchedMlxEngine
+from runner.engine.solo import SoloDecoder
 from tests.runner.collect import (
     Collector,
     engine_starter,
@@ -196,14 +197,16 @@ def test_a_failing_batch_step_fails_its_rows_only(
 ) -> None:
     real: Callable[[Any], Any] = BatchGenerator.next  # mlx-lm leaves it unannotated
     steps = itertools.count()
+    armed = threading.Event()  # once the engine has warmed up
 
     def next_failing_once(self: Any) -> Any:
-        if next(steps) == 5:
+        if armed.is_set() and next(steps) == 5:
             raise RuntimeError("the forward pass broke")
         return real(self)
 
     monkeypatch.setattr(BatchGenerator, "next", next_failing_once)
     engine, collector = start_engine()
+    armed.set()
     seeded = ask("seeded", max_tokens=12, sampling=SamplingParams(seed=7))
     engine.submit(seeded)
     for i in range(2):
@@ -291,3 +294,42 @@ def test_a_lone_request_joins_the_batch_with_its_state(
     assert tokens[0] == plain[0]
     assert [o.text for o in outputs(collector.wait("other"))] == reference.greedy(other)[1]
     assert (engine.solo_requests, engine.peak_batch_size) == (1, 2)
+
+
+def test_the_engine_warms_up_before_serving_and_counts_from_zero(
+    start_engine: StartEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_next: Callable[[Any], Any] = BatchGenerator.next
+    real_step = SoloDecoder.step
+    calls = {"batch": 0, "solo": 0}
+
+    def counted_next(self: Any) -> Any:
+        calls["batch"] += 1
+        return real_next(self)
+
+    def counted_step(self: SoloDecoder) -> None:
+        calls["solo"] += 1
+        real_step(self)
+
+    monkeypatch.setattr(BatchGenerator, "next", counted_next)
+    monkeypatch.setattr(SoloDecoder, "step", counted_step)
+    engine, collector = start_engine(max_concurrent=8)
+    # Before the engine was ready, a lone request and batches ran through the real paths...
+    assert calls["solo"] >= 4
+    assert calls["batch"] >= 4
+    assert engine.warm_up_seconds > 0
+    # ...on scratch state: the engine's figures and its prefix cache start empty.
+    counted = (
+        engine.tokens_generated,
+        engine.requests_finished,
+        engine.peak_active_requests,
+        engine.batched_requests,
+        engine.solo_requests,
+        engine.peak_batch_size,
+        engine.kv_bytes,
+        len(engine.recent_tokens),
+    )
+    assert counted == (0, 0, 0, 0, 0, 0, 0, 0)
+    first = final(run(engine, collector, ask("first", "Warm up pear.", max_tokens=2)))
+    assert first.usage.cached_tokens == 0
+    assert engine.tokens_generated == 2
