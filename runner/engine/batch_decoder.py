@@ -32,6 +32,11 @@ from runner.engine.solo import HandOver
 
 log = logging.getLogger("runner.engine.batched")
 
+PREFILL_MIN_CHUNK = 16
+"""The fewest tokens of each prompt a step prefills, however many prompts share the budget."""
+COST_WEIGHT = 0.2
+"""The weight of the newest figure in the moving averages of step and token costs."""
+
 
 @attrs.define(eq=False)
 class _Row:
@@ -54,6 +59,7 @@ class BatchDecoder:
         max_concurrent: int,
         prefill_batch_size: int,
         prefill_step_size: int,
+        prefill_share: float | None = None,
     ) -> None:
         self._generation = generation
         self._model = generation.model
@@ -61,6 +67,14 @@ class BatchDecoder:
         self._max_concurrent = max_concurrent
         self._prefill_batch_size = min(prefill_batch_size, max_concurrent)
         self._prefill_step_size = prefill_step_size
+        self._prefill_share = prefill_share
+        self._step_cost = 0.0
+        """Seconds a decode step takes (a moving average over steps without prefill)."""
+        self._token_cost = 0.0
+        """Seconds a prompt token takes to prefill (a moving average)."""
+        self.decoding_elsewhere = False
+        """Set by the strategy: requests outside the batch are decoding (their pace counts
+        too when the batch prefills)."""
         self._samplers: dict[tuple[float, float, float, int], Sampler] = {}
         self._rows: dict[str, _Row] = {}
         self._by_uid: dict[int, _Row] = {}
@@ -164,11 +178,14 @@ class BatchDecoder:
     def step(self) -> None:
         """One batch step: decode a token for every row, prefill what joined."""
         generation = self._generation
+        self._budget_prefill()
         try:
-            _, responses = self._batch.next()
+            with self._batch.stats() as stats:
+                _, responses = self._batch.next()
         except Exception as exc:
             self._fail_batch(exc)
             return
+        self._learn_costs(stats)
         now = time.perf_counter()
         eos = self._eos
         by_uid = self._by_uid
@@ -208,6 +225,43 @@ class BatchDecoder:
                 if generation.is_running(request):
                     generation.fail(request, exc)
 
+    def _budget_prefill(self) -> None:
+        """Bound this step's prefill while requests decode, so that a burst of arrivals
+        costs running streams many slightly longer steps, not a few long stalls: a step's
+        prefill gets a token budget worth `prefill_share` decode steps, from the measured
+        costs of both (`_learn_costs`). With nothing decoding, prompts are prefilled as
+        configured (up to `prefill_batch_size` together, `prefill_step_size` tokens each
+        per step: the fewest steps to their first tokens).
+
+        mlx-lm's batch prefills up to its `prefill_batch_size` prompts together, at most its
+        `prefill_step_size` tokens of each per step; both are set here, each step: as many
+        prompts as the budget has room for at `PREFILL_MIN_CHUNK` tokens each, sharing it."""
+        share = self._prefill_share
+        if share is None:
+            return
+        batch = self._batch
+        waiting = sum(1 for row in self._rows.values() if row.request.first_token_at is None)
+        decoding = self.decoding_elsewhere or len(self._rows) > waiting
+        if waiting and decoding and self._step_cost > 0 and self._token_cost > 0:
+            budget = max(PREFILL_MIN_CHUNK, int(share * self._step_cost / self._token_cost))
+            prompts = max(1, min(waiting, budget // PREFILL_MIN_CHUNK, self._prefill_batch_size))
+            batch.prefill_batch_size = prompts
+            batch.prefill_step_size = min(
+                self._prefill_step_size, max(PREFILL_MIN_CHUNK, budget // prompts)
+            )
+        else:
+            batch.prefill_batch_size = self._prefill_batch_size
+            batch.prefill_step_size = self._prefill_step_size
+
+    def _learn_costs(self, stats: Any) -> None:
+        """Update the moving averages of a decode step's and a prompt token's cost from one
+        step's figures (mlx-lm's `BatchStats`)."""
+        if stats.prompt_tokens >= PREFILL_MIN_CHUNK:
+            cost = stats.prompt_time / stats.prompt_tokens
+            self._token_cost = _average(self._token_cost, cost)
+        elif stats.generation_steps and not stats.prompt_tokens:
+            self._step_cost = _average(self._step_cost, stats.decode_time)
+
     def _fail_batch(self, exc: Exception) -> None:
         """The batch's own step failed: its state is unknown, so fail every row of it and
         start a fresh batch."""
@@ -241,3 +295,8 @@ class BatchDecoder:
         self._by_uid.clear()
         self._constraints.clear()
         self._batch.close()
+
+
+def _average(mean: float, value: float) -> float:
+    """An exponential moving average's next value (the first value as it is)."""
+    return value if mean <= 0 else mean + COST_WEIGHT * (value - mean)

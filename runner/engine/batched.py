@@ -59,8 +59,9 @@ class BatchedMlxEngine(MlxEngine):
         max_concurrent: int = 32,
         *,
         max_kv_bytes: int | None = None,
-        prefill_batch_size: int = 8,
+        prefill_batch_size: int = 32,
         prefill_step_size: int = 512,
+        prefill_share: float | None = 3.0,
         **options: Any,
     ) -> None:
         super().__init__(model, max_concurrent, **options)
@@ -69,6 +70,9 @@ class BatchedMlxEngine(MlxEngine):
         # Smaller than mlx-lm's 2048: a long prompt joining the batch holds up the running
         # requests for one chunk per step.
         self.prefill_step_size = prefill_step_size
+        # While requests decode, a step prefills about this many decode steps' worth of
+        # prompt tokens (None: no bound but the two above).
+        self.prefill_share = prefill_share
         self.kv_bytes = 0
         self.kv_bytes_per_token = 0
         self.batched_requests = 0
@@ -83,6 +87,7 @@ class BatchedMlxEngine(MlxEngine):
             max_kv_bytes=self.max_kv_bytes,
             prefill_batch_size=self.prefill_batch_size,
             prefill_step_size=self.prefill_step_size,
+            prefill_share=self.prefill_share,
         )
 
 
@@ -108,6 +113,7 @@ class BatchedStepping:
         max_kv_bytes: int | None,
         prefill_batch_size: int,
         prefill_step_size: int,
+        prefill_share: float | None = None,
     ) -> None:
         self._generation = generation
         self._counters = counters
@@ -117,6 +123,7 @@ class BatchedStepping:
             max_concurrent=generation.max_concurrent,
             prefill_batch_size=prefill_batch_size,
             prefill_step_size=prefill_step_size,
+            prefill_share=prefill_share,
         )
         self._own_streams = InterleavedDecoder(generation)
         self._solo = SoloDecoder(generation)
@@ -180,9 +187,10 @@ class BatchedStepping:
         counters = self._counters
         batch = self._batch
         counters.peak_batch_size = max(counters.peak_batch_size, len(batch))
-        if len(batch):
-            batch.step()
         solo = self._solo
+        if len(batch):
+            batch.decoding_elsewhere = bool(len(solo) or len(self._own_streams))
+            batch.step()
         if len(solo):
             solo.step()
         if len(self._own_streams):

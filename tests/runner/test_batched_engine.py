@@ -333,3 +333,45 @@ def test_the_engine_warms_up_before_serving_and_counts_from_zero(
     first = final(run(engine, collector, ask("first", "Warm up pear.", max_tokens=2)))
     assert first.usage.cached_tokens == 0
     assert engine.tokens_generated == 2
+
+
+@pytest.mark.parametrize("share", [3.0, None])
+def test_arrivals_are_prefilled_within_a_budget_while_others_decode(
+    start_engine: StartEngine,
+    reference: Reference,
+    monkeypatch: pytest.MonkeyPatch,
+    share: float | None,
+) -> None:
+    real: Callable[[Any], Any] = BatchGenerator.next
+    prefilled: list[tuple[int, int]] = []  # (prompt tokens, rows decoding) per step
+
+    def counted_next(self: Any) -> Any:
+        before, decoding = self._counters.prompt_tokens, len(self._generation_batch)
+        result = real(self)
+        prefilled.append((self._counters.prompt_tokens - before, decoding))
+        return result
+
+    engine, collector = start_engine(max_concurrent=32, prefill_share=share)
+    monkeypatch.setattr(BatchGenerator, "next", counted_next)
+    for i in range(4):
+        engine.submit(ask(f"d{i}", PROMPTS[i], max_tokens=300, sampling=GREEDY))
+    collector.wait_for_outputs("d3", 20)
+    arrivals = [
+        ask(f"a{i}", f"{PROMPTS[i % 8]} Again, with pears {i}.", max_tokens=8, sampling=GREEDY)
+        for i in range(16)
+    ]
+    prefilled.clear()
+    for request in arrivals:
+        engine.submit(request)
+    for request in arrivals:
+        events = collector.wait(request.request_id)
+        # Prefilled in pieces or at once, each arrival writes what it writes alone.
+        assert [o.text for o in outputs(events)] == reference.greedy(request)[1]
+    for i in range(4):
+        engine.cancel(f"d{i}")
+    total = sum(len(reference.prompt(r)) for r in arrivals)
+    most = max(tokens for tokens, decoding in prefilled if decoding)
+    if share is None:
+        assert most >= total / 2  # the first wave at once: one long stall
+    else:
+        assert most <= total / 4  # many short pieces between decode steps
