@@ -24,6 +24,8 @@ added), BENCH_ENGINE_MODEL (default "orchard-demo"). Everything runs on MLX's de
   per step the mean ms of graph build (model call + greedy sampling in Python), launch
   (`mx.async_eval`) and wait (the blocking `.tolist()`); and the primitives in one step's graph
   (`mx.export_to_dot`), with whether the fused `ScaledDotProductAttention` is among them.
+- budget: the batched engine's prefill budget on and off, in this process: arrivals beside
+  decoding streams and bursts, and the model's prefill cost per token (`engine_budget`).
 - burst: 32 short requests sent at the same instant to a gateway + one `mlx-batched` runner
   (--max-concurrent 32): TTFT p50 / p99 over all requests of all repetitions.
 - arrivals: on that stack, 4 streams decode, then 16 requests arrive at once: the decoding
@@ -55,6 +57,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench import engine_budget
 from bench.concurrency import Result, _http, _percentile, _round
 from bench.harness import _spawn, _stop, _wait, env_note, median, sse_run, stack, table
 from protocol.frames import Generate, Message, SamplingParams
@@ -62,7 +65,7 @@ from runner.demo_model import resolve_model
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.mlx_engine import MlxEngine
 
-PARTS = ("decode", "steps", "burst", "arrivals", "cold")
+PARTS = ("decode", "steps", "budget", "burst", "arrivals", "cold")
 DEFAULT_PARTS = ("decode", "steps")
 DEFAULT_STREAMS: tuple[int, ...] = (1, 2, 4, 8, 32, 64)
 FEW_RUNS_FROM = 32
@@ -778,6 +781,8 @@ def main(runs: int, tokens: int) -> None:
             _decode(runs, tokens, model, streams, m)
         if "steps" in parts:
             _steps(runs, tokens, model, m)
+    if "budget" in parts:
+        engine_budget.budget(runs, model, _env())
     if "burst" in parts or "arrivals" in parts:
         with stack([_runner_args(model, BURST)]) as (base, _, _):
             _round(_http(base, model), 2, 8, "warm")
