@@ -5,14 +5,16 @@ graph than a plain `KVCache` step, and on a GPU no fused attention kernel (1.97 
 CPU per step on an H200's big model, docs/benchmarks.md). While one request runs there is
 nothing to batch, so `BatchedStepping` starts a lone request here: mlx-lm's `generate_step`
 on a plain cache, pipelined as `stream_generate` is, with this request's own sampler and
-logits processors.
+logits processors. A long prompt is prefilled a chunk per step first (as the batch does it),
+so a request arriving meanwhile waits one chunk, not the whole prompt.
 
 When a second request arrives, `hand_over` stops the lone one between two tokens and gives
 back what it needs to go on as a batch row (`BatchDecoder.join`):
 
 - its KV cache, without the last token: `generate_step` has already fed that token to the
   model (the next step runs ahead of the one just yielded), and the batch feeds it again
-  (mlx-lm's batch insert needs at least one token to prefill);
+  (mlx-lm's batch insert needs at least one token to prefill); or, before its first token,
+  the chunks of its prompt prefilled so far, the batch prefilling the rest;
 - its detokenizer, holding any partly decoded character;
 - its constraint's processor, rolled back by that token for the same reason.
 
@@ -60,10 +62,11 @@ class HandOver:
 @attrs.define(eq=False)
 class _Lone:
     request: Request
-    steps: Generator[tuple[Any, Any], None, None]
-    """`generate_step`: each token (an int) and the step's log-probabilities."""
-    reused: int
-    """Prompt tokens its cache held when it started."""
+    steps: Generator[tuple[Any, Any], None, None] | None
+    """`generate_step`: each token (an int) and the step's log-probabilities; None while
+    the prompt is prefilled a chunk per step."""
+    held: int
+    """Prompt tokens its cache holds before `generate_step` starts."""
     detokenizer: Any
     guard: ConstraintProcessor | None
 
@@ -98,30 +101,49 @@ class SoloDecoder:
         model = self._generation.model
         cache, reused = self._generation.take_cache(request)
         request.cache = cache
-        suffix = request.prompt[reused:]
-        params = request.generate.sampling
         guard = request.constraint.processor() if request.constraint is not None else None
-        steps = generate_step(
-            mx.array(suffix),
+        request.first_step_at = time.perf_counter()
+        self._lone = _Lone(request, None, reused, model.tokenizer_for(request).detokenizer, guard)
+
+    def _prefill_or_start(self, lone: _Lone) -> bool:
+        """Prefill one chunk of a long prompt (True: that was this step), or start decoding
+        from the rest. A prompt is prefilled a chunk per step, as the batch does it, so that
+        a request arriving meanwhile waits one chunk, not the whole prompt, to hand this one
+        over and join it in the batch."""
+        request = lone.request
+        cache = request.cache
+        assert cache is not None
+        model = self._generation.model
+        rest = request.prompt[lone.held :]
+        if len(rest) > PREFILL_CHUNK + 1:  # generate_step would prefill it all at once
+            model.model(mx.array([rest[:PREFILL_CHUNK]]), cache=cache)
+            mx.eval([c.state for c in cache])
+            lone.held += PREFILL_CHUNK
+            return True
+        params = request.generate.sampling
+        lone.steps = generate_step(
+            mx.array(rest),
             model.model,
             max_tokens=request.max_tokens,
             sampler=make_sampler_for(params, model.vocab_size),
             # None, not [], when there are none: mlx-lm then skips the token bookkeeping.
-            logits_processors=make_logits_processors(params, len(suffix), guard) or None,
+            logits_processors=make_logits_processors(params, len(rest), lone.guard) or None,
             prompt_cache=cache,
             prefill_step_size=PREFILL_CHUNK,
         )
-        request.first_step_at = time.perf_counter()
-        self._lone = _Lone(request, steps, reused, model.tokenizer_for(request).detokenizer, guard)
+        return False
 
     def step(self) -> None:
-        """The lone request's next token."""
+        """The lone request's next token (or the next chunk of its prompt)."""
         lone = self._lone
         if lone is None:
             return
         generation = self._generation
         request = lone.request
         try:
+            if lone.steps is None and self._prefill_or_start(lone):
+                return
+            assert lone.steps is not None
             token, logprobs = next(lone.steps)
             token = int(token)
             if request.first_token_at is None:
@@ -154,17 +176,19 @@ class SoloDecoder:
         if lone is None:
             return None
         request = lone.request
-        _close(request, lone.steps)
+        if lone.steps is not None:
+            _close(request, lone.steps)
         request.decoder = None
         cache = request.cache
         assert cache is not None
         request.cache = None
         prompt, tokens = request.prompt, request.tokens
         if not tokens:
-            # Never stepped: its cache holds what the prefix cache gave, nothing generated.
-            reused = lone.reused
+            # No token yet: its cache holds the prompt's first `held` tokens (from the prefix
+            # cache and the chunks prefilled so far); the batch prefills the rest.
+            held = lone.held
             return HandOver(
-                request, cache, prompt[:reused], prompt[reused:], lone.detokenizer, lone.guard
+                request, cache, prompt[:held], prompt[held:], lone.detokenizer, lone.guard
             )
         trim_prompt_cache(cache, 1)
         guard = lone.guard
@@ -179,11 +203,12 @@ class SoloDecoder:
         self._lone = None
         # Its cache stays in request.cache: the prompt and every generated token (the step
         # that ran ahead has fed the last one).
-        _close(request, lone.steps)
+        if lone.steps is not None:
+            _close(request, lone.steps)
 
     def drop_all(self) -> None:
         lone, self._lone = self._lone, None
-        if lone is not None:
+        if lone is not None and lone.steps is not None:
             _close(lone.request, lone.steps)
 
 

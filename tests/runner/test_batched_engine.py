@@ -19,6 +19,7 @@ from protocol.frames import LogitBias, SamplingParams
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.batched import BatchedMlxEngine
+from runner.engine.generation import PREFILL_CHUNK
 from runner.engine.solo import SoloDecoder
 from tests.runner.collect import (
     Collector,
@@ -375,3 +376,43 @@ def test_arrivals_are_prefilled_within_a_budget_while_others_decode(
         assert most >= total / 2  # the first wave at once: one long stall
     else:
         assert most <= total / 4  # many short pieces between decode steps
+
+
+def test_a_long_lone_prompt_hands_over_between_chunks(
+    start_engine: StartEngine, reference: Reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lone request prefills its prompt a chunk per step, so one that arrives meanwhile
+    # takes it into the batch after a chunk: the short one's first token comes first.
+    handovers: list[int] = []
+    real = SoloDecoder.hand_over
+
+    def noted(self: SoloDecoder) -> Any:
+        handover = real(self)
+        if handover is not None:
+            handovers.append(len(handover.held))
+        return handover
+
+    monkeypatch.setattr(SoloDecoder, "hand_over", noted)
+    engine, collector = start_engine(max_concurrent=8)
+    words = " ".join(f"apple{i % 50} pear" for i in range(400))
+    long = ask("long", words, max_tokens=6, sampling=GREEDY)
+    short = ask("short", PROMPTS[1], max_tokens=6, sampling=GREEDY)
+    assert len(reference.prompt(long)) > 2 * PREFILL_CHUNK
+    firsts: list[str] = []
+
+    def note_first(event: EngineEvent) -> None:
+        if event.request_id not in firsts:
+            firsts.append(event.request_id)
+
+    collector.on_event = note_first
+    engine.submit(long)
+    wait_until(lambda: engine.solo_requests == 1, 10, "the long one to start alone")
+    engine.submit(short)
+    long_events, short_events = collector.wait("long"), collector.wait("short")
+    assert [o.text for o in outputs(long_events)] == reference.greedy(long)[1]
+    assert [o.text for o in outputs(short_events)] == reference.greedy(short)[1]
+    # Handed over with part of its prompt prefilled and no token yet; the short one did not
+    # wait for the rest of the long prompt.
+    (held,) = handovers
+    assert 0 < held < len(reference.prompt(long))
+    assert firsts == ["short", "long"]
