@@ -78,9 +78,15 @@ def human_duration(seconds: float) -> str:
 
 
 def _hardware(hw: dict[str, Any]) -> str:
-    return (
-        f"{hw['chip']}, {hw['cpu_count']} cpu, {human_bytes(hw['memory_bytes'])}, {hw['backend']}"
-    )
+    cells = [hw["chip"], f"{hw['cpu_count']} cpu", human_bytes(hw["memory_bytes"]), hw["backend"]]
+    accelerator = hw.get("accelerator")
+    if accelerator and accelerator != hw["chip"]:
+        cells.append(accelerator)
+    if hw.get("gpu_cores"):
+        cells.append(f"{hw['gpu_cores']} gpu cores")
+    if hw.get("accelerator_limit_bytes"):
+        cells.append(f"gpu limit {human_bytes(hw['accelerator_limit_bytes'])}")
+    return ", ".join(cells)
 
 
 def _kv_cache(kv: dict[str, Any] | None) -> str:

@@ -26,6 +26,7 @@ from protocol.frames import (
     Frame,
     GatewayFrame,
     Generate,
+    Hardware,
     Message,
     ModelInfo,
     PromptToken,
@@ -61,6 +62,7 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     ),
     Error: ("param",),
     ModelInfo: ("engine",),
+    Hardware: ("accelerator", "gpu_cores", "accelerator_memory_bytes", "accelerator_limit_bytes"),
 }
 """Fields left off the wire while they hold their default: a plain chunk is as small (and
 takes the decoder's fast path) whatever features other requests use."""

@@ -60,6 +60,16 @@ class Hardware:
     backend: str
     """MLX device the engine uses: "gpu" (Metal/CUDA) or "cpu"."""
     platform: str
+    accelerator: str | None = None
+    """The GPU MLX computes on (its device name, e.g. "Apple M2 Pro" or "NVIDIA H200"), if
+    it computes on one."""
+    gpu_cores: int | None = None
+    """The GPU's cores, where the system says (Apple silicon)."""
+    accelerator_memory_bytes: int | None = None
+    """Memory the GPU can address (on Apple silicon, the unified memory)."""
+    accelerator_limit_bytes: int | None = None
+    """The most memory MLX should keep resident on the GPU (Metal's recommended working set
+    size): the ceiling for a model plus its KV caches."""
 
 
 @attrs.frozen

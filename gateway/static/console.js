@@ -76,6 +76,16 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+/** The hardware cell's tooltip: platform, CPUs and, on a GPU, what MLX says of it.
+ * @param {Record<string, any>} hw */
+function hardwareTitle(hw) {
+  const parts = [hw.platform, `${hw.cpu_count} CPUs`];
+  if (hw.accelerator) parts.push(hw.accelerator);
+  if (hw.accelerator_memory_bytes) parts.push(`GPU memory ${gib(hw.accelerator_memory_bytes)}`);
+  if (hw.accelerator_limit_bytes) parts.push(`MLX working-set limit ${gib(hw.accelerator_limit_bytes)}`);
+  return parts.join(", ");
+}
+
 /** @param {Record<string, any>} runner */
 function runnerRow(runner) {
   const hw = runner.hardware;
@@ -85,8 +95,9 @@ function runnerRow(runner) {
     el("td", { "data-col": "name" }, el("strong", {}, runner.name),
       runner.draining ? el("span", { class: "tag", "data-testid": "draining" }, "draining") : "",
       el("small", {}, runner.id)),
-    el("td", { "data-col": "hardware", title: `${hw.platform}, ${hw.cpu_count} CPUs` },
-      `${hw.chip} · ${gib(hw.memory_bytes)} · ${hw.backend}`),
+    el("td", { "data-col": "hardware", title: hardwareTitle(hw) },
+      `${hw.chip} · ${gib(hw.memory_bytes)} · ${hw.backend}`
+        + (hw.gpu_cores ? ` · ${hw.gpu_cores} GPU cores` : "")),
     el("td", { "data-col": "models" }, ...runner.models.map((m) =>
       el("span", { class: "chip", title: `context ${integer.format(m.context_length)}` }, m.id))),
     el("td", { "data-col": "active", class: "num" }, bar, `${runner.active} / ${runner.max_concurrent}`),

@@ -525,7 +525,17 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
     assert info["models"] == [{"id": MODEL, "context_length": 2048, "engine": engine_version()}]
     assert info["max_concurrent"] == 8
     assert info["draining"] is False
-    assert set(info["hardware"]) == {"chip", "cpu_count", "memory_bytes", "backend", "platform"}
+    machine = {"chip", "cpu_count", "memory_bytes", "backend", "platform"}
+    accelerator = {
+        "accelerator",
+        "gpu_cores",
+        "accelerator_memory_bytes",
+        "accelerator_limit_bytes",
+    }
+    assert set(info["hardware"]) == machine | accelerator
+    # MLX's CPU backend here: no accelerator to report.
+    assert info["hardware"]["backend"] == "cpu"
+    assert {key: info["hardware"][key] for key in accelerator} == dict.fromkeys(accelerator)
     assert info["hardware"]["memory_bytes"] > 0
     if "mlx-batched" in stack[1].args:  # the batched engine accounts for its KV cache
         # A finished request leaves its KV in the prefix cache.

@@ -38,6 +38,10 @@ RUNNERS: dict[str, Any] = {
                 "memory_bytes": 206158430208,
                 "backend": "gpu",
                 "platform": "Darwin arm64",
+                "accelerator": "Apple M2 Ultra",
+                "gpu_cores": 76,
+                "accelerator_memory_bytes": 206158430208,
+                "accelerator_limit_bytes": 154618822656,
             },
             "connected_since": 1764460000.5,
             "tokens_generated": 48210,
@@ -81,6 +85,10 @@ RUNNERS: dict[str, Any] = {
                 "memory_bytes": 536870912,
                 "backend": "cpu",
                 "platform": "Linux x86_64",
+                "accelerator": None,
+                "gpu_cores": None,
+                "accelerator_memory_bytes": None,
+                "accelerator_limit_bytes": None,
             },
             "connected_since": 1764270000.0,
             "tokens_generated": 1234567,
@@ -105,10 +113,10 @@ MODELS: dict[str, Any] = {
 NOW = 1764463600.0
 
 TABLE = """\
-NAME       MODELS                                     HARDWARE                                ACTIVE  DRAINING  TOKENS     CONNECTED    KV CACHE
-studio     mlx-community/Qwen3-4B-4bit                Apple M2 Ultra, 24 cpu, 192.0 GiB, gpu  2/8     no        48,210     59m 59s ago  1.5 GiB / 8.0 GiB
-air        orchard-demo, mlx-community/Qwen3-4B-4bit  Apple M3, 8 cpu, 16.0 GiB, gpu          0/4     yes       7          10s ago      -
-linux-box  orchard-demo                               x86_64, 2 cpu, 512.0 MiB, cpu           16/16   no        1,234,567  2d 05h ago   512.0 KiB / unbounded
+NAME       MODELS                                     HARDWARE                                                                   ACTIVE  DRAINING  TOKENS     CONNECTED    KV CACHE
+studio     mlx-community/Qwen3-4B-4bit                Apple M2 Ultra, 24 cpu, 192.0 GiB, gpu, 76 gpu cores, gpu limit 144.0 GiB  2/8     no        48,210     59m 59s ago  1.5 GiB / 8.0 GiB
+air        orchard-demo, mlx-community/Qwen3-4B-4bit  Apple M3, 8 cpu, 16.0 GiB, gpu                                             0/4     yes       7          10s ago      -
+linux-box  orchard-demo                               x86_64, 2 cpu, 512.0 MiB, cpu                                              16/16   no        1,234,567  2d 05h ago   512.0 KiB / unbounded
 
 3 runners; models: mlx-community/Qwen3-4B-4bit, orchard-demo; queue depth: 3
 """  # noqa: E501 -- the table as printed

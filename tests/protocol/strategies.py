@@ -88,7 +88,16 @@ def _tuples(elements: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[Any, ..
 
 model_infos = st.builds(ModelInfo, id=text, context_length=ints)
 hardware = st.builds(
-    Hardware, chip=text, cpu_count=ints, memory_bytes=ints, backend=text, platform=text
+    Hardware,
+    chip=text,
+    cpu_count=ints,
+    memory_bytes=ints,
+    backend=text,
+    platform=text,
+    accelerator=st.none() | text,
+    gpu_cores=st.none() | ints,
+    accelerator_memory_bytes=st.none() | ints,
+    accelerator_limit_bytes=st.none() | ints,
 )
 hellos = st.builds(
     Hello,
