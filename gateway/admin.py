@@ -1,13 +1,15 @@
-"""Read-only endpoints: `/v1/models`, `/v1/runners`, `/health`."""
+"""Read-only endpoints: `/v1/models`, `/v1/runners`, `/health`, `/metrics`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import attrs
-from litestar import Response, get
+from litestar import Request, Response, get
 from litestar.datastructures import State
+from prometheus_client.exposition import choose_encoder
 
+from gateway.auth import METRICS_PATH
 from gateway.pool import Pool, RunnerConn
 
 
@@ -72,3 +74,14 @@ async def health(state: State) -> Response[dict[str, Any]]:
         },
         status_code=503 if draining else 200,
     )
+
+
+@get(METRICS_PATH, include_in_schema=False)
+async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """Prometheus' text format, or OpenMetrics when the scraper asks for it (gateway.metrics).
+    Not in the OpenAPI document, which describes the client APIs."""
+    pool: Pool = state.pool
+    encode, content_type = choose_encoder(request.headers.get("accept", ""))
+    # Litestar adds the charset to a text/* media type itself.
+    media_type = content_type.removesuffix("; charset=utf-8")
+    return Response(encode(pool.metrics.registry), media_type=media_type)

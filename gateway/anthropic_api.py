@@ -54,7 +54,7 @@ def _check_model(pool: Pool) -> CheckModel:
 
     def check_model(model: str) -> None:
         try:
-            pool.check_model(model)
+            pool.check_model(model, "anthropic")
         except Exception as exc:
             raise openai_error_for(exc) from exc
 
@@ -63,7 +63,7 @@ def _check_model(pool: Pool) -> CheckModel:
 
 async def _submit(pool: Pool, parsed: MessagesRequest, request_id: str) -> RequestStream:
     try:
-        return await pool.submit(parsed.to_generate(request_id))
+        return await pool.submit(parsed.to_generate(request_id), "anthropic")
     except Exception as exc:
         raise openai_error_for(exc) from exc
 

@@ -20,6 +20,8 @@ AUTH_EXEMPT = frozenset({"/health"})
 """Paths open even when API keys are set (liveness probes)."""
 API_PREFIXES = ("/v1/", "/api/")
 """The client APIs API keys guard: OpenAI's and Anthropic's (`/v1/`), Ollama's (`/api/`)."""
+METRICS_PATH = "/metrics"
+"""Guarded too, unless the gateway runs with `--metrics-open`."""
 
 
 def secret_in(given: object, secrets: Iterable[str]) -> bool:
@@ -75,7 +77,10 @@ def check_http(request: Request[Any, Any, Any]) -> None:
     """Raise the OpenAI error for a request that fails origin or API-key checks."""
     config: GatewayConfig = request.app.state.config
     path = request.url.path
-    if not path.startswith(API_PREFIXES) or path in AUTH_EXEMPT:
+    if path == METRICS_PATH:
+        if config.metrics_open:
+            return
+    elif not path.startswith(API_PREFIXES) or path in AUTH_EXEMPT:
         return
     if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
         raise OpenAIError(

@@ -53,7 +53,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
 
     def check_model(model: str) -> None:
         try:
-            pool.check_model(model)
+            pool.check_model(model, "chat")
         except Exception as exc:
             raise openai_error_for(exc) from exc
 
@@ -62,7 +62,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     request_id = f"req_{uuid.uuid4().hex}"
     try:
-        stream = await pool.submit(chat.to_generate(completion_id))
+        stream = await pool.submit(chat.to_generate(completion_id), "chat")
     except Exception as exc:
         raise openai_error_for(exc) from exc
     if chat.stream:

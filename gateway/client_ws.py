@@ -243,7 +243,7 @@ class ClientSocket:
     async def _run(self, generate: Generate, request: _Request) -> None:
         """Submit, then relay. A task cancelled before it ran never gets here (`_ended`)."""
         try:
-            stream = await self.pool.submit(generate)
+            stream = await self.pool.submit(generate, "websocket")
         except Exception as exc:
             out: list[bytes] = []
             request.completion.fail(openai_error_for(exc), out)

@@ -47,7 +47,7 @@ async def completions(request: Request[Any, Any, Any], state: State) -> Response
 
     def check_model(model: str) -> None:
         try:
-            pool.check_model(model)
+            pool.check_model(model, "completions")
         except Exception as exc:
             raise openai_error_for(exc) from exc
 
@@ -75,8 +75,8 @@ async def _submit(
     be placed (queue full, no runner), those placed already are cancelled."""
     generates = parsed.to_generates(completion_id)
     if len(generates) == 1:
-        return await pool.submit(generates[0]), pool.cancel
-    tasks = [asyncio.ensure_future(pool.submit(generate)) for generate in generates]
+        return await pool.submit(generates[0], "completions"), pool.cancel
+    tasks = [asyncio.ensure_future(pool.submit(generate, "completions")) for generate in generates]
     try:
         await asyncio.gather(*tasks)
     except BaseException:

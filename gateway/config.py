@@ -17,6 +17,8 @@ class GatewayConfig:
     """Accept runners from any address without a token (explicit opt-in)."""
     api_keys: frozenset[str] = attrs.field(default=frozenset(), repr=False)
     """When non-empty, every /v1/* call needs one of these as a bearer token."""
+    metrics_open: bool = False
+    """Serve `GET /metrics` without an API key (for a scraper on the LAN)."""
     allowed_origins: frozenset[str] = frozenset()
     """Browser origins allowed besides the gateway's own ("*" for any)."""
     auth_timeout: float = 10.0

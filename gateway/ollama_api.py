@@ -81,7 +81,7 @@ async def _answer(request: Request[Any, Any, Any], pool: Pool, parse: Parse) -> 
 
     def check_model(model: str) -> None:
         try:
-            pool.check_model(model)
+            pool.check_model(model, "ollama")
         except Exception as exc:
             raise in_ollama_terms(openai_error_for(exc), model) from exc
 
@@ -99,7 +99,7 @@ async def _answer(request: Request[Any, Any, Any], pool: Pool, parse: Parse) -> 
             return Response(content=body + b"\n", media_type=NDJSON_TYPE)
         return Response(content=body, media_type="application/json")
     try:
-        stream = await pool.submit(parsed.to_generate(f"ollama-{uuid.uuid4().hex}"))
+        stream = await pool.submit(parsed.to_generate(f"ollama-{uuid.uuid4().hex}"), "ollama")
     except Exception as exc:
         raise openai_error_for(exc) from exc
     timings = Timings(arrived, time.perf_counter_ns())

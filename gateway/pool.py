@@ -39,6 +39,7 @@ from gateway.errors import (
     ShuttingDown,
 )
 from gateway.memory import IdleTrimmer
+from gateway.metrics import UNKNOWN_MODEL, Dialect, Metrics, error_kind
 from gateway.stream import Failed, RequestStream
 from protocol.closecodes import CloseCode
 from protocol.codec import encode
@@ -113,8 +114,11 @@ def _dispatched(future: asyncio.Future[RunnerConn]) -> bool:
 class Pool:
     """Runners by id, and the per-model queues of requests waiting for a slot."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, metrics: Metrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or Metrics()
+        """What `GET /metrics` reports (gateway.metrics); the pool counts its events."""
+        self.metrics.watch(self)
         self.runners: dict[str, RunnerConn] = {}
         self.shutting_down = False
         self._waiters: dict[str, collections.deque[_Waiter]] = collections.defaultdict(
@@ -135,6 +139,7 @@ class Pool:
 
     def add(self, conn: RunnerConn) -> None:
         self.runners[conn.id] = conn
+        self.metrics.runner_joins.inc()
         log.info(
             "runner %s (%s) joined: %s, %d slots",
             conn.id,
@@ -149,6 +154,7 @@ class Pool:
         if self.runners.pop(conn.id, None) is None:
             return
         log.info("runner %s (%s) left", conn.id, conn.name)
+        self.metrics.runner_losses.inc()
         now = time.monotonic()
         served = self.models()
         for model in conn.models - served:
@@ -186,11 +192,22 @@ class Pool:
         )
         return system_fingerprint(ORCHARD_VERSION, model, engine)
 
-    def check_model(self, model: str) -> None:
+    def check_model(self, model: str, dialect: Dialect | None = None) -> None:
         """Raise `ModelNotFound` (or `ModelUnavailable` in its grace period) for a model no
-        runner serves: requests are answered about their model before anything else."""
+        runner serves: requests are answered about their model before anything else. With
+        `dialect` (a client's request, not a failover) the refusal is counted."""
         if not any(model in c.models for c in self.runners.values()):
-            raise self._unserved(model)
+            error = self._unserved(model)
+            if dialect is not None:
+                self.metrics.refused(self.model_label(model), dialect, error_kind(error))
+            raise error
+
+    def model_label(self, model: str) -> str:
+        """`model` as a metrics label: a name no runner ever served here is "unknown" (clients
+        choose it: as a label it would let them add series at will)."""
+        if model in self._last_served or any(model in c.models for c in self.runners.values()):
+            return model
+        return UNKNOWN_MODEL
 
     def _unserved(self, model: str) -> GatewayError:
         seen = self._last_served.get(model)
@@ -200,12 +217,24 @@ class Pool:
 
     # --- requests ---------------------------------------------------------------------
 
-    async def submit(self, generate: Generate) -> RequestStream:
-        """Give a request to a runner, waiting in the model's queue if all are busy."""
+    async def submit(self, generate: Generate, dialect: Dialect) -> RequestStream:
+        """Give a request to a runner, waiting in the model's queue if all are busy.
+        `dialect`: the API the client spoke (a metrics label)."""
+        model = generate.model
         if self.shutting_down:
+            self.metrics.refused(self.model_label(model), dialect, "shutting_down")
             raise ShuttingDown
-        stream = RequestStream(generate)
-        await self._place(stream)
+        meter = self.metrics.meter(self.model_label(model), dialect)
+        stream = RequestStream(generate, meter)
+        try:
+            await self._place(stream)
+        except GatewayError as exc:
+            meter.end(error_kind(exc))
+            raise
+        except asyncio.CancelledError:
+            if stream.runner is None:  # otherwise the runner ends it, and its end counts
+                meter.end("cancelled")
+            raise
         return stream
 
     async def _place(self, stream: RequestStream) -> None:
@@ -214,8 +243,13 @@ class Pool:
         self.check_model(model)
         conn = self._pick(model)
         if conn is None:
+            queued = time.perf_counter()
             conn = await self._wait(stream)
+            self.metrics.queue_wait.labels(self.model_label(model)).observe(
+                time.perf_counter() - queued
+            )
         else:
+            self.metrics.queue_wait.labels(self.model_label(model)).observe(0.0)
             self._assign(conn, stream)
         await conn.send(encode(stream.generate))
 
@@ -282,6 +316,7 @@ class Pool:
             stream.push(Failed(reason))
             return
         log.info("request %s moves to another runner (%s)", stream.request_id, reason)
+        self.metrics.failovers.inc()
         stream.runner = None
         self._spawn(self._replace(stream, reason))
 
@@ -340,6 +375,8 @@ class Pool:
             return
         frame = conn.session.cancel(stream.request_id)
         if frame is not None:
+            if stream.meter is not None:
+                stream.meter.cancel()
             self._spawn(conn.send(encode(frame)))
 
     # --- shutdown -----------------------------------------------------------------------

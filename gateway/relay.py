@@ -78,9 +78,17 @@ async def first_item(
         raise
     if first is None and config.first_token_wait >= config.stream_timeout:
         first = Failed(StreamTimeout(config.stream_timeout))
+        timed_out(stream)
     if first is not None and not isinstance(first, Chunk) and not stream.done:
         cancel(stream)  # timed out: the runner may still be working on it
     return first
+
+
+def timed_out(stream: RequestStream) -> None:
+    """The runner went silent past the stream timeout: the request counts as "timeout" in the
+    metrics (not as the cancel that follows)."""
+    if stream.meter is not None:
+        stream.meter.end("timeout")
 
 
 async def collect(
@@ -115,6 +123,7 @@ async def _collect(stream: RequestStream, builder: CompletionBuilder, seconds: f
         item = await next_item(stream, seconds)
         if item is None:
             item = Failed(StreamTimeout(seconds))
+            timed_out(stream)
         if builder.feed(as_item(item)):
             return
 
@@ -284,6 +293,7 @@ class Relay:
             now = self._loop.time()
             timeout = self.config.stream_timeout
             if now - self._heard >= timeout:
+                timed_out(self.stream)
                 self._detach()
                 if self._busy:
                     self._end()  # the client is not reading either: give up on it

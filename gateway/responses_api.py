@@ -65,7 +65,7 @@ async def create_response(request: Request[Any, Any, Any], state: State) -> Resp
 
     def check_model(model: str) -> None:
         try:
-            pool.check_model(model)
+            pool.check_model(model, "responses")
         except Exception as exc:
             raise openai_error_for(exc) from exc
 
@@ -90,7 +90,7 @@ async def create_response(request: Request[Any, Any, Any], state: State) -> Resp
             store.keep(response, (*conversation, *output_messages(response["output"])))
 
     try:
-        stream = await pool.submit(parsed.to_generate(response_id, history))
+        stream = await pool.submit(parsed.to_generate(response_id, history), "responses")
     except Exception as exc:
         raise openai_error_for(exc) from exc
     if parsed.stream:

@@ -21,6 +21,7 @@ from gateway.errors import GatewayError
 from protocol.frames import Chunk, Echo, Error, Generate
 
 if TYPE_CHECKING:
+    from gateway.metrics import Meter
     from gateway.pool import RunnerConn
 
 log = logging.getLogger("gateway.stream")
@@ -92,12 +93,15 @@ class RequestStream:
         "done",
         "generate",
         "merged",
+        "meter",
         "runner",
         "sink",
     )
 
-    def __init__(self, generate: Generate) -> None:
+    def __init__(self, generate: Generate, meter: Meter | None = None) -> None:
         self.generate = generate
+        self.meter = meter
+        """Counts the request in the gateway's metrics (gateway.metrics)."""
         self.runner: RunnerConn | None = None
         self.attempts = 0
         """Runners this request has been given to (failover retries once)."""
@@ -121,10 +125,15 @@ class RequestStream:
 
     def push(self, item: StreamItem) -> None:
         """Called by the runner link: never raises, whatever the client side does."""
+        meter = self.meter
         if type(item) is Chunk:
             self.done = item.finish_reason is not None
+            if meter is not None:
+                meter.chunk(item, self.cancelled)
         else:
             self.done = True
+            if meter is not None and not isinstance(item, Chunk):
+                meter.fail(item.error if isinstance(item, Failed) else item, self.cancelled)
         sink = self.sink
         if sink is not None and not self._items and not self._overflow:
             try:

@@ -145,6 +145,12 @@ def _store_options(command: F) -> F:
     help="Accept runners from any address without a token. "
     "Needed to listen on the LAN with no runner token.",
 )
+@click.option(
+    "--metrics-open",
+    is_flag=True,
+    help="Serve GET /metrics (Prometheus) without an API key, for a scraper on the LAN. "
+    "Without API keys it is open anyway.",
+)
 @log_level_option
 def gateway(
     log_level: str,
@@ -153,6 +159,7 @@ def gateway(
     api_key_file: Path | None,
     allow_origin: tuple[str, ...],
     insecure: bool,
+    metrics_open: bool,
     **settings: Any,
 ) -> None:
     """Run the gateway: OpenAI API for clients, WebSocket endpoint for runners.
@@ -170,6 +177,7 @@ def gateway(
         api_keys=frozenset(keys),
         allowed_origins=frozenset(allow_origin),
         insecure=insecure,
+        metrics_open=metrics_open,
         **settings,
     )
     _check_exposure(config)

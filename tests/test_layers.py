@@ -14,7 +14,9 @@ from tests.support import REPO
 THIRD_PARTY: dict[str, frozenset[str]] = {
     # Pure data and logic: no event loop, no sockets, no web framework, no model.
     "protocol": frozenset({"attrs", "cattrs", "orjson"}),
-    "gateway": frozenset({"attrs", "cattrs", "orjson", "litestar", "uvicorn", "protocol"}),
+    "gateway": frozenset(
+        {"attrs", "cattrs", "orjson", "litestar", "uvicorn", "prometheus_client", "protocol"}
+    ),
     "runner": frozenset(
         {
             "attrs",

@@ -99,10 +99,10 @@ def victims(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     ids: set[str] = set()
     real = Pool.submit
 
-    async def submit(self: Pool, generate: Generate) -> RequestStream:
+    async def submit(self: Pool, generate: Generate, dialect: str) -> RequestStream:
         if generate.max_tokens == VICTIM_TOKENS:
             ids.add(generate.request_id)
-        return await real(self, generate)
+        return await real(self, generate, dialect)
 
     monkeypatch.setattr(Pool, "submit", submit)
     return ids

@@ -1,0 +1,346 @@
+"""`GET /metrics`: Prometheus' text format, scraped over real sockets and parsed with
+prometheus-client's own parser, every figure checked against what the test did.
+
+The module's gateway runs a scripted-engine runner (model "scripted") for requests the
+`openai` SDK makes, and tests connect protocol-level fake runners (model "fake-model") where
+they need exact chunks, cancels and heartbeats. Counters are compared before and after each
+action, so tests do not depend on their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.metrics import GAP_EVERY
+from protocol.frames import Cancel, Chunk, FinishReason, Generate, Heartbeat, Usage
+from tests.support import UNIT, FakeRunner, Gateway, async_wait_until, start_runner
+
+KEY = "metrics-key-41d7"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Gateway]:
+    gw = Gateway()
+    runner = start_runner(gw, "--engine", "scripted", "--model", "scripted", name="scripted-runner")
+    try:
+        gw.wait_for_runners(1)
+        yield gw
+    finally:
+        runner.stop()
+        gw.stop()
+
+
+@pytest.fixture
+async def fake(gateway: Gateway) -> AsyncIterator[FakeRunner]:
+    runner = await FakeRunner.connect(gateway, name="fake-runner")
+    yield runner
+    await runner.close()
+
+
+@pytest.fixture
+async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as client:
+        yield client
+
+
+@pytest.fixture
+async def sdk(gateway: Gateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    base = f"{gateway.base}/v1"
+    async with openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+async def scrape(http: httpx.AsyncClient) -> Samples:
+    resp = await http.get("/metrics")
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(resp.text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """A sample's value; 0 for a series not (yet) exported."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+async def test_completed_chat_requests_count_with_their_usage(
+    http: httpx.AsyncClient, sdk: openai.AsyncOpenAI
+) -> None:
+    before = await scrape(http)
+    prompt = completion = 0
+    for max_tokens in (3, 5, 7):
+        answer = await sdk.chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": "hello"}], max_tokens=max_tokens
+        )
+        assert answer.usage is not None
+        prompt += answer.usage.prompt_tokens
+        completion += answer.usage.completion_tokens
+    stream = await sdk.chat.completions.create(
+        model="scripted",
+        messages=[{"role": "user", "content": "a longer question"}],
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if chunk.usage is not None:
+            prompt += chunk.usage.prompt_tokens
+            completion += chunk.usage.completion_tokens
+    after = await scrape(http)
+
+    assert completion == 3 + 5 + 7 + 4
+    requests = "orchard_requests_total"
+    assert delta(before, after, requests, model="scripted", dialect="chat", outcome="ok") == 4
+    assert delta(before, after, "orchard_prompt_tokens_total", model="scripted") == prompt
+    assert delta(before, after, "orchard_completion_tokens_total", model="scripted") == completion
+    assert delta(before, after, "orchard_cached_prompt_tokens_total", model="scripted") == 0
+    ttft = "orchard_time_to_first_token_seconds_count"
+    assert delta(before, after, ttft, model="scripted") == 4
+    wait = "orchard_queue_wait_seconds_count"
+    assert delta(before, after, wait, model="scripted") == 4
+    # At most one gap per GAP_EVERY tokens (the runner may send several tokens in one chunk;
+    # test_chunks_time_and_usage_of_one_stream counts them exactly).
+    gaps = "orchard_inter_token_gap_seconds_count"
+    assert 0 <= delta(before, after, gaps, model="scripted") <= completion // GAP_EVERY
+    assert value(after, "orchard_requests_in_flight") == 0
+
+
+async def test_chunks_time_and_usage_of_one_stream(
+    fake: FakeRunner, http: httpx.AsyncClient
+) -> None:
+    before = await scrape(http)
+
+    async def serve() -> None:
+        gen = await fake.next_request()
+        assert isinstance(gen, Generate)
+        for seq in range(9):
+            await asyncio.sleep(0.02)
+            done: FinishReason | None = "stop" if seq == 8 else None
+            usage = Usage(11, seq + 1, cached_tokens=8)
+            await fake.send(Chunk(gen.request_id, seq, f"t{seq}", "", 1, usage, done))
+
+    task = asyncio.create_task(serve())
+    resp = await http.post("/v1/chat/completions", json=chat(stream=True))
+    await task
+    assert resp.status_code == 200
+    after = await scrape(http)
+
+    model = "fake-model"
+    ok = {"model": model, "dialect": "chat", "outcome": "ok"}
+    assert delta(before, after, "orchard_requests_total", **ok) == 1
+    assert delta(before, after, "orchard_prompt_tokens_total", model=model) == 11
+    assert delta(before, after, "orchard_cached_prompt_tokens_total", model=model) == 8
+    assert delta(before, after, "orchard_completion_tokens_total", model=model) == 9
+    assert delta(before, after, "orchard_time_to_first_token_seconds_count", model=model) == 1
+    ttft = delta(before, after, "orchard_time_to_first_token_seconds_sum", model=model)
+    assert 0.02 <= ttft < 5 * UNIT
+    # Sampled: the gaps before chunks 4 and 8 (GAP_EVERY), of the 8 after the first.
+    assert GAP_EVERY == 4
+    assert delta(before, after, "orchard_inter_token_gap_seconds_count", model=model) == 2
+    gaps = delta(before, after, "orchard_inter_token_gap_seconds_sum", model=model)
+    assert 2 * 0.015 <= gaps < 5 * UNIT  # 20 ms apart as sent, give or take the timers
+    # The 5 ms bucket cannot hold a 20 ms gap; +Inf holds them all.
+    low = "orchard_inter_token_gap_seconds_bucket"
+    assert delta(before, after, low, model=model, le="0.005") == 0
+    assert delta(before, after, low, model=model, le="+Inf") == 2
+
+
+async def test_unknown_model_counts_as_an_error(
+    http: httpx.AsyncClient, sdk: openai.AsyncOpenAI
+) -> None:
+    before = await scrape(http)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+        )
+    after = await scrape(http)
+    refused = {"model": "unknown", "dialect": "chat", "outcome": "model_not_found"}
+    assert delta(before, after, "orchard_requests_total", **refused) == 1
+    # The client's made-up name never becomes a label.
+    assert not any(dict(labels).get("model") == "no-such-model" for _, labels in after)
+
+
+async def test_client_disconnect_counts_as_cancelled(
+    gateway: Gateway, fake: FakeRunner, http: httpx.AsyncClient
+) -> None:
+    before = await scrape(http)
+    gen_seen: asyncio.Future[Generate] = asyncio.get_running_loop().create_future()
+
+    async def serve() -> None:
+        gen = await fake.next_request()
+        assert isinstance(gen, Generate)
+        gen_seen.set_result(gen)
+        await fake.send(FakeRunner.chunk(gen.request_id, 0, "first", prompt=6))
+        cancel = await fake.next_request()
+        assert cancel == Cancel(gen.request_id)
+        # Two more tokens were on their way when the cancel arrived.
+        usage = Usage(6, 3)
+        await fake.send(Chunk(gen.request_id, 1, "late", "", 2, usage, "cancelled"))
+
+    task = asyncio.create_task(serve())
+    async with (
+        httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as client,
+        client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as resp,
+    ):
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if "first" in line:
+                break  # leave with the stream running
+    await asyncio.wait_for(task, 10 * UNIT)
+
+    model = "fake-model"
+    cancelled = {"model": model, "dialect": "chat", "outcome": "cancelled"}
+
+    async def counted() -> bool:
+        return delta(before, await scrape(http), "orchard_requests_total", **cancelled) == 1
+
+    await async_wait_until(counted, 10, "the cancelled request to be counted")
+    after = await scrape(http)
+    ok = {"model": model, "dialect": "chat", "outcome": "ok"}
+    assert delta(before, after, "orchard_requests_total", **ok) == 0
+    assert delta(before, after, "orchard_cancellations_total", model=model) == 1
+    assert delta(before, after, "orchard_tokens_after_cancel_total", model=model) == 2
+    assert delta(before, after, "orchard_completion_tokens_total", model=model) == 3
+
+
+async def test_a_silent_runner_counts_as_a_timeout() -> None:
+    gw = await asyncio.to_thread(Gateway, "--stream-timeout", "0.5", "--first-token-wait", "0.2")
+    runner = await FakeRunner.connect(gw, name="silent-runner")
+    try:
+        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
+            before = await scrape(http)
+
+            async def serve() -> None:
+                gen = await runner.next_request()
+                assert isinstance(gen, Generate)
+                await runner.send(FakeRunner.chunk(gen.request_id, 0, "first"))
+                cancel = await runner.next_request()  # after 0.5 s of silence
+                assert cancel == Cancel(gen.request_id)
+                await runner.send(Chunk(gen.request_id, 1, "", "", 0, Usage(3, 1), "cancelled"))
+
+            task = asyncio.create_task(serve())
+            resp = await http.post("/v1/chat/completions", json=chat(stream=True))
+            await asyncio.wait_for(task, 10 * UNIT)
+            assert b'"timeout"' in resp.content
+            after = await scrape(http)
+    finally:
+        await runner.close()
+        await asyncio.to_thread(gw.stop)
+    labels = {"model": "fake-model", "dialect": "chat"}
+    assert delta(before, after, "orchard_requests_total", **labels, outcome="timeout") == 1
+    assert delta(before, after, "orchard_requests_total", **labels, outcome="cancelled") == 0
+
+
+@pytest.mark.parametrize(
+    ("dialect", "path", "body"),
+    [
+        ("completions", "/v1/completions", {"prompt": "hi", "max_tokens": 3}),
+        ("responses", "/v1/responses", {"input": "hi", "max_output_tokens": 16}),
+        (
+            "anthropic",
+            "/v1/messages",
+            {"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        (
+            "ollama",
+            "/api/chat",
+            {"stream": False, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ],
+)
+async def test_each_dialect_has_its_label(
+    http: httpx.AsyncClient, dialect: str, path: str, body: dict[str, object]
+) -> None:
+    before = await scrape(http)
+    resp = await http.post(path, json={"model": "scripted", **body})
+    assert resp.status_code == 200, resp.text
+    after = await scrape(http)
+    ok = {"model": "scripted", "dialect": dialect, "outcome": "ok"}
+    assert delta(before, after, "orchard_requests_total", **ok) == 1
+    chat_ok = {"model": "scripted", "dialect": "chat", "outcome": "ok"}
+    assert delta(before, after, "orchard_requests_total", **chat_ok) == 0
+
+
+async def test_runner_gauges_follow_the_pool(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    before = await scrape(http)
+    assert value(before, "orchard_runners_connected") == len(gateway.runners()) == 1
+    runner = await FakeRunner.connect(gateway, name="kv-runner", max_concurrent=3)
+    try:
+        await runner.send(Heartbeat(time.time(), kv_bytes=123_456, kv_limit_bytes=9_000_000))
+        labels = {"runner": "kv-runner", "runner_id": runner.welcome.runner_id}
+
+        async def reported() -> bool:
+            return value(await scrape(http), "orchard_runner_kv_cache_bytes", **labels) > 0
+
+        await async_wait_until(reported, 10, "the heartbeat's KV figures")
+        during = await scrape(http)
+        assert value(during, "orchard_runners_connected") == len(gateway.runners()) == 2
+        assert value(during, "orchard_runner_kv_cache_bytes", **labels) == 123_456
+        assert value(during, "orchard_runner_kv_cache_limit_bytes", **labels) == 9_000_000
+        assert value(during, "orchard_runner_slots", **labels) == 3
+        assert delta(before, during, "orchard_runner_joins_total") == 1
+    finally:
+        await runner.close()
+
+    async def left() -> bool:
+        return value(await scrape(http), "orchard_runners_connected") == 1
+
+    await async_wait_until(left, 10, "the runner to leave")
+    after = await scrape(http)
+    assert delta(before, after, "orchard_runner_losses_total") == 1
+    assert value(after, "orchard_runner_kv_cache_bytes", **labels) == 0  # its series is gone
+    assert not any(name == "orchard_runner_kv_cache_bytes" for name, _ in after)
+
+
+async def test_process_figures_and_no_openapi_entry(http: httpx.AsyncClient) -> None:
+    samples = await scrape(http)
+    assert value(samples, "process_resident_memory_bytes") > 1 << 20
+    assert value(samples, "process_cpu_seconds_total") > 0
+    assert any(name == "python_info" for name, _ in samples)
+    paths = (await http.get("/schema/openapi.json")).json()["paths"]
+    assert "/v1/chat/completions" in paths
+    assert "/metrics" not in paths
+
+
+def test_metrics_need_the_api_key_when_one_is_set() -> None:
+    gw = Gateway("--api-key", KEY)
+    try:
+        assert httpx.get(f"{gw.base}/metrics").status_code == 401
+        wrong = httpx.get(f"{gw.base}/metrics", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        good = httpx.get(f"{gw.base}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        assert good.status_code == 200
+        assert "orchard_runners_connected 0.0" in good.text
+    finally:
+        gw.stop()
+
+
+def test_metrics_open_leaves_only_metrics_open() -> None:
+    gw = Gateway("--api-key", KEY, "--metrics-open")
+    try:
+        resp = httpx.get(f"{gw.base}/metrics")
+        assert resp.status_code == 200
+        assert "orchard_runners_connected 0.0" in resp.text
+        assert httpx.get(f"{gw.base}/v1/models").status_code == 401
+    finally:
+        gw.stop()
