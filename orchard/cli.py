@@ -151,9 +151,25 @@ def _store_options(command: F) -> F:
     help="Serve GET /metrics (Prometheus) without an API key, for a scraper on the LAN. "
     "Without API keys it is open anyway.",
 )
+@click.option(
+    "--name",
+    "gateway_name",
+    default=socket.gethostname(),
+    show_default=True,
+    help="The gateway's name on the LAN (what `orchard runner --gateway NAME` asks for).",
+)
+@click.option(
+    "--advertise/--no-advertise",
+    default=True,
+    show_default=True,
+    help="Announce the gateway on the LAN over mDNS (_orchard._tcp), so runners find it "
+    "with no URL. Never when listening on loopback only; the token is never announced.",
+)
 @log_level_option
 def gateway(
     log_level: str,
+    gateway_name: str,
+    advertise: bool,
     runner_token: str | None,
     api_key: tuple[str, ...],
     api_key_file: Path | None,
@@ -181,7 +197,7 @@ def gateway(
         **settings,
     )
     _check_exposure(config)
-    _run(_run_gateway(config, log_level))
+    _run(_run_gateway(config, log_level, name=gateway_name, advertise=advertise))
 
 
 def _check_exposure(config: GatewayConfig) -> None:
@@ -214,8 +230,21 @@ def _server(config: GatewayConfig, log_level: str) -> Any:
     return make_server(config, log_level)
 
 
-async def _run_gateway(config: GatewayConfig, log_level: str) -> None:
+async def _run_gateway(
+    config: GatewayConfig, log_level: str, *, name: str = "", advertise: bool = False
+) -> None:
+    from gateway.discovery import advertiser_for
+    from protocol.frames import PROTOCOL_VERSION
+
     server = _server(config, log_level)
+    advertiser = advertiser_for(
+        name=name or socket.gethostname(),
+        host=config.host,
+        port=config.port,
+        protocol_version=PROTOCOL_VERSION,
+        token_required=config.runner_token is not None,
+        enabled=advertise,
+    )
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
 
@@ -227,7 +256,13 @@ async def _run_gateway(config: GatewayConfig, log_level: str) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
-    await server.serve()
+    if advertiser is not None:
+        await advertiser.start()
+    try:
+        await server.serve()
+    finally:
+        if advertiser is not None:
+            await advertiser.close()
 
 
 async def _drain_and_exit(server: Any) -> None:
@@ -241,9 +276,11 @@ async def _drain_and_exit(server: Any) -> None:
 @click.option(
     "--gateway",
     "gateway_url",
-    required=True,
+    default=None,
     envvar="ORCHARD_GATEWAY",
-    help="Gateway base URL, e.g. http://192.168.1.10:8000 (env ORCHARD_GATEWAY).",
+    help="Gateway base URL, e.g. http://192.168.1.10:8000, or a gateway's name on the LAN "
+    "(env ORCHARD_GATEWAY). Without it the runner finds the gateway over mDNS: it joins "
+    "the only one, lists them when several answer, and keeps looking while none does.",
 )
 @click.option(
     "--model",
@@ -310,7 +347,7 @@ async def _drain_and_exit(server: Any) -> None:
 )
 @log_level_option
 def runner(
-    gateway_url: str,
+    gateway_url: str | None,
     model: str,
     name: str,
     max_concurrent: int,
@@ -348,7 +385,7 @@ def runner(
 
 
 async def _run_runner(
-    gateway_url: str,
+    gateway_url: str | None,
     model: str,
     name: str,
     max_concurrent: int,
@@ -362,9 +399,23 @@ async def _run_runner(
     gather: float = GATHER_S,
 ) -> None:
     from runner.client import Runner
+    from runner.discovery import find_gateway
     from runner.engine.base import Engine
-    from runner.errors import ModelLoadError, Unauthorized
+    from runner.errors import AmbiguousGateway, ModelLoadError, Unauthorized
     from runner.hardware import detect, mlx_backend
+
+    wanted = None if gateway_url is None or _is_url(gateway_url) else gateway_url
+    rediscover = None
+    if gateway_url is None or wanted is not None:
+
+        async def rediscover() -> str:
+            return (await find_gateway(wanted)).url()
+
+        try:
+            gateway_url = await rediscover()
+        except AmbiguousGateway as exc:
+            logging.getLogger("runner").error("%s", exc)
+            sys.exit(2)
 
     eng: Engine
     if engine_kind == "scripted":
@@ -397,6 +448,7 @@ async def _run_runner(
         liveness_timeout=liveness_timeout,
         token=token or None,
         gather=gather,
+        rediscover=rediscover,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -411,6 +463,14 @@ async def _run_runner(
     except ModelLoadError as exc:
         logging.getLogger("runner").error("could not load %s: %s", model, exc)
         sys.exit(2)
+    except AmbiguousGateway as exc:  # its gateway gone, several others answer
+        logging.getLogger("runner").error("%s", exc)
+        sys.exit(2)
+
+
+def _is_url(gateway: str) -> bool:
+    """A URL or host:port, not a gateway's name on the LAN."""
+    return "://" in gateway or ":" in gateway or gateway.replace(".", "").isdigit()
 
 
 @main.command()

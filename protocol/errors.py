@@ -2,7 +2,8 @@
 
     ProtocolError                  anything a peer sent that the protocol forbids
     ├── FrameError                 bytes that do not decode to a known, well-typed frame
-    └── StateError                 a well-formed frame that is illegal in the current state
+    ├── StateError                 a well-formed frame that is illegal in the current state
+    └── AdvertisementError         an mDNS record that is not an Orchard gateway's
 
 Each carries the WebSocket close code the receiving side should close with.
 """
@@ -38,6 +39,11 @@ class StateError(ProtocolError):
     """A valid frame that is not allowed now (e.g. a chunk for an unknown request)."""
 
     close_code = CloseCode.ILLEGAL_STATE
+
+
+class AdvertisementError(ProtocolError):
+    """A service found on the LAN whose record is not an Orchard gateway's (no close code
+    applies: there is no connection yet)."""
 
 
 def _truncate_utf8(text: str, limit: int) -> str:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import websockets
@@ -100,8 +100,11 @@ class Runner:
         liveness_timeout: float = LIVENESS_TIMEOUT,
         token: str | None = None,
         gather: float = GATHER_S,
+        rediscover: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self.url = runner_url(gateway)
+        self._rediscover = rediscover
+        """Where the gateway is now (mDNS), asked after a connection fails or is lost."""
         self.engine = engine
         self.name = name
         self.max_concurrent = max_concurrent
@@ -162,6 +165,10 @@ class Runner:
                     delay = BACKOFF_MIN  # it was up: come back fast after a blip
                 if self._stopping.is_set():
                     break
+                if self._rediscover is not None:
+                    await self._look_again(self._rediscover)
+                    if self._stopping.is_set():
+                        break
                 # Exponential backoff with jitter, so a restarted gateway is not stampeded.
                 pause = delay * random.uniform(0.8, 1.2)
                 delay = min(delay * 2, BACKOFF_MAX)
@@ -170,6 +177,22 @@ class Runner:
                         await self._stopping.wait()
         finally:
             await asyncio.to_thread(self.engine.close)
+
+    async def _look_again(self, rediscover: Callable[[], Awaitable[str]]) -> None:
+        """Find the gateway again (its address may have changed), unless stopped first."""
+        looking = asyncio.ensure_future(rediscover())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({looking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not looking.done():
+            looking.cancel()
+            return
+        url = runner_url(looking.result())  # AmbiguousGateway goes up: ask the operator
+        if url != self.url:
+            log.info("the gateway is now at %s", url)
+            self.url = url
 
     def stop(self) -> None:
         """Drain: take no new requests, finish those in flight, then leave (SIGTERM)."""

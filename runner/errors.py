@@ -3,6 +3,7 @@
     RunnerError                    anything the runner raises on purpose
     ├── Unauthorized               the gateway refused this runner's credentials
     ├── GatewaySilent              no frame from the gateway for the liveness timeout
+    ├── AmbiguousGateway           several gateways answer on the LAN and none was named
     └── EngineError                an engine could not do what it was asked
         ├── EngineStateError       a call the engine's state forbids (submit before start,
         │                          start twice); also a RuntimeError
@@ -32,6 +33,11 @@ class Unauthorized(RunnerError):
 
 class GatewaySilent(RunnerError):
     """No frame from the gateway for longer than the liveness timeout."""
+
+
+class AmbiguousGateway(RunnerError):
+    """Several gateways answer on the LAN and the runner was not told which to join; the
+    message lists them."""
 
 
 class EngineError(RunnerError):

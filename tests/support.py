@@ -79,12 +79,17 @@ async def recv_until_closed(ws: ClientConnection) -> None:
 class Process:
     """An `orchard` subcommand in its own process, stopped with SIGTERM (then SIGKILL)."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, *, netns: str | None = None
+    ) -> None:
         self.args = args
+        self._printed = ""
         # A file, not a pipe: a chatty process must never block on a full pipe.
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in stop()
+        # In a network namespace: `ip netns exec` execs the command, so the pid is its own.
+        inside = ["ip", "netns", "exec", netns] if netns else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchard", *args],
+            [*inside, sys.executable, "-m", "orchard", *args],
             cwd=REPO,
             env={**os.environ, **(env or {})},
             stdout=self.log,
@@ -92,7 +97,10 @@ class Process:
         )
 
     def stop(self) -> str:
-        """Stop the process; returns what it printed (for failure messages)."""
+        """Stop the process; returns what it printed (for failure messages). Stopping it
+        again returns the same."""
+        if self.log.closed:
+            return self._printed
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -102,7 +110,8 @@ class Process:
                 self.proc.wait()
         with self.log:
             self.log.seek(0)
-            return self.log.read().decode(errors="replace")
+            self._printed = self.log.read().decode(errors="replace")
+        return self._printed
 
     def alive(self) -> bool:
         return self.proc.poll() is None

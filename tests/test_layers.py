@@ -15,7 +15,17 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
     # Pure data and logic: no event loop, no sockets, no web framework, no model.
     "protocol": frozenset({"attrs", "cattrs", "orjson"}),
     "gateway": frozenset(
-        {"attrs", "cattrs", "orjson", "litestar", "uvicorn", "prometheus_client", "protocol"}
+        {
+            "attrs",
+            "cattrs",
+            "orjson",
+            "litestar",
+            "uvicorn",
+            "prometheus_client",
+            "zeroconf",
+            "ifaddr",
+            "protocol",
+        }
     ),
     "runner": frozenset(
         {
@@ -28,6 +38,7 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
             "llguidance",
             "numpy",
             "psutil",
+            "zeroconf",
             "protocol",
         }
     ),

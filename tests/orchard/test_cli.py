@@ -3,6 +3,7 @@ gateway started with no flags runs exactly the documented defaults."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[GatewayConfig]:
     """The configs `orchard gateway` / `orchard serve` would start, instead of starting."""
     configs: list[GatewayConfig] = []
 
-    async def run_gateway(config: GatewayConfig, *_: Any) -> None:
+    async def run_gateway(config: GatewayConfig, *_: Any, **__: Any) -> None:
         configs.append(config)
 
     monkeypatch.setattr(cli, "_run_gateway", run_gateway)
@@ -36,6 +37,26 @@ def test_gateway_without_flags_runs_the_config_defaults(started: list[GatewayCon
     result = CliRunner().invoke(cli.main, ["gateway"])
     assert result.exit_code == 0, result.output
     assert started == [GatewayConfig()]
+
+
+def test_the_gateway_is_announced_by_name_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    announced: list[dict[str, Any]] = []
+
+    async def run_gateway(config: GatewayConfig, log_level: str, **options: Any) -> None:
+        announced.append(options)
+
+    monkeypatch.setattr(cli, "_run_gateway", run_gateway)
+    monkeypatch.setenv("ORCHARD_RUNNER_TOKEN", "t")
+    for args in ([], ["--name", "studio"], ["--no-advertise"]):
+        result = CliRunner().invoke(cli.main, ["gateway", *args])
+        assert result.exit_code == 0, result.output
+    assert announced == [
+        {"name": socket.gethostname(), "advertise": True},
+        {"name": "studio", "advertise": True},
+        {"name": socket.gethostname(), "advertise": False},
+    ]
 
 
 def test_every_gateway_flag_sets_its_config_field(started: list[GatewayConfig]) -> None:
