@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import concurrency, engine, paced, relay, single_stream, structured
+from bench import concurrency, discovery, engine, paced, relay, single_stream, structured
 
 SCENARIOS = {
     "single": single_stream.main,  # 1: one stream, gateway vs in-process
@@ -16,6 +16,7 @@ SCENARIOS = {
     # 7: decode at 1-64 streams, stream_generate → engine stepped / threaded → end to end; the
     # step's build / launch / wait split; bursts, arrivals, cold start (BENCH_ENGINE_PARTS)
     "engine": engine.main,
+    "discovery": discovery.main,  # a runner's start to its first token: mDNS vs --gateway URL
 }
 
 
