@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import concurrency, discovery, engine, paced, relay, single_stream, structured
+from bench import concurrency, discovery, engine, metrics, paced, relay, single_stream, structured
 
 SCENARIOS = {
     "single": single_stream.main,  # 1: one stream, gateway vs in-process
@@ -17,6 +17,7 @@ SCENARIOS = {
     # step's build / launch / wait split; bursts, arrivals, cold start (BENCH_ENGINE_PARTS)
     "engine": engine.main,
     "discovery": discovery.main,  # a runner's start to its first token: mDNS vs --gateway URL
+    "metrics": metrics.main,  # relay tok/s at 256 streams with and without scraping /metrics
 }
 
 
