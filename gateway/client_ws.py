@@ -25,6 +25,7 @@ from litestar.datastructures import State
 from gateway.admin import runner_info
 from gateway.auth import bearer, origin_allowed, secret_in
 from gateway.config import GatewayConfig
+from gateway.history import RunnerReading
 from gateway.http_errors import openai_error_for
 from gateway.pool import Pool
 from gateway.relay import Relay, first_item
@@ -282,8 +283,21 @@ class ClientSocket:
 
     async def _pool_states(self) -> None:
         previous: dict[str, tuple[float, int]] = {}
+        history = self.pool.metrics.history
         while True:
             now = time.monotonic()
+            history.observe_runners(
+                time.perf_counter(),
+                [
+                    RunnerReading(
+                        conn.id,
+                        conn.name,
+                        tuple(m.id for m in conn.hello.models),
+                        conn.session.tokens_generated,
+                    )
+                    for conn in self.pool.runners.values()
+                ],
+            )
             runners = []
             for conn in self.pool.runners.values():
                 info = runner_info(conn)
@@ -300,6 +314,7 @@ class ClientSocket:
                         requests_in_flight=self.pool.in_flight(),
                         queue_depth=self.pool.queue_depth(),
                         models=sorted(self.pool.models()),
+                        history=history.view(time.perf_counter()),
                     )
                 )
             )

@@ -38,6 +38,7 @@ from gateway.errors import (
     ShuttingDown,
     StreamTimeout,
 )
+from gateway.history import PoolHistory
 from protocol.frames import Chunk, Error, Usage
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.history = PoolHistory()
+        """The last minutes, for the console's charts (gateway.history)."""
         r = self.registry
         self.requests = Counter(
             "orchard_requests",
@@ -195,6 +198,7 @@ class Meter:
         "ended",
         "metrics",
         "model",
+        "runner",
         "started",
     )
 
@@ -204,6 +208,8 @@ class Meter:
         self.dialect = dialect
         self.started = time.perf_counter()
         self.ended = False
+        self.runner = ""
+        """The runner's name, once the request has one (for the console's history)."""
         self._ttft = metrics.ttft.labels(model)
         self._gap = metrics.gap.labels(model)
         self._last = 0.0
@@ -221,7 +227,10 @@ class Meter:
             self._last = time.perf_counter()
         elif phase == 0:
             if n == 0:
-                self._ttft.observe(time.perf_counter() - self.started)
+                now = time.perf_counter()
+                ttft = now - self.started
+                self._ttft.observe(ttft)
+                self.metrics.history.first_token(self.model, self.runner, ttft, now)
             else:
                 self._gap.observe((time.perf_counter() - self._last) / (chunk.tokens or 1))
         if chunk.finish_reason is not None:

@@ -265,6 +265,8 @@ class Pool:
         conn.session.assign(stream.generate, stream)
         self.trimmer.busy(self.in_flight())
         stream.runner = conn
+        if stream.meter is not None:
+            stream.meter.runner = conn.name
         stream.attempts += 1
 
     async def _wait(self, stream: RequestStream) -> RunnerConn:

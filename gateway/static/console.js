@@ -118,6 +118,88 @@ function renderPool(state) {
   $("#runners tbody").replaceChildren(...state.runners.map(runnerRow));
   $("#no-runners").hidden = state.runners.length > 0;
   renderModels(state.models);
+  if (state.history) {
+    lastHistory = state.history;
+    renderTrends();
+  }
+}
+
+// --- the last minutes: line charts from pool.state's history ------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = ["#2f6f4f", "#3b5bdb", "#c2410c", "#7c3aed", "#0e7490", "#a16207", "#be185d"];
+/** @type {Record<string, any> | null} */
+let lastHistory = null;
+
+function svgEl(tag, attrs = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  return node;
+}
+
+/** A line chart of series sharing one x axis (buckets, oldest first); null values are gaps.
+ * @param {SVGSVGElement} svg
+ * @param {{key: string, color: string, dashed?: boolean, values: (number|null)[]}[]} lines */
+function drawChart(svg, lines) {
+  const width = 600, height = 160, pad = 24;
+  const values = lines.flatMap((l) => l.values.filter((v) => v !== null));
+  const top = Math.max(1, ...values) * 1.1;
+  const n = Math.max(1, ...lines.map((l) => l.values.length)) - 1 || 1;
+  const x = (i) => pad + (i / n) * (width - 2 * pad);
+  const y = (v) => height - pad - (v / top) * (height - 2 * pad);
+  const nodes = [
+    svgEl("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, class: "axis" }),
+    Object.assign(svgEl("text", { x: pad, y: 12, class: "tick" }), { textContent: integer.format(Math.round(top)) }),
+    Object.assign(svgEl("text", { x: width - pad, y: height - 6, class: "tick", "text-anchor": "end" }), { textContent: "now" }),
+  ];
+  for (const line of lines) {
+    let run = [];
+    const runs = [];
+    line.values.forEach((v, i) => {
+      if (v === null) { if (run.length) runs.push(run); run = []; } else run.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`);
+    });
+    if (run.length) runs.push(run);
+    const last = [...line.values].reverse().find((v) => v !== null);
+    for (const points of runs) {
+      if (points.length === 1) { // a lone bucket between gaps: a dot, or it would not show
+        const [cx, cy] = points[0].split(",");
+        nodes.push(svgEl("circle", { cx, cy, r: 3, fill: line.color, "data-series": line.key }));
+      }
+      nodes.push(svgEl("polyline", {
+        points: points.join(" "), fill: "none", stroke: line.color, "stroke-width": 2,
+        ...(line.dashed ? { "stroke-dasharray": "5 4" } : {}),
+        "data-series": line.key, "data-last": last ?? "",
+      }));
+    }
+  }
+  svg.replaceChildren(...nodes);
+}
+
+function renderTrends() {
+  const history = lastHistory;
+  if (!history) return;
+  const by = /** @type {HTMLInputElement} */ (document.querySelector('input[name="trend-by"]:checked')).value;
+  const groups = history[by] || {};
+  const names = Object.keys(groups);
+  const color = (i) => COLORS[i % COLORS.length];
+  drawChart($("#chart-tps"), names.map((name, i) => ({
+    key: `${name}:tokens_per_second`, color: color(i), values: groups[name].tokens_per_second })));
+  drawChart($("#chart-ttft"), names.flatMap((name, i) => [
+    { key: `${name}:ttft_p50_ms`, color: color(i), values: groups[name].ttft_p50_ms },
+    { key: `${name}:ttft_p99_ms`, color: color(i), dashed: true, values: groups[name].ttft_p99_ms },
+  ]));
+  $("#trend-legend").replaceChildren(...names.map((name, i) => {
+    const series = groups[name];
+    const lastOf = (values) => [...values].reverse().find((v) => v !== null);
+    const p50 = lastOf(series.ttft_p50_ms), p99 = lastOf(series.ttft_p99_ms);
+    const rate = series.tokens_per_second[series.tokens_per_second.length - 1];
+    return el("li", { "data-name": name, style: `--swatch:${color(i)}` }, el("strong", {}, name),
+      ` ${oneDecimal.format(rate)} tok/s · TTFT p50 ${p50 ?? "–"} ms, p99 ${p99 ?? "–"} ms`);
+  }));
+}
+
+for (const input of document.querySelectorAll('input[name="trend-by"]')) {
+  input.addEventListener("change", renderTrends);
 }
 
 /** Rebuild the picker only when the list changes, keeping the choice. @param {string[]} models */

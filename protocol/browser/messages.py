@@ -125,6 +125,9 @@ class PoolState:
     requests_in_flight: int
     queue_depth: int
     models: list[str]
+    history: dict[str, Any] | None = None
+    """The last minutes per runner and per model (tokens per second, TTFT p50 / p99), in
+    buckets: `gateway.history.PoolHistory.view`."""
 
 
 ClientMessage = Create | CancelRequest | Ping | PoolSubscribe | Auth

@@ -8,6 +8,7 @@ the browser Playwright would download is never used. Screenshots go to artifacts
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -416,3 +417,52 @@ def test_console_is_served(gateway: Gateway) -> None:
     assert "attachment" not in page.headers.get("content-disposition", "")
     module = httpx.get(f"{gateway.base}/static/orchard.js", timeout=5)
     assert module.headers["content-type"].startswith("text/javascript")
+
+
+def test_console_charts_the_last_minutes(page: Page, gateway: Gateway) -> None:
+    open_console(page, gateway.base)
+    expect(page.locator("#connection")).to_have_attribute("data-status", "open")
+    # Requests while the console watches; the gateway's TTFT is within what the client saw.
+    slowest = 0.0
+    with httpx.Client(timeout=30 * UNIT) as client:
+        for i in range(3):
+            started = time.perf_counter()
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Chart me {i}"}],
+                "max_tokens": 12,
+                "stream": True,
+            }
+            with client.stream("POST", f"{gateway.base}/v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()
+                next(line for line in lines if line.startswith("data: "))
+                slowest = max(slowest, time.perf_counter() - started)
+                for _ in lines:
+                    pass
+    tps = page.locator(f'#chart-tps polyline[data-series="{RUNNER}:tokens_per_second"]')
+    expect(tps).to_have_count(1)
+    p50 = page.locator(f'#chart-ttft polyline[data-series="{RUNNER}:ttft_p50_ms"]')
+    expect(p50.first).to_have_attribute("data-last", re.compile(r"^\d"))
+    assert 0 < float(p50.first.get_attribute("data-last") or 0) <= slowest * 1000
+    dashed = page.locator(f'#chart-ttft polyline[data-series="{RUNNER}:ttft_p99_ms"]').first
+    assert dashed.get_attribute("stroke-dasharray") == "5 4"
+    # The runner's tokens show as a rate above zero in some bucket of the chart.
+    wait_until(
+        lambda: any(float(y) < 136 for y in _ys(tps.get_attribute("points") or "")),
+        10,
+        "a token rate above zero",
+    )
+    legend = page.locator(f'#trend-legend li[data-name="{RUNNER}"]')
+    expect(legend).to_contain_text("TTFT p50")
+    # Per model: the same charts, a line per model.
+    page.check('input[name="trend-by"][value="models"]')
+    expect(
+        page.locator(f'#chart-tps polyline[data-series="{MODEL}:tokens_per_second"]')
+    ).to_have_count(1)
+    expect(page.locator(f'#trend-legend li[data-name="{MODEL}"]')).to_be_visible()
+    screenshot(page, "console-trends.png")
+
+
+def _ys(points: str) -> list[str]:
+    """The y coordinates of an SVG polyline's points (136 is the chart's zero line)."""
+    return [pair.split(",")[1] for pair in points.split()]

@@ -64,6 +64,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         requests_in_flight=ints,
         queue_depth=ints,
         models=st.lists(text, max_size=3),
+        history=st.none() | json_objects,
     ),
 }
 
@@ -136,7 +137,12 @@ WIRE_EXAMPLES: list[tuple[BrowserMessage, bytes]] = [
     (
         PoolState([{"id": "runner-1"}], 2, 0, ["a", "b"]),
         b'{"type":"pool.state","runners":[{"id":"runner-1"}],"requests_in_flight":2,'
-        b'"queue_depth":0,"models":["a","b"]}',
+        b'"queue_depth":0,"models":["a","b"],"history":null}',
+    ),
+    (
+        PoolState([], 0, 0, [], {"bucket_seconds": 5.0, "runners": {}, "models": {}}),
+        b'{"type":"pool.state","runners":[],"requests_in_flight":0,"queue_depth":0,'
+        b'"models":[],"history":{"bucket_seconds":5.0,"runners":{},"models":{}}}',
     ),
 ]
 
