@@ -55,12 +55,6 @@ async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
 
 
 @pytest.fixture
-async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as client:
-        yield client
-
-
-@pytest.fixture
 async def client(gateway: Gateway) -> AsyncIterator[anthropic.AsyncAnthropic]:
     async with anthropic.AsyncAnthropic(
         base_url=gateway.base, api_key="unused", max_retries=0

@@ -6,7 +6,7 @@ streamed and not."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from protocol.frames import Generate
-from tests.support import UNIT, FakeRunner, Gateway, sse_events
+from tests.support import FakeRunner, Gateway, sse_events
 
 MODEL = "moving-model"
 USER = [{"role": "user", "content": "hi"}]
@@ -80,12 +80,6 @@ def gateway() -> Iterator[Gateway]:
     gw = Gateway("--first-token-wait", "5")
     yield gw
     gw.stop()
-
-
-@pytest.fixture
-async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as client:
-        yield client
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])

@@ -34,12 +34,6 @@ async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
     await fake.close()
 
 
-@pytest.fixture
-async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as client:
-        yield client
-
-
 def body(**extra: Any) -> dict[str, Any]:
     return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], **extra}
 

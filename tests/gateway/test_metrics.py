@@ -47,12 +47,6 @@ async def fake(gateway: Gateway) -> AsyncIterator[FakeRunner]:
 
 
 @pytest.fixture
-async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as client:
-        yield client
-
-
-@pytest.fixture
 async def sdk(gateway: Gateway) -> AsyncIterator[openai.AsyncOpenAI]:
     base = f"{gateway.base}/v1"
     async with openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as client:
