@@ -1,4 +1,5 @@
-"""Read-only endpoints: `/v1/models`, `/v1/runners`, `/health`, `/metrics`."""
+"""Read-only endpoints: `/v1/models`, `/v1/runners`, `/health`, `/metrics`, and the TLS proof
+runners ask for (`protocol.pinning`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from litestar.datastructures import State
 from prometheus_client.exposition import choose_encoder
 
 from gateway.auth import METRICS_PATH
+from gateway.config import GatewayConfig
 from gateway.pool import Pool, RunnerConn
+from protocol.pinning import PROOF_PATH, proof
 
 
 @get("/v1/models")
@@ -85,3 +88,22 @@ async def metrics(request: Request[Any, Any, Any], state: State) -> Response[byt
     # Litestar adds the charset to a text/* media type itself.
     media_type = content_type.removesuffix("; charset=utf-8")
     return Response(encode(pool.metrics.registry), media_type=media_type)
+
+
+@get(PROOF_PATH, include_in_schema=False)
+async def tls_proof(request: Request[Any, Any, Any], state: State) -> Response[dict[str, Any]]:
+    """A runner's question before it trusts this gateway's certificate: the proof that the
+    gateway knows the runner token, bound to the certificate it serves (protocol.pinning).
+    404 when the gateway serves no TLS or has no runner token to prove."""
+    config: GatewayConfig = state.config
+    nonce = str(request.query_params.get("nonce", ""))
+    if config.tls_fingerprint is None or config.runner_token is None:
+        return Response({"error": "this gateway has no TLS proof to give"}, status_code=404)
+    if not 16 <= len(nonce) <= 128:
+        return Response({"error": "nonce: 16 to 128 characters"}, status_code=400)
+    return Response(
+        {
+            "fingerprint": config.tls_fingerprint,
+            "proof": proof(config.runner_token, nonce, config.tls_fingerprint),
+        }
+    )

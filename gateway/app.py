@@ -14,7 +14,7 @@ from litestar.response import File
 from litestar.static_files import create_static_files_router
 
 from gateway import anthropic_api, ollama_api, responses_api
-from gateway.admin import health, list_models, list_runners, metrics
+from gateway.admin import health, list_models, list_runners, metrics, tls_proof
 from gateway.auth import before_request
 from gateway.chat import chat_completions
 from gateway.client_ws import client_socket
@@ -65,6 +65,7 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
             list_runners,
             health,
             metrics,
+            tls_proof,
             runner_socket,
             client_socket,
             console,

@@ -15,9 +15,11 @@ from litestar import Request
 
 from gateway.config import GatewayConfig
 from protocol.openai.errors import OpenAIError, authentication
+from protocol.pinning import PROOF_PATH
 
-AUTH_EXEMPT = frozenset({"/health"})
-"""Paths open even when API keys are set (liveness probes)."""
+AUTH_EXEMPT = frozenset({"/health", PROOF_PATH})
+"""Paths open even when API keys are set: liveness probes, and the TLS proof runners ask
+for (it needs the runner token to answer, not a client's key)."""
 API_PREFIXES = ("/v1/", "/api/")
 """The client APIs API keys guard: OpenAI's and Anthropic's (`/v1/`), Ollama's (`/api/`)."""
 METRICS_PATH = "/metrics"

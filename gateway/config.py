@@ -19,6 +19,9 @@ class GatewayConfig:
     """When non-empty, every /v1/* call needs one of these as a bearer token."""
     metrics_open: bool = False
     """Serve `GET /metrics` without an API key (for a scraper on the LAN)."""
+    tls_fingerprint: str | None = None
+    """The SHA-256 fingerprint of the certificate the gateway serves over TLS (set by the
+    `orchard gateway` command when it serves TLS); runners are proven it (protocol.pinning)."""
     allowed_origins: frozenset[str] = frozenset()
     """Browser origins allowed besides the gateway's own ("*" for any)."""
     auth_timeout: float = 10.0

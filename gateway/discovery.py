@@ -80,7 +80,14 @@ class Advertiser:
 
 
 def advertiser_for(
-    *, name: str, host: str, port: int, protocol_version: int, token_required: bool, enabled: bool
+    *,
+    name: str,
+    host: str,
+    port: int,
+    protocol_version: int,
+    token_required: bool,
+    enabled: bool,
+    tls: bool = False,
 ) -> Advertiser | None:
     """The gateway's advertiser, or None: turned off, or listening on loopback only."""
     if not enabled:
@@ -92,4 +99,7 @@ def advertiser_for(
     if not addresses:
         log.warning("no LAN address to announce for host %s: not announced", host)
         return None
-    return Advertiser(Advertisement(name, port, protocol_version, token_required, tuple(addresses)))
+    advertisement = Advertisement(
+        name, port, protocol_version, token_required, tuple(addresses), tls
+    )
+    return Advertiser(advertisement)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -65,8 +66,9 @@ class Server(uvicorn.Server):
         yield
 
 
-def make_server(config: GatewayConfig, log_level: str) -> Any:
-    """A uvicorn server running the gateway app with `config`."""
+def make_server(config: GatewayConfig, log_level: str, tls: tuple[Path, Path] | None = None) -> Any:
+    """A uvicorn server running the gateway app with `config`; over TLS with `tls`, a
+    certificate and key file (`gateway.tls`)."""
     protocol = type("HttpProtocol", (GuardedHttpTools,), {"header_timeout": config.header_timeout})
     return Server(
         uvicorn.Config(
@@ -79,5 +81,7 @@ def make_server(config: GatewayConfig, log_level: str) -> Any:
             ws_per_message_deflate=False,
             access_log=log_level == "debug",
             lifespan="off",
+            ssl_certfile=str(tls[0]) if tls else None,
+            ssl_keyfile=str(tls[1]) if tls else None,
         )
     )

@@ -159,6 +159,24 @@ def _store_options(command: F) -> F:
     help="The gateway's name on the LAN (what `orchard runner --gateway NAME` asks for).",
 )
 @click.option(
+    "--tls/--no-tls",
+    default=None,
+    help="Serve HTTPS / WSS. Default: on when listening off loopback. The certificate is "
+    "generated on first start and kept in $ORCHARD_TLS_DIR (~/.orchard/tls), unless "
+    "--tls-cert and --tls-key give one; runners pin it once the gateway proves it knows "
+    "the runner token (docs/security.md).",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Certificate (PEM) to serve instead of a generated one.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The private key (PEM) of --tls-cert.",
+)
+@click.option(
     "--advertise/--no-advertise",
     default=True,
     show_default=True,
@@ -169,6 +187,9 @@ def _store_options(command: F) -> F:
 def gateway(
     log_level: str,
     gateway_name: str,
+    tls: bool | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
     advertise: bool,
     runner_token: str | None,
     api_key: tuple[str, ...],
@@ -197,7 +218,32 @@ def gateway(
         **settings,
     )
     _check_exposure(config)
-    _run(_run_gateway(config, log_level, name=gateway_name, advertise=advertise))
+    files = _tls_files(config, tls, tls_cert, tls_key)
+    if files is not None:
+        from gateway.tls import certificate_fingerprint
+
+        config = attrs.evolve(config, tls_fingerprint=certificate_fingerprint(files[0]))
+    _run(_run_gateway(config, log_level, name=gateway_name, advertise=advertise, tls=files))
+
+
+def _tls_files(
+    config: GatewayConfig, tls: bool | None, cert: Path | None, key: Path | None
+) -> tuple[Path, Path] | None:
+    """The certificate and key to serve TLS with, or None (plain HTTP)."""
+    from gateway.auth import is_loopback
+
+    if (cert is None) != (key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together.")
+    if tls is None:
+        tls = cert is not None or not is_loopback(config.host)
+    if not tls:
+        return None
+    if cert is not None and key is not None:
+        return cert, key
+    from gateway.discovery import addresses_for
+    from gateway.tls import default_directory, ensure_certificate
+
+    return ensure_certificate(default_directory(), addresses_for(config.host))
 
 
 def _check_exposure(config: GatewayConfig) -> None:
@@ -224,19 +270,32 @@ def _check_exposure(config: GatewayConfig) -> None:
         log.info("client API keys required on /v1/* (%d configured)", len(config.api_keys))
 
 
-def _server(config: GatewayConfig, log_level: str) -> Any:
+def _server(config: GatewayConfig, log_level: str, tls: tuple[Path, Path] | None = None) -> Any:
     from gateway.server import make_server
 
-    return make_server(config, log_level)
+    return make_server(config, log_level, tls)
 
 
 async def _run_gateway(
-    config: GatewayConfig, log_level: str, *, name: str = "", advertise: bool = False
+    config: GatewayConfig,
+    log_level: str,
+    *,
+    name: str = "",
+    advertise: bool = False,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     from gateway.discovery import advertiser_for
     from protocol.frames import PROTOCOL_VERSION
 
-    server = _server(config, log_level)
+    server = _server(config, log_level, tls)
+    if tls is not None:
+        logging.getLogger("gateway").info(
+            "serving HTTPS: certificate %s, SHA-256 fingerprint %s. Clients trust it with "
+            "SSL_CERT_FILE=%s (the openai SDK, httpx, curl --cacert)",
+            tls[0],
+            config.tls_fingerprint,
+            tls[0],
+        )
     advertiser = advertiser_for(
         name=name or socket.gethostname(),
         host=config.host,
@@ -244,6 +303,7 @@ async def _run_gateway(
         protocol_version=PROTOCOL_VERSION,
         token_required=config.runner_token is not None,
         enabled=advertise,
+        tls=tls is not None,
     )
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
@@ -401,7 +461,7 @@ async def _run_runner(
     from runner.client import Runner
     from runner.discovery import find_gateway
     from runner.engine.base import Engine
-    from runner.errors import AmbiguousGateway, ModelLoadError, Unauthorized
+    from runner.errors import AmbiguousGateway, ModelLoadError, Unauthorized, UntrustedGateway
     from runner.hardware import detect, mlx_backend
 
     wanted = None if gateway_url is None or _is_url(gateway_url) else gateway_url
@@ -463,7 +523,7 @@ async def _run_runner(
     except ModelLoadError as exc:
         logging.getLogger("runner").error("could not load %s: %s", model, exc)
         sys.exit(2)
-    except AmbiguousGateway as exc:  # its gateway gone, several others answer
+    except (AmbiguousGateway, UntrustedGateway) as exc:
         logging.getLogger("runner").error("%s", exc)
         sys.exit(2)
 

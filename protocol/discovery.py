@@ -6,6 +6,7 @@ on its port, with a TXT record of:
     name      the gateway's name (what `orchard runner --gateway NAME` asks for)
     version   the runner protocol version it speaks (`frames.PROTOCOL_VERSION`)
     token     "required" when runners must present a runner token, else "none"
+    tls       "1" when it serves HTTPS / WSS, else "0"
 
 The token itself never goes in the record. `Advertisement` is both what the gateway
 publishes and what a runner reads back (`Advertisement.parse`).
@@ -34,6 +35,8 @@ class Advertisement:
     token_required: bool
     addresses: tuple[str, ...] = ()
     """Its IP addresses (what the gateway listens on, or what a browser resolved)."""
+    tls: bool = False
+    """It serves HTTPS / WSS (runners then pin its certificate: `protocol.pinning`)."""
 
     @property
     def instance(self) -> str:
@@ -46,6 +49,7 @@ class Advertisement:
             "name": self.name,
             "version": str(self.protocol_version),
             "token": "required" if self.token_required else "none",
+            "tls": "1" if self.tls else "0",
         }
 
     @classmethod
@@ -65,13 +69,14 @@ class Advertisement:
             raise AdvertisementError(f"gateway {name!r} announces protocol version {version!r}")
         if not addresses or not 0 < port < 65536:
             raise AdvertisementError(f"gateway {name!r} announces no address to reach it at")
-        return cls(name, port, int(version), needs == "required", tuple(addresses))
+        tls = text.get("tls") == "1"
+        return cls(name, port, int(version), needs == "required", tuple(addresses), tls)
 
     def url(self) -> str:
         """The gateway's base URL at its first address (IPv4 before IPv6)."""
         first = sorted(self.addresses, key=lambda a: ipaddress.ip_address(a).version)[0]
         host = f"[{first}]" if ipaddress.ip_address(first).version == 6 else first
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def describe(self) -> str:
         """One line for a person choosing between gateways."""

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import logging
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit, urlunsplit
@@ -40,6 +41,7 @@ from protocol.frames import (
 from protocol.session import RunnerSession
 from runner.engine.base import Engine, EngineEvent, Failure, Output
 from runner.errors import GatewaySilent, Unauthorized
+from runner.pinning import pinned_context
 
 # GatewaySilent and Unauthorized live in runner.errors; they are still importable from here.
 __all__ = [
@@ -103,6 +105,9 @@ class Runner:
         rediscover: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self.url = runner_url(gateway)
+        self._token = token
+        self._tls: ssl.SSLContext | None = None
+        """The pinned gateway certificate's context (wss:// only), once proven."""
         self._rediscover = rediscover
         """Where the gateway is now (mDNS), asked after a connection fails or is lost."""
         self.engine = engine
@@ -148,8 +153,10 @@ class Runner:
             while not self._stopping.is_set():
                 registered = False
                 try:
+                    tls = await self._tls_context()
                     async with connect(
                         self.url,
+                        ssl=tls,
                         compression=None,  # tokens are tiny; deflate costs CPU and memory
                         max_size=MAX_FRAME_BYTES,
                         ping_interval=None,  # liveness is the protocol's own heartbeats
@@ -161,6 +168,8 @@ class Runner:
                         registered = await self._serve(ws)
                 except (OSError, TimeoutError, websockets.WebSocketException) as exc:
                     log.warning("gateway %s: %s", self.url, exc or type(exc).__name__)
+                    if isinstance(exc, ssl.SSLCertVerificationError):
+                        self._tls = None  # a new certificate: the gateway proves it again
                 if registered:
                     delay = BACKOFF_MIN  # it was up: come back fast after a blip
                 if self._stopping.is_set():
@@ -193,6 +202,16 @@ class Runner:
         if url != self.url:
             log.info("the gateway is now at %s", url)
             self.url = url
+            self._tls = None
+
+    async def _tls_context(self) -> ssl.SSLContext | None:
+        """For a wss:// gateway, the context trusting its certificate once it has proven that
+        it knows the runner token (`runner.pinning`); None for ws://."""
+        if not self.url.startswith("wss://"):
+            return None
+        if self._tls is None:
+            self._tls = await pinned_context(self.url, self._token)
+        return self._tls
 
     def stop(self) -> None:
         """Drain: take no new requests, finish those in flight, then leave (SIGTERM)."""

@@ -4,6 +4,7 @@
     ├── Unauthorized               the gateway refused this runner's credentials
     ├── GatewaySilent              no frame from the gateway for the liveness timeout
     ├── AmbiguousGateway           several gateways answer on the LAN and none was named
+    ├── UntrustedGateway           a TLS gateway did not prove it knows the runner token
     └── EngineError                an engine could not do what it was asked
         ├── EngineStateError       a call the engine's state forbids (submit before start,
         │                          start twice); also a RuntimeError
@@ -38,6 +39,11 @@ class GatewaySilent(RunnerError):
 class AmbiguousGateway(RunnerError):
     """Several gateways answer on the LAN and the runner was not told which to join; the
     message lists them."""
+
+
+class UntrustedGateway(RunnerError):
+    """A gateway serving TLS did not prove it knows the runner token for the certificate it
+    showed (`runner.pinning`); the token was not sent."""
 
 
 class EngineError(RunnerError):

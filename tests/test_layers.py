@@ -24,6 +24,7 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
             "prometheus_client",
             "zeroconf",
             "ifaddr",
+            "cryptography",
             "protocol",
         }
     ),

@@ -12,9 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import httpx
@@ -75,8 +77,8 @@ class Lan:
         _ip("-n", ns, "link", "set", "lo", "up")
         return ns
 
-    def url(self, ns: str) -> str:
-        return f"http://{self.hosts[ns]}:{PORT}"
+    def url(self, ns: str, port: int = PORT) -> str:
+        return f"https://{self.hosts[ns]}:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -104,27 +106,33 @@ def _teardown(network: Lan) -> None:
     subprocess.run(["ip", "link", "del", network.bridge], capture_output=True, check=False)
 
 
-def _gateway(lan: Lan, ns: str, name: str, port: int = PORT) -> Process:
+def _gateway(lan: Lan, ns: str, name: str, port: int = PORT, token: str = TOKEN) -> Process:
+    """A gateway on the LAN: TLS by default there, its certificate in its own directory."""
     gateway = Process(
         ["gateway", "--host", "0.0.0.0", "--port", str(port), "--name", name],
-        env={"ORCHARD_RUNNER_TOKEN": TOKEN},
+        env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(_tls_dir(lan, ns))},
         netns=ns,
     )
-    health = f"http://{lan.hosts[ns]}:{port}/health"
+    health = f"{lan.url(ns, port)}/health"
     wait_until(lambda: _get(health) is not None, 30, f"gateway {name}")
     return gateway
 
 
+def _tls_dir(lan: Lan, ns: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"{lan.tag}-tls" / ns
+
+
 def _get(url: str) -> dict[str, object] | None:
+    """Test plumbing (the clients under test verify the certificate; see the SDK below)."""
     try:
-        response = httpx.get(url, timeout=2)
+        response = httpx.get(url, timeout=2, verify=False)
     except httpx.HTTPError:
         return None
     return response.json() if response.status_code == 200 else None
 
 
 def _runners(lan: Lan, ns: str, port: int = PORT) -> list[str]:
-    found = _get(f"http://{lan.hosts[ns]}:{port}/v1/runners")
+    found = _get(f"{lan.url(ns, port)}/v1/runners")
     data = found["data"] if found else []
     assert isinstance(data, list)
     return [runner["name"] for runner in data]
@@ -157,7 +165,13 @@ def test_a_runner_finds_the_gateway_by_mdns_and_serves_a_client_elsewhere(
         script = textwrap.dedent(
             f"""
             import json, openai
-            client = openai.OpenAI(base_url="{lan.url(gateway)}/v1", api_key="unused")
+            client = openai.OpenAI(
+                base_url="{lan.url(gateway)}/v1",
+                api_key="unused",
+                http_client=openai.DefaultHttpxClient(
+                    verify="{_tls_dir(lan, gateway) / "gateway.pem"}"
+                ),
+            )
             answer = client.chat.completions.create(
                 model="{DEMO_MODEL_ID}",
                 messages=[{{"role": "user", "content": "Hello from the LAN"}}],
@@ -186,6 +200,7 @@ def test_a_runner_finds_the_gateway_by_mdns_and_serves_a_client_elsewhere(
     finally:
         log = runner.stop()
     assert "found gateway lan-gw" in log, log
+    assert "the gateway proved the runner token; pinned its certificate" in log, log
 
 
 def test_a_runner_without_the_token_is_refused(lan: Lan, gateway: str) -> None:
@@ -240,4 +255,21 @@ def test_a_runner_follows_its_gateway_to_a_new_address(lan: Lan) -> None:
     finally:
         log = runner.stop()
         first.stop()
-    assert f"the gateway is now at ws://{lan.hosts[second_ns]}:{port}" in log, log
+    assert f"the gateway is now at wss://{lan.hosts[second_ns]}:{port}" in log, log
+
+
+def test_a_runner_refuses_an_impostor_that_advertises_the_gateways_name(lan: Lan) -> None:
+    # Someone on the LAN answers for "shared-name" without knowing the runner token: the
+    # runner asks it to prove the token before sending it, and leaves.
+    ns = f"{lan.tag}-gw2"
+    impostor = _gateway(lan, ns, "shared-name", PORT + 2, token="not-the-token")
+    try:
+        fooled = _runner(lan, "fooled", "--gateway", "shared-name")
+        fooled.proc.wait(60 * UNIT)
+        log = fooled.stop()
+    finally:
+        seen = impostor.stop()
+    assert fooled.proc.returncode == 2, log
+    assert "found gateway shared-name" in log, log
+    assert "did not prove that it knows the runner token" in log, log
+    assert "missing or wrong runner token" not in seen, seen

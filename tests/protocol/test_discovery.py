@@ -12,7 +12,12 @@ AD = Advertisement("studio.lan", 8000, 2, True, ("192.168.1.10",))
 
 def test_the_record_names_the_gateway_and_never_a_token() -> None:
     assert AD.instance == f"studio-lan.{SERVICE_TYPE}"
-    assert AD.properties() == {"name": "studio.lan", "version": "2", "token": "required"}
+    assert AD.properties() == {
+        "name": "studio.lan",
+        "version": "2",
+        "token": "required",
+        "tls": "0",
+    }
     open_one = Advertisement("air", 8000, 2, False, ("10.0.0.2",))
     assert open_one.properties()["token"] == "none"
 
@@ -25,6 +30,16 @@ def test_a_resolved_record_reads_back_as_published() -> None:
         "studio.lan  http://192.168.1.10:8000  protocol 2, runner token required"
         "  (--gateway studio.lan)"
     )
+
+
+def test_a_tls_gateway_is_reached_over_https_and_an_old_record_means_plain_http() -> None:
+    secure = Advertisement("studio", 8000, 2, True, ("192.168.1.10",), tls=True)
+    assert secure.properties()["tls"] == "1"
+    raw = {key.encode(): value.encode() for key, value in secure.properties().items()}
+    assert Advertisement.parse(8000, ["192.168.1.10"], raw) == secure
+    assert secure.url() == "https://192.168.1.10:8000"
+    del raw[b"tls"]
+    assert Advertisement.parse(8000, ["192.168.1.10"], raw).url() == "http://192.168.1.10:8000"
 
 
 def test_ipv4_comes_first_and_ipv6_is_bracketed() -> None:

@@ -1,0 +1,127 @@
+"""TLS between runners, clients and a gateway with a self-signed certificate (gateway/tls.py,
+protocol/pinning.py, runner/pinning.py), over real sockets.
+
+A runner pins the gateway's certificate only once the gateway has proven it knows the runner
+token; an impostor that does not know it (a spoofed mDNS answer, a man in the middle) is
+refused before the token leaves the runner. Clients trust the certificate file.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from gateway.tls import certificate_fingerprint
+from tests.support import UNIT, Process, free_port, wait_until
+
+TOKEN = "tls-runner-token"
+MODEL = "tls-model"
+
+
+class TlsGateway:
+    """`orchard gateway --tls` on loopback, its certificate in its own directory."""
+
+    def __init__(self, tls_dir: Path, token: str = TOKEN) -> None:
+        self.port = free_port()
+        self.base = f"https://127.0.0.1:{self.port}"
+        self.cert = tls_dir / "gateway.pem"
+        self.process = Process(
+            ["gateway", "--tls", "--port", str(self.port), "--log-level", "info"],
+            env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(tls_dir)},
+        )
+        try:
+            wait_until(self._healthy, 20, "the TLS gateway to start")
+        except BaseException:
+            self.process.stop()
+            raise
+
+    def _healthy(self) -> bool:
+        if not self.process.alive():
+            raise AssertionError(f"gateway exited:\n{self.process.stop()}")
+        try:
+            return httpx.get(f"{self.base}/health", verify=self._verify(), timeout=1).is_success
+        except (httpx.HTTPError, FileNotFoundError, ssl.SSLError):
+            return False
+
+    def _verify(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert))
+
+    def runners(self) -> list[str]:
+        got = httpx.get(f"{self.base}/v1/runners", verify=self._verify(), timeout=5).json()
+        return [runner["name"] for runner in got["data"]]
+
+
+def runner(gateway: TlsGateway, name: str, token: str = TOKEN) -> Process:
+    args = ["runner", "--gateway", gateway.base, "--name", name, "--engine", "scripted"]
+    return Process(
+        [*args, "--model", MODEL, "--log-level", "info"], env={"ORCHARD_RUNNER_TOKEN": token}
+    )
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[TlsGateway]:
+    gw = TlsGateway(tmp_path / "tls")
+    yield gw
+    gw.process.stop()
+
+
+def test_a_runner_pins_the_proven_certificate_and_a_client_trusts_the_file(
+    gateway: TlsGateway,
+) -> None:
+    joined = runner(gateway, "pinning")
+    try:
+        wait_until(lambda: "pinning" in gateway.runners(), 30, "the runner to join over TLS")
+        with openai.OpenAI(
+            base_url=f"{gateway.base}/v1",
+            api_key="unused",
+            http_client=openai.DefaultHttpxClient(
+                verify=ssl.create_default_context(cafile=str(gateway.cert))
+            ),
+        ) as client:
+            answer = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
+        assert answer.choices[0].message.content == "tok0 tok1 tok2 "
+        assert answer.usage is not None
+        assert answer.usage.completion_tokens == 3
+    finally:
+        log = joined.stop()
+    shown = certificate_fingerprint(gateway.cert)
+    assert f"the gateway proved the runner token; pinned its certificate {shown}" in log, log
+    assert f"registered with wss://127.0.0.1:{gateway.port}" in log, log
+    # Plain HTTP to a TLS port gets nothing.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{gateway.port}/health", timeout=2)
+
+
+def test_an_impostor_that_does_not_know_the_token_never_sees_it(tmp_path: Path) -> None:
+    impostor = TlsGateway(tmp_path / "impostor", token="another-token")
+    fooled = runner(impostor, "fooled")
+    try:
+        fooled.proc.wait(30 * UNIT)
+    finally:
+        log = fooled.stop()
+        seen = impostor.process.stop()
+    assert fooled.proc.returncode == 2, log
+    assert "did not prove that it knows the runner token" in log, log
+    assert "The token was not sent." in log
+    # The runner never opened the runner socket: the impostor had nothing to refuse.
+    assert "missing or wrong runner token" not in seen, seen
+    assert "/v1/runner/ws" not in seen, seen
+
+
+def test_the_certificate_is_kept_across_restarts(tmp_path: Path) -> None:
+    first = TlsGateway(tmp_path / "tls")
+    kept = first.cert.read_bytes()
+    first.process.stop()
+    second = TlsGateway(tmp_path / "tls")
+    try:
+        assert second.cert.read_bytes() == kept
+        assert (tmp_path / "tls" / "gateway.key").stat().st_mode & 0o077 == 0
+    finally:
+        second.process.stop()
