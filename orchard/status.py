@@ -1,15 +1,20 @@
 """`orchard status`: the pool as a table, from the gateway's `/v1/runners` and `/v1/models`.
 
 `fetch` reads one endpoint (standard library only: httpx is a test dependency); `render` is
-pure, so the table is tested from recorded JSON without a network.
+pure, so the table is tested from recorded JSON without a network. A gateway whose TLS
+certificate this machine does not trust yet gets its fingerprint and one line to trust it.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
+
+from protocol.pinning import fingerprint
 
 HEADERS = ("NAME", "MODELS", "HARDWARE", "ACTIVE", "DRAINING", "TOKENS", "CONNECTED", "KV CACHE")
 
@@ -40,6 +45,8 @@ def fetch(base: str, path: str, api_key: str | None, timeout: float = 5.0) -> di
         raise StatusError(f"the gateway at {base} answered HTTP {exc.code} on {path}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise StatusError(_untrusted(base)) from None
         raise StatusError(f"cannot reach the gateway at {base}: {reason}") from None
     try:
         data = json.loads(body)
@@ -48,6 +55,24 @@ def fetch(base: str, path: str, api_key: str | None, timeout: float = 5.0) -> di
     if not isinstance(data, dict):
         raise StatusError(f"the gateway at {base} did not answer {path} with a JSON object")
     return data
+
+
+def _untrusted(base: str) -> str:
+    """What to do about a gateway certificate this machine does not trust: its fingerprint,
+    to compare with the gateway's start-up log, and one line that trusts it."""
+    parts = urllib.parse.urlsplit(base)
+    host, port = parts.hostname or "", parts.port or 443
+    try:
+        pem = ssl.get_server_certificate((host, port), timeout=5)
+        shown = fingerprint(ssl.PEM_cert_to_DER_cert(pem))
+    except (OSError, ValueError) as exc:
+        return f"the gateway at {base} shows a certificate this machine does not trust ({exc})"
+    fetch_it = f"import ssl; print(ssl.get_server_certificate(({host!r}, {port})))"
+    return (
+        f"the gateway at {base} shows a certificate this machine does not trust (self-signed), "
+        f"SHA-256 fingerprint {shown}. Compare it with the gateway's start-up log, then trust "
+        f'it: python3 -c "{fetch_it}" > gateway.pem && export SSL_CERT_FILE="$PWD/gateway.pem"'
+    )
 
 
 def human_bytes(n: int) -> str:

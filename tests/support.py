@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -309,3 +310,40 @@ class FakeRunner:
 
     async def close(self) -> None:
         await self.ws.close()
+
+
+TLS_TOKEN = "tls-runner-token"
+"""The runner token of a `TlsGateway` unless told otherwise."""
+
+
+class TlsGateway:
+    """`orchard gateway --tls` on loopback, its certificate in its own directory."""
+
+    def __init__(self, tls_dir: Path, token: str = TLS_TOKEN) -> None:
+        self.port = free_port()
+        self.base = f"https://127.0.0.1:{self.port}"
+        self.cert = tls_dir / "gateway.pem"
+        self.process = Process(
+            ["gateway", "--tls", "--port", str(self.port), "--log-level", "info"],
+            env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(tls_dir)},
+        )
+        try:
+            wait_until(self._healthy, 20, "the TLS gateway to start")
+        except BaseException:
+            self.process.stop()
+            raise
+
+    def _healthy(self) -> bool:
+        if not self.process.alive():
+            raise AssertionError(f"gateway exited:\n{self.process.stop()}")
+        try:
+            return httpx.get(f"{self.base}/health", verify=self._verify(), timeout=1).is_success
+        except (httpx.HTTPError, FileNotFoundError, ssl.SSLError):
+            return False
+
+    def _verify(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert))
+
+    def runners(self) -> list[str]:
+        got = httpx.get(f"{self.base}/v1/runners", verify=self._verify(), timeout=5).json()
+        return [runner["name"] for runner in got["data"]]

@@ -17,43 +17,10 @@ import openai
 import pytest
 
 from gateway.tls import certificate_fingerprint
-from tests.support import UNIT, Process, free_port, wait_until
+from tests.support import TLS_TOKEN, UNIT, Process, TlsGateway, wait_until
 
-TOKEN = "tls-runner-token"
+TOKEN = TLS_TOKEN
 MODEL = "tls-model"
-
-
-class TlsGateway:
-    """`orchard gateway --tls` on loopback, its certificate in its own directory."""
-
-    def __init__(self, tls_dir: Path, token: str = TOKEN) -> None:
-        self.port = free_port()
-        self.base = f"https://127.0.0.1:{self.port}"
-        self.cert = tls_dir / "gateway.pem"
-        self.process = Process(
-            ["gateway", "--tls", "--port", str(self.port), "--log-level", "info"],
-            env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(tls_dir)},
-        )
-        try:
-            wait_until(self._healthy, 20, "the TLS gateway to start")
-        except BaseException:
-            self.process.stop()
-            raise
-
-    def _healthy(self) -> bool:
-        if not self.process.alive():
-            raise AssertionError(f"gateway exited:\n{self.process.stop()}")
-        try:
-            return httpx.get(f"{self.base}/health", verify=self._verify(), timeout=1).is_success
-        except (httpx.HTTPError, FileNotFoundError, ssl.SSLError):
-            return False
-
-    def _verify(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.cert))
-
-    def runners(self) -> list[str]:
-        got = httpx.get(f"{self.base}/v1/runners", verify=self._verify(), timeout=5).json()
-        return [runner["name"] for runner in got["data"]]
 
 
 def runner(gateway: TlsGateway, name: str, token: str = TOKEN) -> Process:

@@ -4,15 +4,18 @@ fake runner shows it; an unreachable gateway and a refused API key are one line 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
+from gateway.tls import certificate_fingerprint
 from orchard import cli
 from orchard.status import human_bytes, human_duration, render
-from tests.support import FakeRunner, Gateway, free_port
+from tests.support import FakeRunner, Gateway, TlsGateway, free_port
 
 # As the gateway answers it (gateway/admin.py: runner_info), three runners in three states.
 RUNNERS: dict[str, Any] = {
@@ -237,3 +240,24 @@ def test_watch_redraws_every_n_seconds_until_ctrl_c(
     assert slept == [seconds, seconds]
     assert result.output.count(f"http://127.0.0.1:8000  every {seconds:g} s  ") == 2
     assert result.output.count("\nstudio ") == 2
+
+
+def test_a_gateway_certificate_not_trusted_yet_gets_its_fingerprint_and_the_line_to_trust_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    gateway = TlsGateway(tmp_path / "tls")
+    try:
+        result = status("--gateway", gateway.base)
+        assert result.exit_code == 1
+        shown = certificate_fingerprint(gateway.cert)
+        assert f"SHA-256 fingerprint {shown}." in result.output
+        line = result.output.split("trust it: ", 1)[1].strip()
+        # The line works: it saves the certificate, and status then trusts it.
+        subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True, timeout=30)
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "gateway.pem"))
+        trusted = status("--gateway", gateway.base)
+        assert trusted.exit_code == 0, trusted.output
+        assert trusted.output.endswith("0 runners; models: none; queue depth: 0\n")
+    finally:
+        gateway.process.stop()
