@@ -66,17 +66,19 @@ async def list_runners(state: State) -> dict[str, Any]:
 @get("/health")
 async def health(state: State) -> Response[dict[str, Any]]:
     """Liveness of the gateway itself: 200 even with no runners, 503 while it drains (so a
-    load balancer stops sending it new requests)."""
+    load balancer stops sending it new requests); over TLS, the certificate's fingerprint."""
     pool: Pool = state.pool
     draining = pool.shutting_down
-    return Response(
-        {
-            "status": "draining" if draining else "ok",
-            "runners": len(pool.runners),
-            "models": sorted(pool.models()),
-        },
-        status_code=503 if draining else 200,
-    )
+    body: dict[str, Any] = {
+        "status": "draining" if draining else "ok",
+        "runners": len(pool.runners),
+        "models": sorted(pool.models()),
+    }
+    config: GatewayConfig = state.config
+    if config.tls_fingerprint is not None:
+        # Public (any client sees the certificate): for people checking what they trust.
+        body["tls_fingerprint"] = config.tls_fingerprint
+    return Response(body, status_code=503 if draining else 200)
 
 
 @get(METRICS_PATH, include_in_schema=False)

@@ -366,3 +366,21 @@ $("#new-chat").addEventListener("click", () => {
 });
 $("#model").addEventListener("change", updateButtons);
 updateButtons();
+
+/** Over HTTPS, the certificate's fingerprint from /health, to compare with the gateway's log
+ * (and to trust the same certificate elsewhere: docs/security.md). */
+async function showTls() {
+  if (location.protocol !== "https:") return;
+  try {
+    const health = await (await fetch("/health")).json();
+    if (!health.tls_fingerprint) return;
+    const node = $("#tls");
+    node.textContent = `TLS ${health.tls_fingerprint.slice(0, 11)}…`;
+    node.title = `certificate SHA-256 fingerprint ${health.tls_fingerprint}`;
+    node.dataset.fingerprint = health.tls_fingerprint;
+    node.hidden = false;
+  } catch {
+    // no fingerprint shown; the console works without it
+  }
+}
+showTls();

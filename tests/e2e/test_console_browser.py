@@ -17,10 +17,12 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
+from gateway.tls import certificate_fingerprint
 from tests.support import (
     REPO,
     UNIT,
     Gateway,
+    TlsGateway,
     chromium,
     gateway_with_runner,
     page_problems,
@@ -466,3 +468,24 @@ def test_console_charts_the_last_minutes(page: Page, gateway: Gateway) -> None:
 def _ys(points: str) -> list[str]:
     """The y coordinates of an SVG polyline's points (136 is the chart's zero line)."""
     return [pair.split(",")[1] for pair in points.split()]
+
+
+def test_console_over_tls_shows_the_certificates_fingerprint(
+    browser: Browser, tmp_path: Path
+) -> None:
+    gateway = TlsGateway(tmp_path / "tls")
+    # The person has accepted the self-signed certificate in the browser (or trusts its file).
+    context = browser.new_context(ignore_https_errors=True)
+    try:
+        page = context.new_page()
+        problems = page_problems(page)
+        page.goto(f"{gateway.base}/")
+        expect(page.locator("#connection")).to_have_attribute("data-status", "open")
+        shown = certificate_fingerprint(gateway.cert)
+        tls = page.locator("#tls")
+        expect(tls).to_have_attribute("data-fingerprint", shown)
+        expect(tls).to_have_text(f"TLS {shown[:11]}…")
+        assert not problems, problems
+    finally:
+        context.close()
+        gateway.process.stop()
