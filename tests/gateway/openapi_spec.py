@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema_rs
 
 from gateway.app import create_app
+from tests.support import Gateway
 
 Check = Callable[[Any], bool]
 
@@ -32,3 +33,18 @@ def response_check(spec: dict[str, Any], path: str, status: int, method: str = "
     """The validator of `status`'s documented JSON body (the test fails if it is not there)."""
     content = op(spec, path, method)["responses"][str(status)]["content"]
     return validator(content["application/json"]["schema"])
+
+
+def limited_gateway(api_key: str) -> Gateway:
+    """A gateway whose error answers are easy to reach: an API key, a 64 KiB body limit and
+    a queue of one that gives up after 0.3 s."""
+    return Gateway(
+        "--api-key",
+        api_key,
+        "--max-body-bytes",
+        "65536",
+        "--queue-size",
+        "1",
+        "--queue-timeout",
+        "0.3",
+    )

@@ -48,13 +48,6 @@ def keyed() -> Iterator[Gateway]:
 
 
 @pytest.fixture
-async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
-    fake = await FakeRunner.connect(gateway)
-    yield fake
-    await fake.close()
-
-
-@pytest.fixture
 async def client(gateway: Gateway) -> AsyncIterator[anthropic.AsyncAnthropic]:
     async with anthropic.AsyncAnthropic(
         base_url=gateway.base, api_key="unused", max_retries=0

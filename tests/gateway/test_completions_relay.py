@@ -5,7 +5,7 @@ error event, then [DONE]), several prompts, and a client that leaves cancelling 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,13 +20,6 @@ def gateway() -> Iterator[Gateway]:
     gw = Gateway("--first-token-wait", "2")
     yield gw
     gw.stop()
-
-
-@pytest.fixture
-async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
-    fake = await FakeRunner.connect(gateway)
-    yield fake
-    await fake.close()
 
 
 def body(**extra: Any) -> dict[str, Any]:

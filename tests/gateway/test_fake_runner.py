@@ -4,7 +4,7 @@ after the first token, capacity, queueing, cancellation and runner-link violatio
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,13 +25,6 @@ def gateway() -> Iterator[Gateway]:
     gw = Gateway("--keepalive-interval", "0.5", "--first-token-wait", "0.3")
     yield gw
     gw.stop()
-
-
-@pytest.fixture
-async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
-    fake = await FakeRunner.connect(gateway)
-    yield fake
-    await fake.close()
 
 
 def body(**extra: Any) -> dict[str, Any]:

@@ -48,13 +48,6 @@ def gateway() -> Iterator[Gateway]:
 
 
 @pytest.fixture
-async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
-    fake = await FakeRunner.connect(gateway)
-    yield fake
-    await fake.close()
-
-
-@pytest.fixture
 async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT, headers=AUTH) as c:
         yield c

@@ -48,7 +48,14 @@ from protocol.ollama.stream import (
 from protocol.openai.errors import OpenAIError, server_error
 from protocol.openai.request import MAX_MESSAGES, MAX_STOP
 from protocol.openai.stream import CollectedChoice, CompletionStream
-from tests.gateway.openapi_spec import Check, gateway_spec, op, response_check, validator
+from tests.gateway.openapi_spec import (
+    Check,
+    gateway_spec,
+    limited_gateway,
+    op,
+    response_check,
+    validator,
+)
 from tests.support import UNIT, FakeRunner, Gateway
 
 LIMIT = GatewayConfig().max_tokens_limit
@@ -647,25 +654,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway(
-        "--api-key",
-        KEY,
-        "--max-body-bytes",
-        "65536",
-        "--queue-size",
-        "1",
-        "--queue-timeout",
-        "0.3",
-    )
+    gw = limited_gateway(KEY)
     yield gw
     gw.stop()
-
-
-@pytest.fixture
-async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
-    fake = await FakeRunner.connect(gateway)
-    yield fake
-    await fake.close()
 
 
 @pytest.fixture

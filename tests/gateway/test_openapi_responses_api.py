@@ -34,7 +34,14 @@ from protocol.openai.responses import MAX_TOOLS, MIN_OUTPUT_TOKENS, parse_respon
 from protocol.openai.responses_input import MAX_CONTENT_PARTS
 from protocol.openai.responses_stream import ResponseEvents, response_base, response_body
 from protocol.openai.stream import CompletionStream
-from tests.gateway.openapi_spec import Check, gateway_spec, op, response_check, validator
+from tests.gateway.openapi_spec import (
+    Check,
+    gateway_spec,
+    limited_gateway,
+    op,
+    response_check,
+    validator,
+)
 from tests.support import UNIT, FakeRunner, Gateway
 
 LIMIT = GatewayConfig().max_tokens_limit
@@ -384,25 +391,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway(
-        "--api-key",
-        KEY,
-        "--max-body-bytes",
-        "65536",
-        "--queue-size",
-        "1",
-        "--queue-timeout",
-        "0.3",
-    )
+    gw = limited_gateway(KEY)
     yield gw
     gw.stop()
-
-
-@pytest.fixture
-async def runner(gateway: Gateway) -> AsyncIterator[FakeRunner]:
-    fake = await FakeRunner.connect(gateway)
-    yield fake
-    await fake.close()
 
 
 @pytest.fixture
