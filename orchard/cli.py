@@ -338,7 +338,7 @@ async def _drain_and_exit(server: Any) -> None:
     "gateway_url",
     default=None,
     envvar="ORCHARD_GATEWAY",
-    help="Gateway base URL, e.g. http://192.168.1.10:8000, or a gateway's name on the LAN "
+    help="Gateway base URL, e.g. https://192.168.1.10:8000, or a gateway's name on the LAN "
     "(env ORCHARD_GATEWAY). Without it the runner finds the gateway over mDNS: it joins "
     "the only one, lists them when several answer, and keeps looking while none does.",
 )
