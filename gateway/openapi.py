@@ -18,15 +18,20 @@ from litestar.openapi.spec.enums import OpenAPIType
 from gateway.openapi_common import (
     _BOOLEAN,
     _DECODING,
+    _JSON_SCHEMA,
     _MODEL,
+    _PROMPT_TEXT,
     _STRING,
+    _TOOL_NAME,
     _closed,
     _generation_responses,
     _json_body,
     _limit,
+    _non_empty,
     _only,
+    _output_format,
 )
-from gateway.openapi_responses import CHAT_COMPLETION, CHAT_COMPLETION_CHUNK
+from gateway.openapi_responses import _TOOL_CALL, CHAT_COMPLETION, CHAT_COMPLETION_CHUNK
 from protocol.frames import ReasoningEffort
 from protocol.openai.request import (
     MAX_MESSAGES,
@@ -34,24 +39,14 @@ from protocol.openai.request import (
     MAX_TEMPLATE_KWARGS_BYTES,
     MAX_TOP_LOGPROBS,
 )
-from protocol.openai.tools import MAX_NAME_CHARS, MAX_TOOL_CALLS, MAX_TOOLS, NAME_PATTERN
+from protocol.openai.tools import MAX_TOOL_CALLS, MAX_TOOLS
 
 # --- messages (protocol.openai.request._message) --------------------------------------------
-
-_CONTENT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
-_NAME = Schema(type=OpenAPIType.STRING, pattern=NAME_PATTERN, max_length=MAX_NAME_CHARS)
-
-_TOOL_CALL = _closed(
-    ["id", "type", "function"],
-    id=_STRING,
-    type=_only("function"),
-    function=_closed(["name", "arguments"], name=_STRING, arguments=_STRING),
-)
 
 _PLAIN_MESSAGE = _closed(
     ["role", "content"],
     role=_only("system", "developer", "user"),
-    content=_CONTENT,
+    content=_PROMPT_TEXT,
     name=_STRING,
 )
 _ASSISTANT_MESSAGE = Schema(
@@ -68,17 +63,14 @@ _ASSISTANT_MESSAGE = Schema(
     # Content may be null or absent only when the message calls tools.
     any_of=[
         Schema(required=["content"], properties={"content": _STRING}),
-        Schema(
-            required=["tool_calls"],
-            properties={"tool_calls": Schema(type=OpenAPIType.ARRAY, min_items=1)},
-        ),
+        _non_empty("tool_calls"),
     ],
     description="An earlier answer: its text, the tools it called, or both.",
 )
 _TOOL_MESSAGE = _closed(
     ["role", "content", "tool_call_id"],
     role=_only("tool"),
-    content=_CONTENT,
+    content=_PROMPT_TEXT,
     tool_call_id=_STRING,
 )
 
@@ -89,41 +81,43 @@ _TOOL = _closed(
     type=_only("function"),
     function=_closed(
         ["name"],
-        name=_NAME,
+        name=_TOOL_NAME,
         description=_STRING,
-        parameters=Schema(type=OpenAPIType.OBJECT, description="A JSON Schema."),
+        parameters=_JSON_SCHEMA,
         strict=_BOOLEAN,
     ),
+)
+_TOOLS = Schema(
+    type=OpenAPIType.ARRAY,
+    items=_TOOL,
+    max_items=MAX_TOOLS,
+    description="Function tools; their names must differ.",
 )
 _TOOL_CHOICE = Schema(
     one_of=[
         _only("none", "auto", "required"),
         _closed(
-            ["type", "function"], type=_only("function"), function=_closed(["name"], name=_NAME)
+            ["type", "function"],
+            type=_only("function"),
+            function=_closed(["name"], name=_TOOL_NAME),
         ),
     ],
     description='Anything but "none" needs `tools`; a named function must be one of them.',
 )
-_RESPONSE_FORMAT = Schema(
-    one_of=[
-        _closed(["type"], type=_only("text")),
-        _closed(["type"], type=_only("json_object")),
-        _closed(
-            ["type", "json_schema"],
-            type=_only("json_schema"),
-            json_schema=_closed(
-                ["name"],
-                name=_NAME,
-                description=_STRING,
-                schema=Schema(type=OpenAPIType.OBJECT, description="A JSON Schema."),
-                strict=_BOOLEAN,
-            ),
+_RESPONSE_FORMAT = _output_format(
+    _closed(
+        ["type", "json_schema"],
+        type=_only("json_schema"),
+        json_schema=_closed(
+            ["name"],
+            name=_TOOL_NAME,
+            description=_STRING,
+            schema=_JSON_SCHEMA,
+            strict=_BOOLEAN,
         ),
-    ]
+    )
 )
-_WITH_TOOLS = Schema(
-    required=["tools"], properties={"tools": Schema(type=OpenAPIType.ARRAY, min_items=1)}
-)
+_WITH_TOOLS = _non_empty("tools")
 
 # --- the request ----------------------------------------------------------------------------
 
@@ -150,12 +144,7 @@ _REQUEST = Schema(
         "max_tokens": _max_tokens(),
         "max_completion_tokens": _max_tokens(),
         **_DECODING,
-        "tools": Schema(
-            type=OpenAPIType.ARRAY,
-            items=_TOOL,
-            max_items=MAX_TOOLS,
-            description="Function tools; their names must differ.",
-        ),
+        "tools": _TOOLS,
         "tool_choice": _TOOL_CHOICE,
         "parallel_tool_calls": Schema(type=OpenAPIType.BOOLEAN, description="Only with `tools`."),
         "response_format": _RESPONSE_FORMAT,

@@ -15,21 +15,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import get_args
 
-from litestar.openapi.spec import OpenAPIMediaType as MediaType
 from litestar.openapi.spec import OpenAPIResponse, Operation, Reference, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.openapi_common import (
     _BOOLEAN,
+    _COUNT,
+    _EMPTY_STRING,
+    _INT64_COUNT,
     _MODEL,
     _NULL,
+    _OBJECT,
+    _PROMPT_TEXT,
+    _STOP_STRING,
     _STRING,
-    GENERATION_ERRORS,
+    _UNIMPLEMENTED_NULL,
     _closed,
-    _EventStream,
+    _counts,
     _json_body,
+    _json_response,
     _limit,
+    _named_event,
+    _non_empty,
     _only,
+    _streamed_response,
+    _with_server_error,
 )
 from protocol.anthropic.errors import _TYPES, error_type
 from protocol.anthropic.request import (
@@ -39,7 +49,7 @@ from protocol.anthropic.request import (
     MIN_THINKING_BUDGET,
 )
 from protocol.anthropic.stream import StopReason
-from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP_CHARS
+from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
 
 # --- errors ---------------------------------------------------------------------------------
 
@@ -58,10 +68,7 @@ ERROR = _error_schema(_only(*sorted({*_TYPES.values(), "invalid_request_error", 
 
 def _error(status: str, description: str) -> OpenAPIResponse:
     """An error response: its `type` is the one Anthropic gives the status."""
-    schema = _error_schema(_only(error_type(int(status))))
-    return OpenAPIResponse(
-        description=description, content={"application/json": MediaType(schema=schema)}
-    )
+    return _json_response(description, _error_schema(_only(error_type(int(status)))))
 
 
 _SERVER_ERROR = (
@@ -71,20 +78,20 @@ _SERVER_ERROR = (
 
 
 def _errors() -> dict[str, OpenAPIResponse]:
-    reasons = {**GENERATION_ERRORS, "500": _SERVER_ERROR}
-    return {status: _error(status, reasons[status]) for status in sorted(reasons)}
+    return {
+        status: _error(status, why) for status, why in _with_server_error(_SERVER_ERROR).items()
+    }
 
 
 # --- the request (protocol.anthropic.request) -----------------------------------------------
 
-_TEXT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
 _CACHE_CONTROL = _closed(["type"], type=_only("ephemeral"), ttl=_only("5m", "1h"))
 _TEXT_BLOCK = _closed(
     ["type", "text"],
     type=_only("text"),
-    text=_TEXT,
+    text=_PROMPT_TEXT,
     cache_control=_CACHE_CONTROL,
-    citations=Schema(type=OpenAPIType.NULL, description="Not implemented: only null."),
+    citations=_UNIMPLEMENTED_NULL,
 )
 _TEXT_BLOCKS = Schema(type=OpenAPIType.ARRAY, items=_TEXT_BLOCK, max_items=MAX_BLOCKS)
 _TOOL_RESULT = _closed(
@@ -92,7 +99,7 @@ _TOOL_RESULT = _closed(
     type=_only("tool_result"),
     tool_use_id=_STRING,
     content=Schema(
-        one_of=[_TEXT, Schema(type=OpenAPIType.ARRAY, items=_TEXT_BLOCK)],
+        one_of=[_PROMPT_TEXT, Schema(type=OpenAPIType.ARRAY, items=_TEXT_BLOCK)],
         description="The result, which the model reads (an error too: `is_error` has no "
         "counterpart in the chat template).",
     ),
@@ -104,7 +111,7 @@ _TOOL_USE = _closed(
     type=_only("tool_use"),
     id=_STRING,
     name=_STRING,
-    input=Schema(type=OpenAPIType.OBJECT),
+    input=_OBJECT,
     cache_control=_CACHE_CONTROL,
 )
 _THINKING_BLOCK = _closed(
@@ -123,7 +130,7 @@ def _message(role: str, *blocks: Schema) -> Schema:
         role=_only(role),
         content=Schema(
             one_of=[
-                _TEXT,
+                _PROMPT_TEXT,
                 Schema(
                     type=OpenAPIType.ARRAY,
                     items=Schema(one_of=list(blocks)),
@@ -148,7 +155,7 @@ _MESSAGES = Schema(
     "message, a prefill, is refused: the chat template opens a new turn). System, messages "
     f"and tool results have at most {MAX_PROMPT_CHARS} characters in all.",
 )
-_SYSTEM = Schema(one_of=[_TEXT, _TEXT_BLOCKS], description="The system prompt.")
+_SYSTEM = Schema(one_of=[_PROMPT_TEXT, _TEXT_BLOCKS], description="The system prompt.")
 _TOOL = _closed(
     ["name", "input_schema"],
     type=_only("custom"),
@@ -204,9 +211,7 @@ _THINKING = Schema(
 _CHOICE_NEEDS_TOOLS = Schema(
     any_of=[
         Schema(properties={"tool_choice": Schema(properties={"type": _only("auto", "none")})}),
-        Schema(
-            required=["tools"], properties={"tools": Schema(type=OpenAPIType.ARRAY, min_items=1)}
-        ),
+        _non_empty("tools"),
     ]
 )
 _COMMON: dict[str, Schema | Reference] = {
@@ -232,12 +237,12 @@ _REQUEST = Schema(
         ),
         "stop_sequences": Schema(
             type=OpenAPIType.ARRAY,
-            items=Schema(type=OpenAPIType.STRING, min_length=1, max_length=MAX_STOP_CHARS),
+            items=_STOP_STRING,
             max_items=MAX_STOP_SEQUENCES,
         ),
         "temperature": Schema(type=OpenAPIType.NUMBER, minimum=0, maximum=1),
         "top_p": Schema(type=OpenAPIType.NUMBER, minimum=0, maximum=1),
-        "top_k": Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX),
+        "top_k": _INT64_COUNT,
         "stream": _BOOLEAN,
         "metadata": _closed([], user_id=_STRING),
     },
@@ -258,18 +263,8 @@ _COUNT_REQUEST = Schema(
 
 # --- the answers (protocol.anthropic.stream) ------------------------------------------------
 
-_COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0)
-_USAGE = _closed(
-    [
-        "input_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-        "output_tokens",
-    ],
-    input_tokens=_COUNT,
-    cache_creation_input_tokens=_COUNT,
-    cache_read_input_tokens=_COUNT,
-    output_tokens=_COUNT,
+_USAGE = _counts(
+    "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens"
 )
 _STOP_REASON = _only(*get_args(StopReason))
 _STOP_SEQUENCE = Schema(
@@ -277,6 +272,29 @@ _STOP_SEQUENCE = Schema(
     description='The stop sequence that ended the answer (stop_reason "stop_sequence").',
 )
 _TOOL_USE_ID = Schema(type=OpenAPIType.STRING, pattern="^toolu_")
+
+
+def _answer_blocks(text: Schema, tool_input: Schema) -> Schema:
+    """An answer's content block: thinking, text or a tool call, whose texts are `text` and
+    whose tool input a `tool_input` (whole, or empty as a streamed block starts)."""
+    return Schema(
+        one_of=[
+            _closed(
+                ["type", "thinking", "signature"],
+                type=_only("thinking"),
+                thinking=text,
+                signature=text,
+            ),
+            _closed(["type", "text"], type=_only("text"), text=text),
+            _closed(
+                ["type", "id", "name", "input"],
+                type=_only("tool_use"),
+                id=_TOOL_USE_ID,
+                name=_STRING,
+                input=tool_input,
+            ),
+        ]
+    )
 
 
 def _message_object(content: Schema, stop_reason: Schema, stop_sequence: Schema) -> Schema:
@@ -296,33 +314,13 @@ def _message_object(content: Schema, stop_reason: Schema, stop_sequence: Schema)
 MESSAGE = _message_object(
     Schema(
         type=OpenAPIType.ARRAY,
-        items=Schema(
-            one_of=[
-                _closed(
-                    ["type", "thinking", "signature"],
-                    type=_only("thinking"),
-                    thinking=_STRING,
-                    signature=_STRING,
-                ),
-                _closed(["type", "text"], type=_only("text"), text=_STRING),
-                _closed(
-                    ["type", "id", "name", "input"],
-                    type=_only("tool_use"),
-                    id=_TOOL_USE_ID,
-                    name=_STRING,
-                    input=Schema(type=OpenAPIType.OBJECT),
-                ),
-            ]
-        ),
+        items=_answer_blocks(_STRING, _OBJECT),
         description="Thinking, text and tool calls, in that order, each only when not empty.",
     ),
     _STOP_REASON,
     _STOP_SEQUENCE,
 )
 """The non-streaming answer."""
-
-_INDEX = Schema(type=OpenAPIType.INTEGER, minimum=0)
-_EMPTY = Schema(type=OpenAPIType.STRING, max_length=0)
 
 
 def _event(name: str, required: list[str] | None = None, **fields: Schema) -> Schema:
@@ -340,30 +338,15 @@ EVENT = Schema(
         _event(
             "content_block_start",
             ["index", "content_block"],
-            index=_INDEX,
-            content_block=Schema(
-                one_of=[
-                    _closed(
-                        ["type", "thinking", "signature"],
-                        type=_only("thinking"),
-                        thinking=_EMPTY,
-                        signature=_EMPTY,
-                    ),
-                    _closed(["type", "text"], type=_only("text"), text=_EMPTY),
-                    _closed(
-                        ["type", "id", "name", "input"],
-                        type=_only("tool_use"),
-                        id=_TOOL_USE_ID,
-                        name=_STRING,
-                        input=Schema(type=OpenAPIType.OBJECT, max_properties=0),
-                    ),
-                ]
+            index=_COUNT,
+            content_block=_answer_blocks(
+                _EMPTY_STRING, Schema(type=OpenAPIType.OBJECT, max_properties=0)
             ),
         ),
         _event(
             "content_block_delta",
             ["index", "delta"],
-            index=_INDEX,
+            index=_COUNT,
             delta=Schema(
                 one_of=[
                     _closed(["type", "thinking"], type=_only("thinking_delta"), thinking=_STRING),
@@ -376,7 +359,7 @@ EVENT = Schema(
                 ]
             ),
         ),
-        _event("content_block_stop", ["index"], index=_INDEX),
+        _event("content_block_stop", ["index"], index=_COUNT),
         _event(
             "message_delta",
             ["delta", "usage"],
@@ -403,17 +386,8 @@ _EVENT_NAMES = [
     "message_stop",
     "error",
 ]
-SSE_EVENT = _closed(
-    ["event", "data"],
-    event=Schema(
-        type=OpenAPIType.STRING, enum=_EVENT_NAMES, description="The type of the data's object."
-    ),
-    data=Schema(
-        type=OpenAPIType.STRING, content_media_type="application/json", content_schema=EVENT
-    ),
-)
-"""One server-sent event as OpenAPI 3.1 describes an event stream (the media type's schema is
-each event's: its `event` and `data` fields), the JSON in its data an `EVENT`."""
+SSE_EVENT = _named_event(_EVENT_NAMES, EVENT)
+"""One server-sent event (its `event` and `data` fields), the JSON in its data an `EVENT`."""
 
 
 @dataclass
@@ -423,16 +397,15 @@ class MessagesOperation(Operation):
     def __post_init__(self) -> None:
         self.request_body = _json_body(_REQUEST)
         self.responses = {
-            "200": OpenAPIResponse(
-                description="A message, or with stream=true a text/event-stream of Anthropic's "
-                "events, each an `event: <type>` line and a `data:` JSON object of that type "
-                "(x-itemSchema): message_start, ping (also the keep-alive), content blocks' "
-                "start, deltas and stop, message_delta, message_stop; or an error event that "
-                "ends the stream. No [DONE].",
-                content={
-                    "application/json": MediaType(schema=MESSAGE),
-                    "text/event-stream": _EventStream(schema=SSE_EVENT, item_schema=EVENT),
-                },
+            "200": _streamed_response(
+                "A message, or with stream=true a text/event-stream of Anthropic's events, each "
+                "an `event: <type>` line and a `data:` JSON object of that type (x-itemSchema): "
+                "message_start, ping (also the keep-alive), content blocks' start, deltas and "
+                "stop, message_delta, message_stop; or an error event that ends the stream. No "
+                "[DONE].",
+                MESSAGE,
+                SSE_EVENT,
+                EVENT,
             ),
             **_errors(),
         }
@@ -445,13 +418,9 @@ class CountTokensOperation(Operation):
     def __post_init__(self) -> None:
         self.request_body = _json_body(_COUNT_REQUEST)
         self.responses = {
-            "200": OpenAPIResponse(
-                description="The prompt's tokens, through the model's chat template.",
-                content={
-                    "application/json": MediaType(
-                        schema=_closed(["input_tokens"], input_tokens=_COUNT)
-                    )
-                },
+            "200": _json_response(
+                "The prompt's tokens, through the model's chat template.",
+                _counts("input_tokens"),
             ),
             **_errors(),
         }

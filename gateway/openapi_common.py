@@ -1,6 +1,8 @@
-"""What the hand-written OpenAPI descriptions share: the basic schemas, the error object and
-its responses, a text/event-stream (or NDJSON) of JSON events, the request fields chat
-(gateway.openapi) and legacy completions (gateway.openapi_completions) read alike, and the
+"""What the hand-written OpenAPI descriptions share: the basic schemas and the shapes several
+dialects write alike (counts, prompt text, tool names, JSON Schemas, output formats, a field
+that needs a non-empty array), the error object and its responses, a JSON answer, a streamed
+answer (a text/event-stream or NDJSON of JSON events) and its named events, the request fields
+chat (gateway.openapi) and legacy completions (gateway.openapi_completions) read alike, and the
 statuses a generating endpoint answers (`GENERATION_ERRORS`, which the Anthropic and Ollama
 descriptions write in their own error shapes). The answers' own schemas are
 gateway.openapi_responses' and gateway.openapi_completions'.
@@ -21,20 +23,37 @@ from protocol.openai.request import (
     INT64_MAX,
     INT64_MIN,
     MAX_MODEL_CHARS,
+    MAX_PROMPT_CHARS,
     MAX_STOP,
     MAX_STOP_CHARS,
     SAMPLING_RANGES,
     TOP_K_MIN,
 )
+from protocol.openai.tools import MAX_NAME_CHARS, NAME_PATTERN
 
 _STRING = Schema(type=OpenAPIType.STRING)
 _BOOLEAN = Schema(type=OpenAPIType.BOOLEAN)
 _INTEGER = Schema(type=OpenAPIType.INTEGER)
 _NULL = Schema(type=OpenAPIType.NULL)
+_OBJECT = Schema(type=OpenAPIType.OBJECT)
+_COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0)
+"""A count, an index or a duration: any integer from 0."""
+_INT64_COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX)
+_EMPTY_STRING = Schema(type=OpenAPIType.STRING, max_length=0)
+_PROMPT_TEXT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
+"""A text of the prompt (each within the parser's limit on the whole prompt)."""
+_JSON_SCHEMA = Schema(type=OpenAPIType.OBJECT, description="A JSON Schema.")
+_TOOL_NAME = Schema(type=OpenAPIType.STRING, pattern=NAME_PATTERN, max_length=MAX_NAME_CHARS)
+_UNIMPLEMENTED_NULL = Schema(type=OpenAPIType.NULL, description="Not implemented: only null.")
 
 
 def _only(*values: str) -> Schema:
     return Schema(type=OpenAPIType.STRING, enum=list(values))
+
+
+def _only_or_null(*values: str) -> Schema:
+    """One of `values`, or null."""
+    return Schema(type=[OpenAPIType.STRING, OpenAPIType.NULL], enum=[*values, None])
 
 
 def _closed(required: list[str], **properties: Schema | Reference) -> Schema:
@@ -44,6 +63,27 @@ def _closed(required: list[str], **properties: Schema | Reference) -> Schema:
         required=required,
         properties=properties,
         additional_properties=False,
+    )
+
+
+def _counts(*names: str) -> Schema:
+    """An object of these counts, every one present."""
+    return _closed(list(names), **dict.fromkeys(names, _COUNT))
+
+
+def _non_empty(name: str) -> Schema:
+    """The object has `name`, a non-empty array (what a field that needs it depends on)."""
+    return Schema(required=[name], properties={name: Schema(type=OpenAPIType.ARRAY, min_items=1)})
+
+
+def _output_format(json_schema: Schema) -> Schema:
+    """An output format: plain text, any JSON object, or `json_schema` (its dialect's)."""
+    return Schema(
+        one_of=[
+            _closed(["type"], type=_only("text")),
+            _closed(["type"], type=_only("json_object")),
+            json_schema,
+        ]
     )
 
 
@@ -96,11 +136,15 @@ _ERROR = Schema(
     },
 )
 
-_JSON_ERROR = {"application/json": MediaType(schema=_ERROR)}
+
+def _json_response(description: str, schema: Schema) -> OpenAPIResponse:
+    return OpenAPIResponse(
+        description=description, content={"application/json": MediaType(schema=schema)}
+    )
 
 
 def _error(description: str) -> OpenAPIResponse:
-    return OpenAPIResponse(description=description, content=_JSON_ERROR)
+    return _json_response(description, _ERROR)
 
 
 @dataclass
@@ -117,6 +161,44 @@ def _json_body(schema: Schema) -> RequestBody:
     return RequestBody(required=True, content={"application/json": MediaType(schema=schema)})
 
 
+def _streamed_response(
+    description: str,
+    body: Schema,
+    stream: Schema,
+    item: Schema,
+    media_type: str = "text/event-stream",
+) -> OpenAPIResponse:
+    """A generating endpoint's 200: `body` as JSON, or with streaming a `media_type` whose
+    schema is `stream` and whose events (or lines) are each an `item`."""
+    return OpenAPIResponse(
+        description=description,
+        content={
+            "application/json": MediaType(schema=body),
+            media_type: _EventStream(schema=stream, item_schema=item),
+        },
+    )
+
+
+def _json_text(schema: Schema) -> Schema:
+    """A string holding JSON of `schema` (an event's data)."""
+    return Schema(
+        type=OpenAPIType.STRING, content_media_type="application/json", content_schema=schema
+    )
+
+
+def _named_event(names: list[str], data: Schema) -> Schema:
+    """One server-sent event as OpenAPI 3.1 describes an event stream (the media type's schema
+    is each event's: its `event` and `data` fields), its `event:` line one of `names`, the JSON
+    in its data a `data`."""
+    return _closed(
+        ["event", "data"],
+        event=Schema(
+            type=OpenAPIType.STRING, enum=names, description="The type of the data's object."
+        ),
+        data=_json_text(data),
+    )
+
+
 GENERATION_ERRORS: dict[str, str] = {
     "400": "Invalid request (the error names the parameter).",
     "401": "Missing or wrong API key.",
@@ -129,6 +211,12 @@ GENERATION_ERRORS: dict[str, str] = {
     "504": "The runner sent nothing for the stream timeout.",
 }
 """Every error status a generating endpoint answers, and why (in any API's error shape)."""
+
+
+def _with_server_error(why: str) -> dict[str, str]:
+    """GENERATION_ERRORS and a 500 (`why`: what a dialect cannot write), in status order."""
+    reasons = {**GENERATION_ERRORS, "500": why}
+    return {status: reasons[status] for status in sorted(reasons)}
 
 
 _DONE = Schema(type=OpenAPIType.STRING, const="[DONE]")
@@ -146,11 +234,7 @@ def _data_event(data: Schema) -> Schema:
         data=Schema(
             any_of=[
                 _DONE,
-                Schema(
-                    type=OpenAPIType.STRING,
-                    content_media_type="application/json",
-                    content_schema=data,
-                ),
+                _json_text(data),
             ]
         ),
     )
@@ -163,14 +247,13 @@ def _generation_responses(
     `event`s (each an `event_name`), and every error status the gateway sends."""
     item = Schema(one_of=[event, _ERROR])
     return {
-        "200": OpenAPIResponse(
-            description=f"A {body_name}, or with stream=true a text/event-stream of `data:` "
-            f"events (x-itemSchema: a {event_name}, or an error that ends the stream), the "
-            "last of them data: [DONE].",
-            content={
-                "application/json": MediaType(schema=body),
-                "text/event-stream": _EventStream(schema=_data_event(item), item_schema=item),
-            },
+        "200": _streamed_response(
+            f"A {body_name}, or with stream=true a text/event-stream of `data:` events "
+            f"(x-itemSchema: a {event_name}, or an error that ends the stream), the last of "
+            "them data: [DONE].",
+            body,
+            _data_event(item),
+            item,
         ),
         **{status: _error(why) for status, why in GENERATION_ERRORS.items()},
     }

@@ -13,18 +13,20 @@ from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.openapi_common import (
     _BOOLEAN,
+    _COUNT,
     _DECODING,
-    _INTEGER,
     _MODEL,
     _NULL,
+    _PROMPT_TEXT,
     _STRING,
+    _UNIMPLEMENTED_NULL,
     _closed,
     _generation_responses,
     _json_body,
     _limit,
-    _only,
+    _only_or_null,
 )
-from gateway.openapi_responses import _FINGERPRINT, _USAGE
+from gateway.openapi_responses import _USAGE, _openai_object
 from protocol.openai.completions import (
     DEFAULT_MAX_TOKENS,
     MAX_BEST_OF,
@@ -40,13 +42,8 @@ _TOKEN = Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=MAX_TOKEN_ID)
 _TOKENS = Schema(type=OpenAPIType.ARRAY, items=_TOKEN, min_items=1, max_items=MAX_PROMPT_TOKEN_IDS)
 _PROMPT = Schema(
     one_of=[
-        Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS),
-        Schema(
-            type=OpenAPIType.ARRAY,
-            items=Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS),
-            min_items=1,
-            max_items=MAX_PROMPTS,
-        ),
+        _PROMPT_TEXT,
+        Schema(type=OpenAPIType.ARRAY, items=_PROMPT_TEXT, min_items=1, max_items=MAX_PROMPTS),
         _TOKENS,
         Schema(type=OpenAPIType.ARRAY, items=_TOKENS, min_items=1, max_items=MAX_PROMPTS),
         _NULL,
@@ -94,7 +91,7 @@ _REQUEST = Schema(
             description="Only n itself (choosing the best of more is not implemented), and "
             "not with stream past 1.",
         ),
-        "suffix": Schema(type=OpenAPIType.NULL, description="Not implemented: only null."),
+        "suffix": _UNIMPLEMENTED_NULL,
         "user": _STRING,
     },
     additional_properties=False,
@@ -127,32 +124,24 @@ _LOGPROBS = Schema(
                     ]
                 ),
             ),
-            text_offset=Schema(
-                type=OpenAPIType.ARRAY, items=Schema(type=OpenAPIType.INTEGER, minimum=0)
-            ),
+            text_offset=Schema(type=OpenAPIType.ARRAY, items=_COUNT),
         ),
     ],
     description="Null unless the request asked for logprobs; with echo the prompt's first "
     "token has null logprobs.",
 )
 
-TEXT_COMPLETION = _closed(
-    ["id", "object", "created", "model", "system_fingerprint", "choices"],
-    id=_STRING,
-    object=_only("text_completion"),
-    created=_INTEGER,
-    model=_STRING,
-    system_fingerprint=_FINGERPRINT,
+TEXT_COMPLETION = _openai_object(
+    "text_completion",
+    ["choices"],
     choices=Schema(
         type=OpenAPIType.ARRAY,
         items=_closed(
             ["text", "index", "logprobs", "finish_reason"],
             text=_STRING,
-            index=Schema(type=OpenAPIType.INTEGER, minimum=0),
+            index=_COUNT,
             logprobs=_LOGPROBS,
-            finish_reason=Schema(
-                type=[OpenAPIType.STRING, OpenAPIType.NULL], enum=["stop", "length", None]
-            ),
+            finish_reason=_only_or_null("stop", "length"),
         ),
         description="Every choice in a body; one per event of a stream, none in its last "
         "event with include_usage.",

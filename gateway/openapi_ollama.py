@@ -15,28 +15,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from litestar.openapi.spec import OpenAPIMediaType as MediaType
-from litestar.openapi.spec import OpenAPIResponse, Operation, Schema
+from litestar.openapi.spec import OpenAPIResponse, Operation, Reference, RequestBody, Schema
 from litestar.openapi.spec.enums import OpenAPIFormat, OpenAPIType
 
-from gateway.openapi import _TOOL
+from gateway.openapi import _TOOLS
 from gateway.openapi_common import (
     _BOOLEAN,
+    _COUNT,
+    _DECODING,
+    _EMPTY_STRING,
+    _INT64_COUNT,
+    _JSON_SCHEMA,
     _MODEL,
     _NULL,
+    _OBJECT,
+    _PROMPT_TEXT,
     _STOP_STRING,
     _STRING,
     GENERATION_ERRORS,
     _closed,
-    _EventStream,
     _json_body,
+    _json_response,
     _limit,
     _only,
+    _streamed_response,
+    _with_server_error,
 )
 from protocol.ollama.models import CAPABILITIES
 from protocol.ollama.request import INT64_MAX, INT64_MIN
-from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP, SAMPLING_RANGES
-from protocol.openai.tools import MAX_TOOLS
+from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP
 
 NDJSON_TYPE = "application/x-ndjson"
 
@@ -47,18 +54,16 @@ ERROR = _closed(["error"], error=_STRING)
 
 
 def _error(description: str) -> OpenAPIResponse:
-    return OpenAPIResponse(
-        description=description, content={"application/json": MediaType(schema=ERROR)}
-    )
+    return _json_response(description, ERROR)
 
 
 _AUTH_ERRORS = {status: _error(GENERATION_ERRORS[status]) for status in ("401", "403")}
-_REASONS = {**GENERATION_ERRORS, "500": "The runner failed."}
-_GENERATION_ERRORS = {status: _error(_REASONS[status]) for status in sorted(_REASONS)}
+_GENERATION_ERRORS = {
+    status: _error(why) for status, why in _with_server_error("The runner failed.").items()
+}
 
 # --- the requests (protocol.ollama.request) -------------------------------------------------
 
-_CONTENT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
 _NO_IMAGES = Schema(
     type=OpenAPIType.ARRAY, max_items=0, description="Images are not supported: only empty."
 )
@@ -68,18 +73,18 @@ _CALL = _closed(
     type=_only("function"),
     function=_closed(
         ["name"],
-        index=Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX),
+        index=_INT64_COUNT,
         name=_STRING,
-        arguments=Schema(type=OpenAPIType.OBJECT),
+        arguments=_OBJECT,
     ),
 )
 _MESSAGE = Schema(
     one_of=[
-        _closed(["role"], role=_only("system", "user"), content=_CONTENT, images=_NO_IMAGES),
+        _closed(["role"], role=_only("system", "user"), content=_PROMPT_TEXT, images=_NO_IMAGES),
         _closed(
             ["role"],
             role=_only("assistant"),
-            content=_CONTENT,
+            content=_PROMPT_TEXT,
             images=_NO_IMAGES,
             thinking=_STRING,
             tool_calls=Schema(type=OpenAPIType.ARRAY, items=_CALL),
@@ -87,7 +92,7 @@ _MESSAGE = Schema(
         _closed(
             ["role"],
             role=_only("tool"),
-            content=_CONTENT,
+            content=_PROMPT_TEXT,
             images=_NO_IMAGES,
             tool_name=_STRING,
             tool_call_id=_STRING,
@@ -96,17 +101,12 @@ _MESSAGE = Schema(
 )
 
 
-def _sampling(name: str) -> Schema:
-    minimum, maximum = SAMPLING_RANGES[name]
-    return Schema(type=OpenAPIType.NUMBER, minimum=minimum, maximum=maximum)
-
-
 _OPTIONS = _closed(
     [],
-    temperature=_sampling("temperature"),
-    top_p=_sampling("top_p"),
-    top_k=Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX),
-    min_p=_sampling("min_p"),
+    temperature=_DECODING["temperature"],
+    top_p=_DECODING["top_p"],
+    top_k=_INT64_COUNT,
+    min_p=_DECODING["min_p"],
     num_predict=Schema(
         type=OpenAPIType.INTEGER,
         minimum=-2,
@@ -122,14 +122,14 @@ _OPTIONS = _closed(
         maximum=INT64_MAX,
         description="A negative seed: a random one.",
     ),
-    presence_penalty=_sampling("presence_penalty"),
-    frequency_penalty=_sampling("frequency_penalty"),
+    presence_penalty=_DECODING["presence_penalty"],
+    frequency_penalty=_DECODING["frequency_penalty"],
 )
 _COMMON: dict[str, Schema] = {
     "model": _MODEL,
     "stream": Schema(type=OpenAPIType.BOOLEAN, description="True unless false: NDJSON lines."),
     "format": Schema(
-        one_of=[_only("", "json"), Schema(type=OpenAPIType.OBJECT, description="A JSON Schema.")],
+        one_of=[_only("", "json"), _JSON_SCHEMA],
         description='"json": any JSON object; a JSON Schema: an object of that schema.',
     ),
     "options": _OPTIONS,
@@ -158,12 +158,7 @@ _CHAT = Schema(
             description=f"At most {MAX_PROMPT_CHARS} characters of content in all; none: the "
             'model is loaded (done_reason "load").',
         ),
-        "tools": Schema(
-            type=OpenAPIType.ARRAY,
-            items=_TOOL,
-            max_items=MAX_TOOLS,
-            description="Function tools; their names must differ.",
-        ),
+        "tools": _TOOLS,
     },
     additional_properties=False,
     description="Ollama's chat request, the subset Orchard implements (see docs/dialects.md).",
@@ -225,24 +220,26 @@ _SHOW = Schema(
 # --- the answers (protocol.ollama.stream and .models) ---------------------------------------
 
 _STAMP = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.DATE_TIME)
-_EMPTY = Schema(type=OpenAPIType.STRING, max_length=0)
-_NANOSECONDS = Schema(type=OpenAPIType.INTEGER, minimum=0)
-_METRICS = {
-    "total_duration": _NANOSECONDS,
-    "load_duration": _NANOSECONDS,
-    "prompt_eval_count": _NANOSECONDS,
-    "prompt_eval_duration": _NANOSECONDS,
-    "eval_count": _NANOSECONDS,
-    "eval_duration": _NANOSECONDS,
-}
+_METRICS = dict.fromkeys(
+    (
+        "total_duration",
+        "load_duration",
+        "prompt_eval_count",
+        "prompt_eval_duration",
+        "eval_count",
+        "eval_duration",
+    ),
+    _COUNT,
+)
+"""The counts and the durations (in nanoseconds) of an answer's last object."""
 _ANSWER_CALL = _closed(
     ["function"],
     id=_STRING,
     function=_closed(
         ["index", "name", "arguments"],
-        index=Schema(type=OpenAPIType.INTEGER, minimum=0),
+        index=_COUNT,
         name=_STRING,
-        arguments=Schema(type=OpenAPIType.OBJECT),
+        arguments=_OBJECT,
     ),
 )
 
@@ -279,9 +276,9 @@ def _answers(text: str, *, chat: bool) -> tuple[Schema, Schema]:
         return _closed(required, **body)
 
     whole = answer(_STRING, "stop length", metrics=True)
-    load = answer(_EMPTY, "load", more=False)
+    load = answer(_EMPTY_STRING, "load", more=False)
     chunk = answer(_STRING, "")
-    last = answer(_EMPTY, "stop length", more=False, metrics=True)
+    last = answer(_EMPTY_STRING, "stop length", more=False, metrics=True)
     return Schema(one_of=[whole, load]), Schema(one_of=[chunk, last, load, ERROR])
 
 
@@ -319,7 +316,7 @@ PS = _closed(
             name=_STRING,
             model=_STRING,
             details=_DETAILS,
-            context_length=Schema(type=OpenAPIType.INTEGER, minimum=0),
+            context_length=_COUNT,
         ),
         description="Every served model: runners keep their models loaded.",
     ),
@@ -332,7 +329,7 @@ SHOW = _closed(
         **{
             "general.architecture": _only("orchard"),
             "general.basename": _STRING,
-            "orchard.context_length": Schema(type=OpenAPIType.INTEGER, minimum=0),
+            "orchard.context_length": _COUNT,
             "orchard.engine": _STRING,
         },
     ),
@@ -342,30 +339,27 @@ SHOW = _closed(
 VERSION = _closed(["version"], version=_STRING)
 
 
-def _ok(description: str, schema: Schema) -> OpenAPIResponse:
-    return OpenAPIResponse(
-        description=description, content={"application/json": MediaType(schema=schema)}
-    )
-
-
-def _generation(body: str, request: Schema, answer: Schema, line: Schema) -> dict[str, Any]:
-    return {
-        "request_body": _json_body(request),
-        "responses": {
-            "200": OpenAPIResponse(
-                description=f"With stream false, the whole {body} as one object; otherwise "
+def _generation(
+    body: str, request: Schema, answer: Schema, line: Schema
+) -> tuple[RequestBody, dict[str, OpenAPIResponse | Reference]]:
+    """(the request body, the responses) of /api/chat or /api/generate."""
+    return (
+        _json_body(request),
+        {
+            "200": _streamed_response(
+                f"With stream false, the whole {body} as one object; otherwise "
                 "application/x-ndjson, one JSON object a line (x-itemSchema): the answer as "
                 'it comes ("done": false), then the last one with done_reason, the counts '
                 'and the durations in nanoseconds, or {"error"} ending a stream that failed. '
                 'A request with nothing to generate answers done_reason "load".',
-                content={
-                    "application/json": MediaType(schema=answer),
-                    NDJSON_TYPE: _EventStream(schema=_STRING, item_schema=line),
-                },
+                answer,
+                _STRING,
+                line,
+                NDJSON_TYPE,
             ),
             **_GENERATION_ERRORS,
         },
-    }
+    )
 
 
 @dataclass
@@ -373,9 +367,9 @@ class ChatOperation(Operation):
     """Operation for `POST /api/chat`."""
 
     def __post_init__(self) -> None:
-        parts = _generation("chat answer", _CHAT, CHAT_ANSWER, CHAT_LINE)
-        self.request_body = parts["request_body"]
-        self.responses = parts["responses"]
+        self.request_body, self.responses = _generation(
+            "chat answer", _CHAT, CHAT_ANSWER, CHAT_LINE
+        )
 
 
 @dataclass
@@ -383,9 +377,9 @@ class GenerateOperation(Operation):
     """Operation for `POST /api/generate`."""
 
     def __post_init__(self) -> None:
-        parts = _generation("completion", _GENERATE, GENERATE_ANSWER, GENERATE_LINE)
-        self.request_body = parts["request_body"]
-        self.responses = parts["responses"]
+        self.request_body, self.responses = _generation(
+            "completion", _GENERATE, GENERATE_ANSWER, GENERATE_LINE
+        )
 
 
 @dataclass
@@ -395,7 +389,7 @@ class ShowOperation(Operation):
     def __post_init__(self) -> None:
         self.request_body = _json_body(_SHOW)
         self.responses = {
-            "200": _ok("What is known of the model (its runners' registration).", SHOW),
+            "200": _json_response("What is known of the model (its runners' registration).", SHOW),
             "400": _error(GENERATION_ERRORS["400"]),
             **_AUTH_ERRORS,
             "404": _error(GENERATION_ERRORS["404"]),
@@ -408,7 +402,7 @@ def _listing(description: str, schema: Schema) -> type[Operation]:
     @dataclass
     class ListingOperation(Operation):
         def __post_init__(self) -> None:
-            self.responses = {"200": _ok(description, schema), **_AUTH_ERRORS}
+            self.responses = {"200": _json_response(description, schema), **_AUTH_ERRORS}
 
     return ListingOperation
 

@@ -11,15 +11,18 @@ from __future__ import annotations
 from litestar.openapi.spec import Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
-from gateway.openapi_common import _INTEGER, _NULL, _STRING, _closed, _only
+from gateway.openapi_common import (
+    _COUNT,
+    _INTEGER,
+    _NULL,
+    _STRING,
+    _closed,
+    _counts,
+    _only,
+    _only_or_null,
+)
 
-_COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0)
 _FINISH_REASONS = ["stop", "length", "tool_calls"]
-
-
-def _counts(*names: str) -> Schema:
-    return _closed(list(names), **dict.fromkeys(names, _COUNT))
-
 
 _USAGE = _closed(
     [
@@ -74,6 +77,29 @@ _FINGERPRINT = Schema(
     description="The serving configuration (Orchard's version, the model, the runner's engine).",
 )
 
+
+def _openai_object(kind: str, required: list[str], **fields: Schema) -> Schema:
+    """An OpenAI answer object of `kind` (its id, object, created, model and
+    system_fingerprint first), with these `fields` besides, `required` of them required."""
+    return _closed(
+        ["id", "object", "created", "model", "system_fingerprint", *required],
+        id=_STRING,
+        object=_only(kind),
+        created=_INTEGER,
+        model=_STRING,
+        system_fingerprint=_FINGERPRINT,
+        **fields,
+    )
+
+
+_TOOL_CALL = _closed(
+    ["id", "type", "function"],
+    id=_STRING,
+    type=_only("function"),
+    function=_closed(["name", "arguments"], name=_STRING, arguments=_STRING),
+)
+"""A function call of an assistant message (an answer's, or one in a request's history)."""
+
 # --- the non-streaming body -----------------------------------------------------------------
 
 _MESSAGE = _closed(
@@ -84,26 +110,13 @@ _MESSAGE = _closed(
     ),
     refusal=_NULL,
     annotations=Schema(type=OpenAPIType.ARRAY, max_items=0),
-    tool_calls=Schema(
-        type=OpenAPIType.ARRAY,
-        items=_closed(
-            ["id", "type", "function"],
-            id=_STRING,
-            type=_only("function"),
-            function=_closed(["name", "arguments"], name=_STRING, arguments=_STRING),
-        ),
-        min_items=1,
-    ),
+    tool_calls=Schema(type=OpenAPIType.ARRAY, items=_TOOL_CALL, min_items=1),
     reasoning_content=_STRING,
 )
 
-CHAT_COMPLETION = _closed(
-    ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"],
-    id=_STRING,
-    object=_only("chat.completion"),
-    created=_INTEGER,
-    model=_STRING,
-    system_fingerprint=_FINGERPRINT,
+CHAT_COMPLETION = _openai_object(
+    "chat.completion",
+    ["choices", "usage"],
     choices=Schema(
         type=OpenAPIType.ARRAY,
         items=_closed(
@@ -142,13 +155,9 @@ _DELTA = _closed(
     ),
 )
 
-CHAT_COMPLETION_CHUNK = _closed(
-    ["id", "object", "created", "model", "system_fingerprint", "choices"],
-    id=_STRING,
-    object=_only("chat.completion.chunk"),
-    created=_INTEGER,
-    model=_STRING,
-    system_fingerprint=_FINGERPRINT,
+CHAT_COMPLETION_CHUNK = _openai_object(
+    "chat.completion.chunk",
+    ["choices"],
     choices=Schema(
         type=OpenAPIType.ARRAY,
         items=_closed(
@@ -156,9 +165,7 @@ CHAT_COMPLETION_CHUNK = _closed(
             index=_INTEGER,
             delta=_DELTA,
             logprobs=_LOGPROBS,
-            finish_reason=Schema(
-                type=[OpenAPIType.STRING, OpenAPIType.NULL], enum=[*_FINISH_REASONS, None]
-            ),
+            finish_reason=_only_or_null(*_FINISH_REASONS),
         ),
         max_items=1,
         description="Empty in the last chunk, which carries the whole request's usage.",

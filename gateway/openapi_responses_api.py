@@ -15,24 +15,33 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import get_args
 
-from litestar.openapi.spec import OpenAPIMediaType as MediaType
-from litestar.openapi.spec import OpenAPIResponse, Operation, Reference, Schema
+from litestar.openapi.spec import Operation, Reference, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.openapi_common import (
     _BOOLEAN,
+    _COUNT,
     _DECODING,
     _INTEGER,
+    _JSON_SCHEMA,
     _MODEL,
     _NULL,
+    _OBJECT,
+    _PROMPT_TEXT,
     _STRING,
+    _TOOL_NAME,
     GENERATION_ERRORS,
     _closed,
     _error,
-    _EventStream,
     _json_body,
+    _json_response,
     _limit,
+    _named_event,
+    _non_empty,
     _only,
+    _output_format,
+    _streamed_response,
+    _with_server_error,
 )
 from protocol.frames import ReasoningEffort
 from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
@@ -43,7 +52,6 @@ from protocol.openai.stored import (
     MAX_METADATA_KEYS,
     MAX_METADATA_VALUE_CHARS,
 )
-from protocol.openai.tools import MAX_NAME_CHARS, NAME_PATTERN
 
 
 def _nullable(schema: Schema) -> Schema:
@@ -69,8 +77,6 @@ def _array(items: Schema, **bounds: int) -> Schema:
 
 
 _EMPTY = Schema(type=OpenAPIType.ARRAY, max_items=0)
-_JSON_SCHEMA = Schema(type=OpenAPIType.OBJECT, description="A JSON Schema.")
-_NAME = Schema(type=OpenAPIType.STRING, pattern=NAME_PATTERN, max_length=MAX_NAME_CHARS)
 _ITEM_STATUS = _only("in_progress", "completed", "incomplete")
 _METADATA = Schema(
     type=OpenAPIType.OBJECT,
@@ -82,19 +88,18 @@ _EFFORT = _only(*get_args(ReasoningEffort))
 
 # --- the request (protocol.openai.responses, .responses_input) -------------------------------
 
-_TEXT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
-_INPUT_TEXT = _closed(["type", "text"], type=_only("input_text"), text=_TEXT)
+_INPUT_TEXT = _closed(["type", "text"], type=_only("input_text"), text=_PROMPT_TEXT)
 _OUTPUT_TEXT_IN = _optional(
     ["type", "text"],
     type=_only("output_text"),
-    text=_TEXT,
+    text=_PROMPT_TEXT,
     annotations=Schema(type=OpenAPIType.ARRAY),
     logprobs=Schema(type=OpenAPIType.ARRAY),
 )
 
 
 def _content(part: Schema) -> Schema:
-    return Schema(one_of=[_TEXT, _array(part, max_items=MAX_CONTENT_PARTS)])
+    return Schema(one_of=[_PROMPT_TEXT, _array(part, max_items=MAX_CONTENT_PARTS)])
 
 
 def _message(roles: Schema, part: Schema) -> Schema:
@@ -143,7 +148,7 @@ _INPUT_ITEM = Schema(
 )
 _INPUT = Schema(
     one_of=[
-        _TEXT,
+        _PROMPT_TEXT,
         _array(_INPUT_ITEM, min_items=1, max_items=MAX_MESSAGES),
     ],
     description="A user message, or items: messages (type may be left out), the model's "
@@ -153,7 +158,7 @@ _INPUT = Schema(
 _TOOL = _optional(
     ["type", "name"],
     type=_only("function"),
-    name=_NAME,
+    name=_TOOL_NAME,
     description=_STRING,
     parameters=_JSON_SCHEMA,
     strict=_BOOLEAN,
@@ -161,35 +166,23 @@ _TOOL = _optional(
 _TOOL_CHOICE = Schema(
     one_of=[
         _only("none", "auto", "required"),
-        _closed(["type", "name"], type=_only("function"), name=_NAME),
+        _closed(["type", "name"], type=_only("function"), name=_TOOL_NAME),
     ],
     description='"required" and a named function need `tools`; the function must be one of them.',
 )
 
 
-def _format(json_schema: Schema) -> Schema:
-    return Schema(
-        one_of=[
-            _closed(["type"], type=_only("text")),
-            _closed(["type"], type=_only("json_object")),
-            json_schema,
-        ]
-    )
-
-
-_TEXT_FORMAT = _format(
+_TEXT_FORMAT = _output_format(
     _closed(
         ["type", "name"],
         type=_only("json_schema"),
-        name=_NAME,
+        name=_TOOL_NAME,
         description=_STRING,
         schema=_JSON_SCHEMA,
         strict=_BOOLEAN,
     )
 )
-_WITH_TOOLS = Schema(
-    required=["tools"], properties={"tools": Schema(type=OpenAPIType.ARRAY, min_items=1)}
-)
+_WITH_TOOLS = _non_empty("tools")
 
 # Every limit is the parser's own constant, so the schema and the validation cannot disagree.
 _REQUEST = Schema(
@@ -311,7 +304,7 @@ _USAGE_FIELDS: dict[str, Schema] = {
     "total_tokens": _INTEGER,
 }
 _USAGE = _closed(list(_USAGE_FIELDS), **_USAGE_FIELDS)
-_SHOWN_FORMAT = _format(
+_SHOWN_FORMAT = _output_format(
     _closed(
         ["type", "name", "schema", "strict"],
         type=_only("json_schema"),
@@ -358,7 +351,7 @@ _FIELDS: dict[str, Schema] = {
             type=_only("function"),
             name=_STRING,
             description=_nullable(_STRING),
-            parameters=_nullable(Schema(type=OpenAPIType.OBJECT)),
+            parameters=_nullable(_OBJECT),
             strict=_BOOLEAN,
         )
     ),
@@ -403,12 +396,12 @@ def _event(kind: str, **fields: Schema) -> Schema:
     return _closed(
         ["type", "sequence_number", *fields],
         type=_only(kind),
-        sequence_number=Schema(type=OpenAPIType.INTEGER, minimum=0),
+        sequence_number=_COUNT,
         **fields,
     )
 
 
-_WHERE = {"item_id": _STRING, "output_index": Schema(type=OpenAPIType.INTEGER, minimum=0)}
+_WHERE = {"item_id": _STRING, "output_index": _COUNT}
 _PART = {**_WHERE, "content_index": Schema(const=0)}
 EVENT = Schema(
     one_of=[
@@ -468,17 +461,8 @@ EVENT_NAMES = [
     "response.failed",
     "error",
 ]
-SSE_EVENT = _closed(
-    ["event", "data"],
-    event=Schema(
-        type=OpenAPIType.STRING, enum=EVENT_NAMES, description="The type of the data's object."
-    ),
-    data=Schema(
-        type=OpenAPIType.STRING, content_media_type="application/json", content_schema=EVENT
-    ),
-)
-"""One server-sent event as OpenAPI 3.1 describes an event stream (the media type's schema is
-each event's: its `event` and `data` fields), the JSON in its data an `EVENT`."""
+SSE_EVENT = _named_event(EVENT_NAMES, EVENT)
+"""One server-sent event (its `event` and `data` fields), the JSON in its data an `EVENT`."""
 
 # --- the operations -------------------------------------------------------------------------
 
@@ -494,12 +478,6 @@ _DELETED = _closed(
 )
 
 
-def _json(description: str, schema: Schema) -> OpenAPIResponse:
-    return OpenAPIResponse(
-        description=description, content={"application/json": MediaType(schema=schema)}
-    )
-
-
 @dataclass
 class CreateResponseOperation(Operation):
     """Operation for `POST /v1/responses`, with its body and every status it answers."""
@@ -507,24 +485,22 @@ class CreateResponseOperation(Operation):
     def __post_init__(self) -> None:
         self.request_body = _json_body(_REQUEST)
         reasons = {
-            **GENERATION_ERRORS,
+            **_with_server_error(_SERVER_ERROR),
             "400": GENERATION_ERRORS["400"] + " An unknown previous_response_id is a 400 too.",
-            "500": _SERVER_ERROR,
         }
         self.responses = {
-            "200": OpenAPIResponse(
-                description="A response, or with stream=true a text/event-stream of OpenAI's "
-                "Responses events, each an `event: <type>` line and a `data:` JSON object of "
-                "that type (x-itemSchema): response.created and response.in_progress, each "
-                "output item's added, content and delta events and done, then "
-                "response.completed or response.incomplete; or response.failed (or an error "
-                "event) that ends the stream. No [DONE].",
-                content={
-                    "application/json": MediaType(schema=RESPONSE),
-                    "text/event-stream": _EventStream(schema=SSE_EVENT, item_schema=EVENT),
-                },
+            "200": _streamed_response(
+                "A response, or with stream=true a text/event-stream of OpenAI's Responses "
+                "events, each an `event: <type>` line and a `data:` JSON object of that type "
+                "(x-itemSchema): response.created and response.in_progress, each output item's "
+                "added, content and delta events and done, then response.completed or "
+                "response.incomplete; or response.failed (or an error event) that ends the "
+                "stream. No [DONE].",
+                RESPONSE,
+                SSE_EVENT,
+                EVENT,
             ),
-            **{status: _error(reasons[status]) for status in sorted(reasons)},
+            **{status: _error(why) for status, why in reasons.items()},
         }
 
 
@@ -534,7 +510,7 @@ class GetResponseOperation(Operation):
 
     def __post_init__(self) -> None:
         self.responses = {
-            "200": _json("The stored response.", RESPONSE),
+            "200": _json_response("The stored response.", RESPONSE),
             **{status: _error(why) for status, why in _BY_ID.items()},
         }
 
@@ -545,6 +521,6 @@ class DeleteResponseOperation(Operation):
 
     def __post_init__(self) -> None:
         self.responses = {
-            "200": _json("The response was deleted.", _DELETED),
+            "200": _json_response("The response was deleted.", _DELETED),
             **{status: _error(why) for status, why in _BY_ID.items()},
         }
