@@ -9,14 +9,17 @@
         ├── EngineStateError       a call the engine's state forbids (submit before start,
         │                          start twice); also a RuntimeError
         ├── ModelLoadError         `start` could not load a model; the loader's error is
-        │                          its __cause__
+        │   │                      its __cause__
+        │   └── DownloadError      a Hugging Face model could not be fetched (not found,
+        │                          gated, no network, disk full, stalled); the message says
+        │                          what to do, the hub client's error is its __cause__
         └── RequestError           one request this engine cannot serve; it ends that request
                                    with a Failure of its `code`, never reaching the caller
 
 The transport (runner.client) raises `Unauthorized` out of `Runner.run`; `GatewaySilent`
 only ends one connection, which is then made again. Engines raise `EngineStateError` and
-`ModelLoadError` to their caller; `RequestError` is raised and caught on an engine's own
-thread and turned into a `Failure` event.
+`ModelLoadError` to their caller (`runner.download.fetch` raises `DownloadError`);
+`RequestError` is raised and caught on an engine's own thread and turned into a `Failure` event.
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ class EngineStateError(EngineError, RuntimeError):
 
 class ModelLoadError(EngineError):
     """`Engine.start` could not load a model (missing files, unknown architecture...)."""
+
+
+class DownloadError(ModelLoadError):
+    """`runner.download.fetch` could not make a model available locally; the message names
+    the model and what to do about it."""
 
 
 class RequestError(EngineError):

@@ -7,6 +7,7 @@ writes NaN and infinities as null).
 
 from __future__ import annotations
 
+import copy
 from typing import Any, get_args
 
 import hypothesis.strategies as st
@@ -232,12 +233,11 @@ def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 @st.composite
-def mutated_frame_objects(draw: st.DrawFn) -> Any:
-    """A valid frame's JSON object with one value replaced, one key dropped or one key added.
-
-    Most come out invalid deep inside a frame, where arbitrary JSON rarely reaches.
-    """
-    obj = converter.unstructure(draw(frames), Frame)
+def mutations(draw: st.DrawFn, base: Any, keys: st.SearchStrategy[str] = text) -> Any:
+    """`base` (a JSON object) with one value replaced, one key dropped or one key (one of
+    `keys`) added, at any depth: mostly invalid deep inside, where arbitrary JSON rarely
+    reaches."""
+    obj = copy.deepcopy(base)
     # The root itself is left to json_values.
     path = draw(st.sampled_from(_paths(obj)[1:]))
     parent = obj
@@ -249,10 +249,16 @@ def mutated_frame_objects(draw: st.DrawFn) -> Any:
     elif action == "drop":
         del parent[path[-1]]
     elif isinstance(parent, dict):
-        parent[draw(text)] = draw(json_values)
+        parent[draw(keys)] = draw(json_values)
     else:
         parent.append(draw(json_values))
     return obj
+
+
+@st.composite
+def mutated_frame_objects(draw: st.DrawFn) -> Any:
+    """A valid frame's JSON object with one value replaced, one key dropped or one key added."""
+    return draw(mutations(converter.unstructure(draw(frames), Frame)))
 
 
 @st.composite

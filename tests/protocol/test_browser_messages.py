@@ -41,6 +41,7 @@ from protocol.browser.messages import (
 from protocol.errors import FrameError
 from protocol.openai.errors import OpenAIError
 from protocol.openai.request import parse_chat_object
+from tests.protocol.bad_input import BAD_JSON
 from tests.protocol.strategies import finish_reasons, hostile_bytes, ints, json_values, text
 
 MESSAGE = {"role": "user", "content": "hi"}
@@ -274,16 +275,7 @@ def test_load_takes_a_message_of_exactly_the_limit() -> None:
     assert load(data, len(data.encode())) == {"type": "é"}
 
 
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (
-            b"{not json",
-            "Invalid JSON: unexpected character, expected a string key: line 1 column 2 (char 1)",
-        ),
-        (b"", "Invalid JSON: Input is a zero-length, empty document: line 1 column 1 (char 0)"),
-    ],
-)
+@pytest.mark.parametrize(("data", "message"), BAD_JSON)
 def test_load_refuses_bad_json(data: bytes, message: str) -> None:
     with pytest.raises(OpenAIError) as caught:
         load(data, 100)

@@ -23,6 +23,7 @@ from protocol.browser.session import (
     Subscribe,
 )
 from protocol.openai.request import parse_chat_object
+from tests.protocol.bad_input import BAD_JSON
 from tests.protocol.strategies import hostile_bytes, json_values, text
 
 KEY = "sk-right"
@@ -188,16 +189,7 @@ def test_too_large() -> None:
     assert s.receive('{"type":"ping"}     ') == PONG
 
 
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (
-            b"{not json",
-            "Invalid JSON: unexpected character, expected a string key: line 1 column 2 (char 1)",
-        ),
-        (b"", "Invalid JSON: Input is a zero-length, empty document: line 1 column 1 (char 0)"),
-    ],
-)
+@pytest.mark.parametrize(("data", "message"), BAD_JSON)
 def test_invalid_json(data: bytes, message: str) -> None:
     assert session().receive(data) == error(None, message, None, "invalid_json")
 

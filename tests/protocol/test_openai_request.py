@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import hypothesis.strategies as st
@@ -33,7 +32,8 @@ from protocol.openai.request import (
     parse_chat_object,
     parse_chat_request,
 )
-from tests.protocol.strategies import json_values, text
+from tests.protocol.bad_input import METADATA_REFUSALS
+from tests.protocol.strategies import json_values, mutations, text
 
 USER = {"role": "user", "content": "hi"}
 BASE: dict[str, Any] = {"model": "m", "messages": [USER]}
@@ -840,15 +840,7 @@ REFUSALS: list[tuple[dict[str, Any], str | None, str]] = [
         "unsupported_value",
     ),
     (request(prompt_cache_options={"mode": "off"}), "prompt_cache_options.mode", "invalid_value"),
-    (request(metadata=[]), "metadata", "invalid_type"),
-    (request(metadata={"k": 1}), "metadata.k", "invalid_type"),
-    (request(metadata={"k": "v" * 513}), "metadata.k", "string_above_max_length"),
-    (request(metadata={"k" * 65: "v"}), "metadata." + "k" * 65, "string_above_max_length"),
-    (
-        request(metadata={str(i): "v" for i in range(17)}),
-        "metadata",
-        "object_above_max_properties",
-    ),
+    *((request(metadata=value), param, code) for value, param, code in METADATA_REFUSALS),
 ]
 
 
@@ -918,17 +910,6 @@ def test_random_json(value: Any) -> None:
     _check(orjson.dumps(value))
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [prefix]
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            found += _paths(value, (*prefix, key))
-    elif isinstance(obj, list):
-        for index, value in enumerate(obj):
-            found += _paths(value, (*prefix, index))
-    return found
-
-
 FULL: dict[str, Any] = {
     "model": "m",
     "messages": [
@@ -967,24 +948,9 @@ FULL: dict[str, Any] = {
 }
 
 
-@st.composite
-def mutated_requests(draw: st.DrawFn) -> Any:
+def mutated_requests() -> st.SearchStrategy[Any]:
     """FULL with one value replaced, one key dropped or one key added, at any depth."""
-    obj = copy.deepcopy(FULL)
-    path = draw(st.sampled_from(_paths(obj)[1:]))
-    parent = obj
-    for step in path[:-1]:
-        parent = parent[step]
-    action = draw(st.sampled_from(("replace", "drop", "add")))
-    if action == "replace" or (action == "drop" and isinstance(parent, list)):
-        parent[path[-1]] = draw(json_values)
-    elif action == "drop":
-        del parent[path[-1]]
-    elif isinstance(parent, dict):
-        parent[draw(text | st.sampled_from(sorted(FULL)))] = draw(json_values)
-    else:
-        parent.append(draw(json_values))
-    return obj
+    return mutations(FULL, text | st.sampled_from(sorted(FULL)))
 
 
 def test_full_is_valid() -> None:

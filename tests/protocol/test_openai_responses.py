@@ -3,7 +3,6 @@ naming the field for everything we refuse (unknown, unsupported, mistyped, missi
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import hypothesis.strategies as st
@@ -15,7 +14,7 @@ from protocol.codec import decode_gateway_frame, encode
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import parse_responses_object, parse_responses_request
-from tests.protocol.strategies import json_values, text
+from tests.protocol.strategies import json_values, mutations, text
 
 WEATHER = {
     "type": "function",
@@ -311,35 +310,9 @@ FULL: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [prefix]
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            found += _paths(value, (*prefix, key))
-    elif isinstance(obj, list):
-        for index, value in enumerate(obj):
-            found += _paths(value, (*prefix, index))
-    return found
-
-
-@st.composite
-def mutated_requests(draw: st.DrawFn) -> Any:
+def mutated_requests() -> st.SearchStrategy[Any]:
     """FULL with one value replaced, one key dropped or one key added, at any depth."""
-    obj = copy.deepcopy(FULL)
-    path = draw(st.sampled_from(_paths(obj)[1:]))
-    parent = obj
-    for step in path[:-1]:
-        parent = parent[step]
-    action = draw(st.sampled_from(("replace", "drop", "add")))
-    if action == "replace" or (action == "drop" and isinstance(parent, list)):
-        parent[path[-1]] = draw(json_values)
-    elif action == "drop":
-        del parent[path[-1]]
-    elif isinstance(parent, dict):
-        parent[draw(text | st.sampled_from(sorted(FULL)))] = draw(json_values)
-    else:
-        parent.append(draw(json_values))
-    return obj
+    return mutations(FULL, text | st.sampled_from(sorted(FULL)))
 
 
 def test_full_is_valid() -> None:

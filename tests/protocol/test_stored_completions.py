@@ -25,6 +25,7 @@ from protocol.openai.stored import (
     stored_completion,
     stored_messages,
 )
+from tests.protocol.bad_input import METADATA_REFUSALS
 
 USER = {"role": "user", "content": "hi"}
 
@@ -208,16 +209,7 @@ def test_deleted_and_not_found_objects() -> None:
 # --- metadata -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("value", "param", "code"),
-    [
-        ([], "metadata", "invalid_type"),
-        ({"k": 1}, "metadata.k", "invalid_type"),
-        ({"k": "v" * 513}, "metadata.k", "string_above_max_length"),
-        ({"k" * 65: "v"}, "metadata." + "k" * 65, "string_above_max_length"),
-        ({str(i): "v" for i in range(17)}, "metadata", "object_above_max_properties"),
-    ],
-)
+@pytest.mark.parametrize(("value", "param", "code"), METADATA_REFUSALS)
 def test_metadata_refusals(value: Any, param: str, code: str) -> None:
     err = refusal(parse_metadata, value)
     assert (err.param, err.code) == (param, code)
