@@ -4,7 +4,8 @@
 `huggingface_hub.snapshot_download` with mlx-lm's `DEFAULT_ALLOW_PATTERNS`, so the snapshot is
 the one `mlx_lm.load` would have made, in the same cache. It first asks the cache alone
 (`local_files_only`): a complete snapshot is returned with no network call (the hub client
-checks completeness against the file listing it cached with the snapshot).
+checks completeness against the file listing it cached with the snapshot). `cached` is that
+first step alone.
 
 Progress: snapshot_download creates its byte bars with the `tqdm_class` it is given (named
 "huggingface_hub.snapshot_download", the bytes written, and "....transfer", the bytes
@@ -17,9 +18,11 @@ The download runs on a worker thread while the caller's thread watches it: it re
 caller's thread), logs a line to "runner.download" every `LOG_INTERVAL`, and gives up with
 `DownloadError` when no byte arrived for `stall_timeout` seconds. The hub client's own timeouts
 do not bound everything: the model info request has none (`HfApi.model_info` passes
-`timeout=None`), file bodies time out after HF_HUB_DOWNLOAD_TIMEOUT (10 s) per read but are
-retried 5 times. A worker given up on stops at its next byte; one blocked in a read ends with
-the client's timeouts (or never, on the info request against a silent server: it is a daemon).
+`timeout=None`; against a server that accepts and never answers, snapshot_download waited
+past 25 s, until the socket closed), and file bodies time out after HF_HUB_DOWNLOAD_TIMEOUT
+(10 s) per read but are retried 5 times, resuming. A worker given up on stops at its next
+byte; one blocked in a read ends with the client's timeouts, or never on the info request
+against a silent server (it is a daemon thread).
 
 Every failure is a `DownloadError` whose message says what to do; the client's error is its
 __cause__.
@@ -102,15 +105,12 @@ def fetch(
     local = Path(model_id)
     if local.exists():
         return local
-    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS  # noqa: PLC0415  # mlx: slow, load if needed
-
-    patterns = list(DEFAULT_ALLOW_PATTERNS)
     options: dict[str, Any] = {
         "revision": revision,
         "cache_dir": cache_dir,
         "endpoint": endpoint,
         "token": token,
-        "allow_patterns": patterns,
+        "allow_patterns": _allow_patterns(),
     }
     try:
         path = snapshot_download(model_id, local_files_only=True, **options)
@@ -123,7 +123,7 @@ def fetch(
         return Path(path)
     # Process-wide, read by the client on each file: a smaller chunk only means more updates.
     constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_SIZE)
-    watch = _Watch(model_id, revision, cache_dir, patterns, on_progress)
+    watch = _Watch(model_id, revision, cache_dir, options["allow_patterns"], on_progress)
     worker = threading.Thread(
         target=watch.run,
         args=(lambda: snapshot_download(model_id, tqdm_class=watch.bars, **options),),
@@ -145,9 +145,36 @@ def fetch(
     return Path(watch.path)
 
 
+def cached(
+    model_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None
+) -> Path | None:
+    """What `fetch` would return with no network call: a directory as is, a complete cached
+    snapshot; else None (not cached, partly cached, or not a valid Hub id)."""
+    if Path(model_id).exists():
+        return Path(model_id)
+    try:
+        path = snapshot_download(
+            model_id,
+            revision=revision,
+            cache_dir=cache_dir,
+            local_files_only=True,
+            allow_patterns=_allow_patterns(),
+        )
+    except (LocalEntryNotFoundError, ValueError):  # ValueError: not a Hub id
+        return None
+    return Path(path)
+
+
 def local_size(path: str | Path) -> int:
     """Bytes of the model's weight files (`model*.safetensors`) under `path`; 0 when none."""
     return sum(file.stat().st_size for file in Path(path).glob(WEIGHT_PATTERN))
+
+
+def _allow_patterns() -> list[str]:
+    """mlx-lm's: the files `mlx_lm.load` downloads."""
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS  # noqa: PLC0415  # mlx: slow, load if needed
+
+    return list(DEFAULT_ALLOW_PATTERNS)
 
 
 class _Bars(hf_tqdm):
@@ -306,7 +333,15 @@ class _Watch:
         )
 
     def wait(self, stall_timeout: float) -> None:
-        """Until the worker ends or stalls, reporting and logging on the way."""
+        """Until the worker ends or stalls, reporting and logging on the way. If this raises
+        (`on_progress` did, or an interrupt), the worker stops at its next byte."""
+        try:
+            self._watch(stall_timeout)
+        except BaseException:
+            self.cancelled = True
+            raise
+
+    def _watch(self, stall_timeout: float) -> None:
         last_report: Progress | None = None
         last_log = 0.0
         while not self.done.wait(REPORT_INTERVAL):
@@ -338,6 +373,8 @@ class _Watch:
 def _describe(progress: Progress) -> str:
     """ "1.2 of 4.5 GB (27 %), 35 MB/s" """
     done, total = progress.done_bytes, progress.total_bytes
+    if not total:
+        return "no file listing yet"
     rate = _size(progress.bytes_per_second, progress.bytes_per_second)
     of = f"{_size(done, total, unit=False)} of {_size(total, total)}"
     return f"{of} ({100 * done // total} %), {rate}/s"

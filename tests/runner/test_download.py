@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from huggingface_hub import constants
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 import runner.download
-from runner.download import Progress, fetch, local_size
+from runner.download import Progress, cached, fetch, local_size
 from runner.errors import DownloadError
 from tests.fakehub import FakeHub, Repo
 from tests.support import REPO, UNIT, free_port, wait_until
@@ -51,19 +52,20 @@ def snapshot(cache: Path, repo: Repo) -> Path:
 
 
 def test_a_download_reports_byte_progress_logs_it_and_loads(
-    hub: FakeHub, cache: Path, demo_model_path: Path, caplog: pytest.LogCaptureFixture
+    hub: FakeHub,
+    cache: Path,
+    demo_model_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import mlx_lm
 
     caplog.set_level(logging.INFO, logger="runner.download")
-    runner.download.LOG_INTERVAL = 0.2  # restored below: a progress line per report or so
+    monkeypatch.setattr(runner.download, "LOG_INTERVAL", 0.2)  # a line per report or so
     repo = hub.repos[MODEL]
     hub.bytes_per_second = repo.size / (1.2 * UNIT)
     reports: list[Progress] = []
-    try:
-        path = fetch(MODEL, reports.append, cache_dir=cache, endpoint=hub.url)
-    finally:
-        runner.download.LOG_INTERVAL = 5.0
+    path = fetch(MODEL, reports.append, cache_dir=cache, endpoint=hub.url)
 
     assert path == snapshot(cache, repo)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == repo.files
@@ -122,6 +124,18 @@ def test_a_partial_snapshot_downloads_only_what_is_missing(hub: FakeHub, cache: 
     # The files already there count as done from the first report on.
     assert reports[0].done_bytes >= repo.size - len(repo.files[WEIGHTS])
     assert reports[-1].done_bytes == reports[-1].total_bytes == repo.size
+
+
+def test_cached_makes_no_request(hub: FakeHub, cache: Path, demo_model_path: Path) -> None:
+    assert cached(MODEL, cache_dir=cache) is None
+    path = fetch(MODEL, cache_dir=cache, endpoint=hub.url)
+    hub.requests.clear()
+    assert cached(MODEL, cache_dir=cache) == path
+    assert cached(str(demo_model_path)) == demo_model_path
+    assert cached("not/a/hub id", cache_dir=cache) is None
+    (path / WEIGHTS).unlink()
+    assert cached(MODEL, cache_dir=cache) is None  # partial
+    assert hub.requests == []
 
 
 def test_a_local_directory_is_returned_as_is(hub: FakeHub, demo_model_path: Path) -> None:
@@ -210,12 +224,43 @@ def test_a_stalled_download_gives_up_and_its_worker_ends(hub: FakeHub, cache: Pa
     assert reports
     assert reports[-1].done_bytes < reports[-1].total_bytes
 
-    def worker() -> bool:
-        return any(t.name == f"runner.download {MODEL}" for t in threading.enumerate())
-
-    assert worker()
+    assert worker_alive()
     hub.release()  # the next bytes reach the worker, which stops there
-    wait_until(lambda: not worker(), 2, "the download's worker to end")
+    wait_until(lambda: not worker_alive(), 2, "the download's worker to end")
+    assert not (snapshot(cache, hub.repos[MODEL]) / WEIGHTS).exists()
+
+
+def worker_alive() -> bool:
+    return any(t.name == f"runner.download {MODEL}" for t in threading.enumerate())
+
+
+def test_a_silent_hub_is_given_up_on(cache: Path) -> None:
+    """huggingface_hub asks for the model info with no timeout at all: a server that accepts
+    the connection and never answers would hold snapshot_download forever."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts; nobody reads or answers
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(DownloadError) as raised:
+            fetch(MODEL, cache_dir=cache, endpoint=endpoint, stall_timeout=1 * UNIT)
+        assert 1 * UNIT <= time.monotonic() - started < 3 * UNIT
+        assert str(raised.value).startswith(
+            f"downloading org/demo stalled: no data from {endpoint} for {1 * UNIT:g} s."
+        )
+        assert worker_alive()
+    wait_until(lambda: not worker_alive(), 2, "the download's worker to end")
+
+
+def test_an_error_in_on_progress_stops_the_download(hub: FakeHub, cache: Path) -> None:
+    hub.bytes_per_second = hub.repos[MODEL].size / (3 * UNIT)
+
+    def on_progress(progress: Progress) -> None:
+        raise RuntimeError("the caller's own")
+
+    with pytest.raises(RuntimeError, match="the caller's own"):
+        fetch(MODEL, on_progress, cache_dir=cache, endpoint=hub.url)
+    wait_until(lambda: not worker_alive(), 2, "the download's worker to end")
     assert not (snapshot(cache, hub.repos[MODEL]) / WEIGHTS).exists()
 
 
