@@ -63,7 +63,7 @@ def test_a_download_reports_byte_progress_logs_it_and_loads(
     caplog.set_level(logging.INFO, logger="runner.download")
     monkeypatch.setattr(runner.download, "LOG_INTERVAL", 0.2)  # a line per report or so
     repo = hub.repos[MODEL]
-    hub.bytes_per_second = repo.size / (1.2 * UNIT)
+    hub.bytes_per_second = repo.size / (1.5 * UNIT)
     reports: list[Progress] = []
     path = fetch(MODEL, reports.append, cache_dir=cache, endpoint=hub.url)
 
@@ -72,7 +72,7 @@ def test_a_download_reports_byte_progress_logs_it_and_loads(
     assert sorted(hub.body_requests()) == sorted(
         f"/{MODEL}/resolve/{repo.sha}/{name}" for name in repo.files
     )
-    assert len(reports) >= 3, reports
+    assert len(reports) >= 2, reports
     assert {r.total_bytes for r in reports} == {repo.size}
     done = [r.done_bytes for r in reports]
     assert done == sorted(done)
@@ -85,7 +85,7 @@ def test_a_download_reports_byte_progress_logs_it_and_loads(
 
     lines = [r.getMessage() for r in caplog.records if r.name == "runner.download"]
     progress_line = re.compile(
-        r"downloading org/demo: \d\.\d of 1\.9 MB \(\d{1,2} %\), \d+\.\d (kB|MB)/s"
+        r"downloading org/demo: \d\.\d of 1\.9 MB \(\d{1,3} %\), \d+\.\d (kB|MB)/s"
     )
     assert lines[:-1], lines
     assert all(progress_line.fullmatch(line) for line in lines[:-1]), lines
