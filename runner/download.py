@@ -101,7 +101,11 @@ def fetch(
 ) -> Path:
     """The local directory of `model_id`: a directory as is, else its Hub snapshot, downloaded
     when not complete in the cache (`cache_dir`, default HF_HUB_CACHE) from `endpoint`
-    (default HF_ENDPOINT). Raises `DownloadError`."""
+    (default HF_ENDPOINT), with `token` (default HF_TOKEN). Raises `DownloadError`.
+
+    `on_progress` is called on this thread, at most every `REPORT_INTERVAL` and once more
+    with `finished=True`; never when the cache already had it all.
+    """
     local = Path(model_id)
     if local.exists():
         return local

@@ -17,7 +17,9 @@ one), while its metadata stays public, as on the Hub.
 
 Knobs: `bytes_per_second` throttles file bodies (so progress can be watched), `stall_after`
 stops sending every body after that many bytes until `release()` (or `close`), which then sends
-the rest. `requests` records every request as (method, path).
+the rest, and `drop_after` closes the connection after that many bytes of the next body that
+long (once; the client resumes with a Range request). `requests` records every request as
+(method, path), `ranges` the Range header of every ranged GET.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.bytes_per_second: float | None = None
         self.stall_after: int | None = None
+        self.drop_after: int | None = None
+        self.ranges: list[str] = []
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._released = threading.Event()
@@ -151,6 +155,14 @@ class FakeHub:
             delay = started + sent / self.bytes_per_second - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
+
+    def _drop(self, sent: int) -> bool:
+        """Whether to drop the connection now (once)."""
+        with self._lock:
+            if self.drop_after is not None and sent >= self.drop_after:
+                self.drop_after = None
+                return True
+            return False
 
     def _stall(self, sent: int) -> None:
         if self.stall_after is not None and sent >= self.stall_after:
@@ -268,6 +280,9 @@ class _Handler(BaseHTTPRequestHandler):
         if ranged.startswith("bytes=") and ranged.endswith("-"):
             start = int(ranged[len("bytes=") : -1])
             status = 206
+            if method == "GET":
+                with self.fake._lock:
+                    self.fake.ranges.append(ranged)
         self.send_response(status)
         self.send_header("X-Repo-Commit", repo.sha)
         self.send_header("ETag", f'"{repo.oid(name)}"')
@@ -283,6 +298,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_body(self, body: bytes) -> None:
         started = time.monotonic()
         for offset in _chunks(len(body)):
+            if self.fake._drop(offset):
+                self.close_connection = True
+                return
             self.fake._stall(offset)
             self.fake._pace(offset, started)
             try:

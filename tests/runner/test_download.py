@@ -138,6 +138,31 @@ def test_cached_makes_no_request(hub: FakeHub, cache: Path, demo_model_path: Pat
     assert hub.requests == []
 
 
+def test_a_dropped_connection_resumes_with_a_range_and_counts_each_byte_once(
+    hub: FakeHub, cache: Path
+) -> None:
+    repo = hub.repos[MODEL]
+    hub.drop_after = 1536 * 1024  # into the weights, the only file that long
+    reports: list[Progress] = []
+    path = fetch(MODEL, reports.append, cache_dir=cache, endpoint=hub.url)
+    # The client keeps what it wrote: whole chunks, the half chunk it held is read again.
+    assert hub.ranges == [f"bytes={runner.download.CHUNK_SIZE}-"]
+    assert (path / WEIGHTS).read_bytes() == repo.files[WEIGHTS]
+    done = [r.done_bytes for r in reports]
+    assert done == sorted(done)
+    assert {r.total_bytes for r in reports} == {repo.size}
+    assert done[-1] == repo.size
+
+
+def test_a_revision_by_commit(hub: FakeHub, cache: Path) -> None:
+    repo = hub.repos[MODEL]
+    path = fetch(MODEL, revision=repo.sha, cache_dir=cache, endpoint=hub.url)
+    assert path == snapshot(cache, repo)
+    hub.requests.clear()
+    assert fetch(MODEL, revision=repo.sha, cache_dir=cache, endpoint=hub.url) == path
+    assert hub.requests == []
+
+
 def test_a_local_directory_is_returned_as_is(hub: FakeHub, demo_model_path: Path) -> None:
     assert fetch(str(demo_model_path), endpoint=hub.url) == demo_model_path
     assert hub.requests == []
