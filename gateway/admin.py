@@ -15,19 +15,32 @@ from gateway.config import GatewayConfig
 from gateway.pool import Pool, RunnerConn
 from protocol.pinning import PROOF_PATH, proof
 
+_STATE_RANK = {"loadable": 0, "loading": 1, "loaded": 2}
+
 
 @get("/v1/models")
 async def list_models(state: State) -> dict[str, Any]:
-    """The models live runners serve, as an OpenAI model list."""
+    """The models live runners serve, as an OpenAI model list. Beside OpenAI's fields,
+    `state`: "loaded" when a runner has the model in memory, "loading" while one loads it,
+    "loadable" when a runner would load it on demand."""
     pool: Pool = state.pool
     first_seen: dict[str, int] = {}
+    states: dict[str, str] = {}
     for conn in pool.runners.values():
-        for model in conn.models:
-            first_seen[model] = min(first_seen.get(model, 2**62), int(conn.connected_at))
+        for info in conn.infos():
+            first_seen[info.id] = min(first_seen.get(info.id, 2**62), int(conn.connected_at))
+            if _STATE_RANK[info.state] >= _STATE_RANK[states.get(info.id, "loadable")]:
+                states[info.id] = info.state
     return {
         "object": "list",
         "data": [
-            {"id": model, "object": "model", "created": created, "owned_by": "orchard"}
+            {
+                "id": model,
+                "object": "model",
+                "created": created,
+                "owned_by": "orchard",
+                "state": states[model],
+            }
             for model, created in sorted(first_seen.items())
         ],
     }
@@ -39,11 +52,14 @@ def runner_info(conn: RunnerConn) -> dict[str, Any]:
     return {
         "id": conn.id,
         "name": hello.runner_name,
-        "models": [attrs.asdict(m) for m in hello.models],
+        "models": [attrs.asdict(m) for m in conn.infos()],
+        "memory_budget_bytes": hello.memory_budget_bytes,
         "max_concurrent": hello.max_concurrent,
         "active": session.in_flight,
         "draining": not session.accepting,
         "hardware": attrs.asdict(hello.hardware),
+        # A runner group (one model split across machines): each member's, rank 0's first.
+        "members": [attrs.asdict(member) for member in hello.members],
         "connected_since": conn.connected_at,
         "tokens_generated": session.tokens_generated,
         "requests_served": session.requests_served,

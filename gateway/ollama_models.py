@@ -34,17 +34,22 @@ MANAGEMENT = (
 )
 
 
-def served(pool: Pool) -> dict[str, ServedModel]:
-    """Each model the pool serves, with the first registration of a runner still serving it."""
+def served(pool: Pool, *, loaded: bool = False) -> dict[str, ServedModel]:
+    """Each model the pool serves (with `loaded`, only those some runner has in memory), with
+    the first registration of a runner still serving it; described as a runner that has it
+    loaded does, when one does (it knows the context length)."""
     models: dict[str, ServedModel] = {}
     for conn in pool.runners.values():
         since = int(conn.connected_at * 1e9)
-        for info in conn.hello.models:
-            if info.id not in conn.models:
+        for info in conn.infos():
+            if loaded and info.state != "loaded":
                 continue
             known = models.get(info.id)
-            if known is None or since < known.since_ns:
+            if known is None:
                 models[info.id] = ServedModel(info, since)
+                continue
+            better = info if info.state == "loaded" and known.info.state != "loaded" else known.info
+            models[info.id] = ServedModel(better, min(since, known.since_ns))
     return models
 
 
@@ -56,8 +61,8 @@ async def tags(state: State) -> dict[str, Any]:
 
 @get("/api/ps", operation_class=PsOperation)
 async def ps(state: State) -> dict[str, Any]:
-    """The loaded models: every served one (runners keep their models loaded)."""
-    return ps_body(served(state.pool).values())
+    """The models loaded on some runner now (a runner with several loads them on demand)."""
+    return ps_body(served(state.pool, loaded=True).values())
 
 
 @get("/api/version", operation_class=VersionOperation)

@@ -43,7 +43,7 @@ from gateway.metrics import UNKNOWN_MODEL, Dialect, Metrics, error_kind
 from gateway.stream import Failed, RequestStream
 from protocol.closecodes import CloseCode
 from protocol.codec import encode
-from protocol.frames import Chunk, Generate
+from protocol.frames import Chunk, Generate, ModelInfo
 from protocol.openai.response import system_fingerprint
 from protocol.session import (
     Delivered,
@@ -51,6 +51,7 @@ from protocol.session import (
     GatewayEvent,
     GatewaySession,
     Lost,
+    ModelChanged,
     RequestFailed,
     RunnerFailed,
     Unstarted,
@@ -97,7 +98,17 @@ class RunnerConn:
 
     @property
     def models(self) -> frozenset[str]:
+        """Every model it serves, loaded or loadable on demand."""
         return self.session.models
+
+    def infos(self) -> list[ModelInfo]:
+        """Its models as it last described them (state, size, download progress)."""
+        return list(self.session.model_infos.values())
+
+    def has_in_memory(self, model: str) -> bool:
+        """`model` is loaded here, or loading."""
+        info = self.session.model_infos.get(model)
+        return info is not None and info.state != "loadable"
 
 
 @attrs.define
@@ -185,8 +196,8 @@ class Pool:
             (
                 info.engine
                 for conn in self.runners.values()
-                for info in conn.hello.models
-                if info.id == model
+                for info in conn.infos()
+                if info.id == model and info.engine is not None
             ),
             None,
         )
@@ -254,12 +265,24 @@ class Pool:
         await conn.send(encode(stream.generate))
 
     def _pick(self, model: str) -> RunnerConn | None:
-        """The runner serving `model` with the most free slots (ties at random)."""
-        serving = [c for c in self.runners.values() if model in c.models]
+        """The runner serving `model` with the most free slots (ties at random), among those
+        that hold it in memory when any does (`_eligible`)."""
+        serving = [c for c in self.runners.values() if self._eligible(c, model)]
         best = max((c.session.free for c in serving), default=0)
         if best <= 0:
             return None
         return random.choice([c for c in serving if c.session.free == best])
+
+    def _eligible(self, conn: RunnerConn, model: str) -> bool:
+        """Whether `conn` may be given a request for `model`: it serves it and either holds
+        it in memory (loaded or loading) or no runner does. A model in memory somewhere
+        waits for a slot there rather than making another runner load it (a load takes
+        seconds to minutes and may unload what that runner serves)."""
+        if model not in conn.models:
+            return False
+        if conn.has_in_memory(model):
+            return True
+        return not any(c.has_in_memory(model) for c in self.runners.values())
 
     def _assign(self, conn: RunnerConn, stream: RequestStream) -> None:
         conn.session.assign(stream.generate, stream)
@@ -302,7 +325,11 @@ class Pool:
     def _dispatch(self, conn: RunnerConn) -> None:
         """Hand free slots of `conn` to the oldest waiters it can serve."""
         while conn.session.free > 0:
-            heads = [q[0] for m in conn.models if (q := self._waiters.get(m)) and len(q) > 0]
+            heads = [
+                q[0]
+                for m in conn.models
+                if (q := self._waiters.get(m)) and len(q) > 0 and self._eligible(conn, m)
+            ]
             if not heads:
                 return
             waiter = min(heads, key=lambda w: w.seq)
@@ -361,6 +388,13 @@ class Pool:
                 log.warning(
                     "runner %s (%s) gave up its connection: %s", conn.id, conn.name, message
                 )
+                return
+            case ModelChanged(model=info):
+                if info.download is None:  # progress is for the console, not the log
+                    log.info("runner %s (%s): %s %s", conn.id, conn.name, info.id, info.state)
+                # Which runners may take the model's waiters may have changed: all of them.
+                for other in list(self.runners.values()):
+                    self._dispatch(other)
                 return
         self._dispatch(conn)
         self._check_idle()

@@ -27,6 +27,7 @@ from protocol.frames import (
     GatewayFrame,
     Generate,
     Hardware,
+    Hello,
     Message,
     ModelInfo,
     PromptToken,
@@ -61,8 +62,9 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
         "prompt_logprobs",
     ),
     Error: ("param",),
-    ModelInfo: ("engine",),
+    ModelInfo: ("engine", "state", "size_bytes", "download", "error"),
     Hardware: ("accelerator", "gpu_cores", "accelerator_memory_bytes", "accelerator_limit_bytes"),
+    Hello: ("memory_budget_bytes",),  # after ModelInfo and Hardware, which it holds
 }
 """Fields left off the wire while they hold their default: a plain chunk is as small (and
 takes the decoder's fast path) whatever features other requests use."""

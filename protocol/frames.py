@@ -13,6 +13,7 @@ the class (see `protocol.codec`). A connection goes:
     either way          Heartbeat      (liveness, both directions)
     runner  → gateway   Drain          (take no new requests; in-flight ones finish)
     runner  → gateway   Batch          (several chunks, of any requests, in one message)
+    runner  → gateway   ModelStatus    (a model it serves was loaded, is loading or was unloaded)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped on any change a peer of the previous version could not handle."""
 
 RUNNER_PATH = "/v1/runner/ws"
@@ -35,19 +36,42 @@ ErrorCode = Literal[
     "context_length_exceeded",
     "model_not_found",
     "over_capacity",
+    "model_load_failed",
     "internal_error",
 ]
+""""model_load_failed": the runner could not load the request's model (a failed download, not
+enough memory, a broken model directory); the message says which and why."""
+
+ModelState = Literal["loaded", "loading", "loadable"]
+""""loaded": in memory, serving at once; "loading": being downloaded or loaded (requests for
+it wait on the runner); "loadable": the runner loads it when a request asks for it."""
+
+
+@attrs.frozen
+class Download:
+    """A model's download from the Hugging Face Hub, in progress."""
+
+    done_bytes: int
+    total_bytes: int
 
 
 @attrs.frozen
 class ModelInfo:
-    """A model a runner serves."""
+    """A model a runner serves, loaded or loadable on demand."""
 
     id: str
-    context_length: int
+    context_length: int | None
+    """None until the runner has the model's config (one it has not downloaded yet)."""
     engine: str | None = None
     """What generates with it and which versions ("mlx-lm 0.32.2, mlx 0.32.4, gpu"), for the
     `system_fingerprint` OpenAI clients see."""
+    state: ModelState = "loaded"
+    size_bytes: int | None = None
+    """Its weights' bytes, once known: what it takes of the runner's memory budget."""
+    download: Download | None = None
+    """While it downloads: how far along."""
+    error: str | None = None
+    """Why its last load failed (it stays loadable: the next request tries again)."""
 
 
 @attrs.frozen
@@ -81,6 +105,9 @@ class Hello:
     models: tuple[ModelInfo, ...]
     max_concurrent: int
     hardware: Hardware
+    memory_budget_bytes: int | None = None
+    """What the runner's loaded models may take together (`--max-memory`), when it loads
+    models on demand."""
 
 
 @attrs.frozen
@@ -367,13 +394,24 @@ class Batch:
     frames: tuple[Chunk, ...]
 
 
-RunnerFrame = Hello | Chunk | Error | Heartbeat | Drain | Batch
+@attrs.frozen
+class ModelStatus:
+    """One of the runner's models changed: it is loading (with download progress), loaded,
+    or back to loadable (unloaded, or its load failed). `model` replaces what the gateway
+    knew of that model; it must be one the runner's hello listed."""
+
+    model: ModelInfo
+
+
+RunnerFrame = Hello | Chunk | Error | Heartbeat | Drain | Batch | ModelStatus
 """Frames a runner sends."""
 
 GatewayFrame = Welcome | Generate | Cancel | Heartbeat
 """Frames the gateway sends."""
 
-Frame = Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat | Drain | Batch
+Frame = (
+    Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat | Drain | Batch | ModelStatus
+)
 
 TAGS: dict[type, str] = {
     Hello: "hello",
@@ -385,5 +423,6 @@ TAGS: dict[type, str] = {
     Heartbeat: "heartbeat",
     Drain: "drain",
     Batch: "batch",
+    ModelStatus: "model_status",
 }
 """The `type` value of each frame on the wire."""

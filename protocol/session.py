@@ -11,6 +11,8 @@ Every rule about which frame may come when lives here (h11's "one place" rule):
               ended before its first chunk by an over_capacity Error or by close():
               Unstarted (it may run on another runner); after its first chunk: RequestFailed / Lost.
         Error with no request id: the runner gives up the connection (RunnerFailed).
+        ModelStatus: a model of its hello changed state (ModelChanged); `model_infos` holds
+              the latest word on each of its models.
 
     RunnerSession (the runner's view of its gateway)
         AWAIT_WELCOME --Welcome--> OPEN --drain()--> DRAINING --close()--> CLOSED
@@ -48,6 +50,8 @@ from protocol.frames import (
     GenerationStats,
     Heartbeat,
     Hello,
+    ModelInfo,
+    ModelStatus,
     RunnerFrame,
     TokenLogprob,
     ToolCallDelta,
@@ -114,7 +118,22 @@ class RunnerFailed:
     message: str
 
 
-GatewayEvent = Delivered[H] | RequestFailed[H] | Unstarted[H] | Lost[H] | Draining | RunnerFailed
+@attrs.frozen
+class ModelChanged:
+    """One of the runner's models was loaded, started loading or became loadable again."""
+
+    model: ModelInfo
+
+
+GatewayEvent = (
+    Delivered[H]
+    | RequestFailed[H]
+    | Unstarted[H]
+    | Lost[H]
+    | Draining
+    | RunnerFailed
+    | ModelChanged
+)
 
 
 @attrs.define(slots=True)
@@ -143,6 +162,8 @@ class GatewaySession(Generic[H]):
         self._requests: dict[str, _Assigned[H]] = {}
         self._capacity = 0
         self._models: frozenset[str] = frozenset()
+        self.model_infos: dict[str, ModelInfo] = {}
+        """Each model the runner serves, as its latest hello or ModelStatus describes it."""
         self.tokens_generated = 0
         """Completion tokens the runner reported on this connection."""
         self.tokens_after_cancel = 0
@@ -213,6 +234,11 @@ class GatewaySession(Generic[H]):
             case Drain(reason=reason):
                 self.state = State.DRAINING
                 return [Draining(reason)]
+            case ModelStatus(model=info):
+                if info.id not in self._models:
+                    raise StateError(f"model_status for {info.id!r}, which the hello did not list")
+                self.model_infos[info.id] = info
+                return [ModelChanged(info)]
             case Hello():
                 raise StateError("hello sent twice")
         raise StateError(f"unexpected {type(frame).__name__.lower()} frame")
@@ -252,6 +278,7 @@ class GatewaySession(Generic[H]):
         self.hello = hello
         self._capacity = hello.max_concurrent
         self._models = models
+        self.model_infos = {m.id: m for m in hello.models}
         self.state = State.OPEN
 
     def _request(self, request_id: str, what: str) -> _Assigned[H]:

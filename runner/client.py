@@ -36,6 +36,8 @@ from protocol.frames import (
     Hardware,
     Heartbeat,
     Hello,
+    ModelInfo,
+    ModelStatus,
     Welcome,
 )
 from protocol.session import RunnerSession
@@ -140,12 +142,18 @@ class Runner:
 
     def hello(self) -> Hello:
         return Hello(
-            PROTOCOL_VERSION, self.name, self.engine.models, self.max_concurrent, self.hardware
+            PROTOCOL_VERSION,
+            self.name,
+            self.engine.models,
+            self.max_concurrent,
+            self.hardware,
+            getattr(self.engine, "max_memory", None),
         )
 
     async def run(self) -> None:
         """Start the engine, then serve gateways until `stop()` (SIGTERM) has drained."""
         self._loop = asyncio.get_running_loop()
+        self.engine.watch_models(self._on_model_change)
         await asyncio.to_thread(self.engine.start, self._on_engine_event)
         log.info("engine ready: %s", ", ".join(m.id for m in self.engine.models))
         delay = BACKOFF_MIN
@@ -346,6 +354,17 @@ class Runner:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing during shutdown
                 loop.call_soon_threadsafe(self._schedule_drain)
+
+    def _on_model_change(self, info: ModelInfo) -> None:
+        """Called on any thread: tell the gateway (a later hello carries the news anyway)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # loop closing during shutdown
+                loop.call_soon_threadsafe(self._send_model_status, info)
+
+    def _send_model_status(self, info: ModelInfo) -> None:
+        if self._session is not None:
+            self._queue(encode(ModelStatus(info)))
 
     def _schedule_drain(self) -> None:
         """On the loop: drain now, or after `gather` when many requests are running."""

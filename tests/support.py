@@ -255,7 +255,10 @@ class FakeRunner:
         max_concurrent: int = 4,
         name: str = "fake",
         headers: dict[str, str] | None = None,
+        infos: tuple[ModelInfo, ...] | None = None,
     ) -> FakeRunner:
+        """`infos`, when given, is the hello's model list as it is (states, sizes); else
+        `models`, each loaded."""
         ws = await connect(
             f"ws://127.0.0.1:{gateway.port}/v1/runner/ws",
             compression=None,
@@ -264,7 +267,7 @@ class FakeRunner:
         hello = Hello(
             PROTOCOL_VERSION,
             name,
-            tuple(ModelInfo(m, 4096) for m in models),
+            infos if infos is not None else tuple(ModelInfo(m, 4096) for m in models),
             max_concurrent,
             HARDWARE,
         )

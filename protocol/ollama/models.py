@@ -62,7 +62,7 @@ def tags_body(models: Iterable[ServedModel]) -> dict[str, Any]:
 
 
 def ps_body(models: Iterable[ServedModel]) -> dict[str, Any]:
-    """`GET /api/ps`: the loaded models, which are all the served ones."""
+    """`GET /api/ps`: the loaded models."""
     return {
         "models": [
             {

@@ -15,6 +15,7 @@ answers an HTTP client). Every kind of error this API answers is made by one fun
     429     rate_limit_error        queue_full                 queue_full()
     500     server_error            null                       server_error()
     503     server_error            service_unavailable        unavailable()
+    503     server_error            model_load_failed          runner_error()
     (any)   (by the runner's code)  (the runner's code)        runner_error()
 
 The OpenAI SDK picks its exception class from the status alone, and retries 408, 409, 429
@@ -162,4 +163,6 @@ def runner_error(frame: Error) -> OpenAIError:
             return OpenAIError(404, frame.message, "invalid_request_error", None, frame.code)
         case "over_capacity":
             return unavailable(frame.message, retry_after=1.0)
+        case "model_load_failed":
+            return OpenAIError(503, frame.message, "server_error", None, frame.code)
     return OpenAIError(500, frame.message, "server_error", None, frame.code)

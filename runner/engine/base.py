@@ -107,6 +107,12 @@ class Engine(abc.ABC):
         Unknown or finished ids are ignored.
         """
 
+    def watch_models(self, watcher: Callable[[ModelInfo], None]) -> None:
+        """Have `watcher` told of every change of a model's state (loading with download
+        progress, loaded, unloaded), from any thread. Engines that load every model in
+        `start` and keep it never call it."""
+        del watcher  # nothing changes here
+
     @abc.abstractmethod
     def close(self) -> None:
         """Stop the engine's threads; requests still running are dropped without events."""

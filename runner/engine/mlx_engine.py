@@ -58,11 +58,15 @@ class MlxEngine(ThreadedEngine):
         prefix_cache_size: int = 8,
         context_length: int | None = None,
         close_timeout: float = 30.0,
+        path: str | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
         super().__init__(thread_name=f"mlx-engine:{model}", close_timeout=close_timeout)
         self.model_name = model
+        self.path = path
+        """Where the model's files are, when `model` is only its name (`runner.engine.shelf`
+        downloads first, then loads from the Hub's cache)."""
         self.max_concurrent = max_concurrent
         self.prefix_cache_size = prefix_cache_size
         self._context_length = context_length
@@ -77,6 +81,8 @@ class MlxEngine(ThreadedEngine):
         self.peak_active_requests = 0
         self.prefix_cache_hits = 0
         self.warm_up_seconds = 0.0
+        self.weights_bytes = 0
+        """The loaded model's parameters, in bytes."""
         self.recent_tokens: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
             maxlen=32
         )
@@ -90,7 +96,10 @@ class MlxEngine(ThreadedEngine):
 
     def _load(self) -> None:
         assert self._sink is not None
-        model = MlxModel.load(self.model_name, context_length=self._context_length)
+        model = MlxModel.load(
+            self.model_name, path=self.path, context_length=self._context_length
+        )
+        self.weights_bytes = model.weights_bytes()
         self.warm_up_seconds = self._warm_up(model)
         generation = Generation(
             model,
@@ -101,7 +110,14 @@ class MlxEngine(ThreadedEngine):
         )
         self._stepping = self._make_stepping(generation, self)
         self._generation = generation
-        self._models = (ModelInfo(self.model_name, model.context_length, engine_version()),)
+        self._models = (
+            ModelInfo(
+                self.model_name,
+                model.context_length,
+                engine_version(),
+                size_bytes=self.weights_bytes,
+            ),
+        )
         log.info(
             "loaded %s (context %d tokens, %s, warmed up in %.0f ms)",
             self.model_name,

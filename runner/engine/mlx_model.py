@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import mlx_lm
+from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 
 from protocol.frames import Echo, Generate, Message, Usage
@@ -153,12 +154,20 @@ class MlxModel:
         self._continuation_tokenizer: Any = None
 
     @classmethod
-    def load(cls, name: str, *, context_length: int | None = None) -> MlxModel:
-        """Load `name` (a local MLX directory, a Hugging Face id or "orchard-demo")."""
+    def load(
+        cls, name: str, *, path: str | None = None, context_length: int | None = None
+    ) -> MlxModel:
+        """Load `name` (a local MLX directory, a Hugging Face id or "orchard-demo"), from
+        `path` when its files are there."""
         # mlx-lm annotates load() as returning a 2- or 3-tuple; return_config picks the 3.
-        loaded: Any = mlx_lm.load(resolve_model(name), return_config=True)
+        loaded: Any = mlx_lm.load(path or resolve_model(name), return_config=True)
         model, tokenizer, config = loaded
         return cls(name, model, tokenizer, config, context_length=context_length)
+
+    def weights_bytes(self) -> int:
+        """What the model's parameters take in memory."""
+        leaves: list[tuple[str, Any]] = tree_flatten(self.model.parameters())  # type: ignore[assignment]
+        return sum(int(array.nbytes) for _, array in leaves)
 
     def prepare_choices(self, generate: Generate, submitted_at: float) -> list[Request]:
         """The requests of each of `generate.n` choices (one without n > 1). A seeded request's

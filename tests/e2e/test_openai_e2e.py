@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx
+import mlx.core as mx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from runner.demo_model import resolve_model
 from runner.engine.mlx_engine import engine_version
 from tests.support import UNIT, Gateway, Process, gateway_with_runner, sse_events, wait_until
 
@@ -503,6 +505,7 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
     assert entry["object"] == "model"
     assert entry["owned_by"] == "orchard"
     assert isinstance(entry["created"], int)
+    assert entry["state"] == "loaded"
 
     runners = gateway.runners()
     assert len(runners) == 1
@@ -520,9 +523,22 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
         "draining",
         "tokens_after_cancel",
         "kv_cache",
+        "memory_budget_bytes",
     }
     assert info["name"] == "test-runner"
-    assert info["models"] == [{"id": MODEL, "context_length": 2048, "engine": engine_version()}]
+    weights = mx.load(str(Path(resolve_model(MODEL)) / "model.safetensors"))
+    assert info["models"] == [
+        {
+            "id": MODEL,
+            "context_length": 2048,
+            "engine": engine_version(),
+            "state": "loaded",
+            "size_bytes": sum(array.nbytes for array in weights.values()),
+            "download": None,
+            "error": None,
+        }
+    ]
+    assert info["memory_budget_bytes"] is None  # one model, loaded for good: no budget
     assert info["max_concurrent"] == 8
     assert info["draining"] is False
     machine = {"chip", "cpu_count", "memory_bytes", "backend", "platform"}

@@ -18,6 +18,7 @@ from protocol.frames import (
     Batch,
     Cancel,
     Chunk,
+    Download,
     Drain,
     Echo,
     Error,
@@ -33,6 +34,8 @@ from protocol.frames import (
     LogitBias,
     Message,
     ModelInfo,
+    ModelState,
+    ModelStatus,
     PromptToken,
     RunnerFrame,
     SamplingParams,
@@ -87,7 +90,18 @@ def _tuples(elements: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[Any, ..
     return st.lists(elements, max_size=4).map(tuple)
 
 
-model_infos = st.builds(ModelInfo, id=text, context_length=ints)
+model_states: st.SearchStrategy[Any] = st.sampled_from(get_args(ModelState))
+downloads = st.builds(Download, done_bytes=ints, total_bytes=ints)
+model_infos = st.builds(
+    ModelInfo,
+    id=text,
+    context_length=st.none() | ints,
+    engine=optional_text,
+    state=model_states,
+    size_bytes=st.none() | ints,
+    download=st.none() | downloads,
+    error=optional_text,
+)
 hardware = st.builds(
     Hardware,
     chip=text,
@@ -107,6 +121,7 @@ hellos = st.builds(
     models=_tuples(model_infos),
     max_concurrent=ints,
     hardware=hardware,
+    memory_budget_bytes=st.none() | ints,
 )
 welcomes = st.builds(Welcome, runner_id=text, protocol_version=ints, heartbeat_interval=floats)
 messages = st.builds(Message, role=roles, content=text, name=optional_text)
@@ -185,6 +200,7 @@ heartbeats = st.builds(
 )
 drains = st.builds(Drain, reason=text)
 batches = st.builds(Batch, frames=_tuples(chunks))
+model_statuses = st.builds(ModelStatus, model=model_infos)
 
 FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Hello: hellos,
@@ -196,11 +212,12 @@ FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Heartbeat: heartbeats,
     Drain: drains,
     Batch: batches,
+    ModelStatus: model_statuses,
 }
 """One strategy per frame class, to parametrize tests over every frame type."""
 
 runner_frames: st.SearchStrategy[RunnerFrame] = st.one_of(
-    hellos, chunks, errors, heartbeats, drains, batches
+    hellos, chunks, errors, heartbeats, drains, batches, model_statuses
 )
 gateway_frames: st.SearchStrategy[GatewayFrame] = st.one_of(
     welcomes, generates, cancels, heartbeats

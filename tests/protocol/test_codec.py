@@ -39,6 +39,7 @@ from protocol.frames import (
     LogitBias,
     Message,
     ModelInfo,
+    ModelStatus,
     PromptToken,
     RunnerFrame,
     SamplingParams,
@@ -66,7 +67,15 @@ DECODERS: tuple[tuple[Decoder, frozenset[type]], ...] = (
 
 
 def test_unions_and_tags() -> None:
-    assert set(get_args(RunnerFrame)) == {Hello, Chunk, Error, Heartbeat, Drain, Batch}
+    assert set(get_args(RunnerFrame)) == {
+        Hello,
+        Chunk,
+        Error,
+        Heartbeat,
+        Drain,
+        Batch,
+        ModelStatus,
+    }
     assert set(get_args(GatewayFrame)) == {Welcome, Generate, Cancel, Heartbeat}
     assert dict(TAGS) == {
         Hello: "hello",
@@ -78,6 +87,7 @@ def test_unions_and_tags() -> None:
         Heartbeat: "heartbeat",
         Drain: "drain",
         Batch: "batch",
+        ModelStatus: "model_status",
     }
     assert set(FRAME_STRATEGIES) == set(TAGS)
 

@@ -15,11 +15,14 @@ from protocol.frames import (
     Batch,
     Cancel,
     Chunk,
+    Download,
     Drain,
     Error,
     FinishReason,
     Heartbeat,
     Hello,
+    ModelInfo,
+    ModelStatus,
     RunnerFrame,
     Usage,
 )
@@ -28,6 +31,7 @@ from protocol.session import (
     Draining,
     GatewaySession,
     Lost,
+    ModelChanged,
     RequestFailed,
     RunnerFailed,
     State,
@@ -383,3 +387,52 @@ def test_close_before_hello() -> None:
     assert session.close() == []
     with pytest.raises(StateError, match="closed"):
         session.receive(make_hello())
+
+
+# --- model states ----------------------------------------------------------------------------
+
+
+def test_model_infos_start_as_the_hello_lists_them() -> None:
+    hello = Hello(
+        PROTOCOL_VERSION,
+        "runner-a",
+        (ModelInfo("m1", 4096, size_bytes=10), ModelInfo("m2", None, state="loadable")),
+        2,
+        make_hello().hardware,
+        memory_budget_bytes=100,
+    )
+    session: GatewaySession[str] = GatewaySession()
+    assert session.receive(hello) == []
+    assert session.model_infos == {
+        "m1": ModelInfo("m1", 4096, size_bytes=10),
+        "m2": ModelInfo("m2", None, state="loadable"),
+    }
+    assert session.models == frozenset({"m1", "m2"})
+
+
+def test_a_model_status_replaces_what_the_gateway_knew_of_that_model() -> None:
+    session = open_gateway()
+    loading = ModelInfo("m2", None, state="loading", download=Download(5, 20))
+    assert session.receive(ModelStatus(loading)) == [ModelChanged(loading)]
+    assert session.model_infos["m2"] == loading
+    assert session.model_infos["m1"] == ModelInfo("m1", 4096)
+    loaded = ModelInfo("m2", 2048, "mlx", size_bytes=20)
+    assert session.receive(ModelStatus(loaded)) == [ModelChanged(loaded)]
+    assert session.model_infos["m2"] == loaded
+    # A status changes no slot and no request: the model is served throughout.
+    assert session.free == 2
+    assert session.models == frozenset({"m1", "m2"})
+
+
+def test_a_model_status_while_draining_is_taken() -> None:
+    session = open_gateway()
+    session.receive(Drain())
+    unloaded = ModelInfo("m1", 4096, state="loadable")
+    assert session.receive(ModelStatus(unloaded)) == [ModelChanged(unloaded)]
+
+
+def test_refuses_a_model_status_for_a_model_the_hello_did_not_list() -> None:
+    session = open_gateway()
+    with pytest.raises(StateError, match="model_status for 'm9', which the hello did not list"):
+        session.receive(ModelStatus(ModelInfo("m9", 1)))
+    assert "m9" not in session.model_infos
