@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import click
@@ -26,6 +26,10 @@ from runner.client import (
     MAX_CONCURRENT,
 )
 from runner.demo_model import DEMO_MODEL_ID
+
+if TYPE_CHECKING:
+    from protocol.frames import Hardware
+    from runner.engine.base import Engine
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -344,9 +348,22 @@ async def _drain_and_exit(server: Any) -> None:
 )
 @click.option(
     "--model",
-    default=DEMO_MODEL_ID,
+    "models",
+    multiple=True,
+    default=(DEMO_MODEL_ID,),
     show_default=True,
-    help="Model to serve: orchard-demo, a Hugging Face id (mlx-community/...) or a local MLX dir.",
+    help="Model to serve: orchard-demo, a Hugging Face id (mlx-community/...) or a local MLX "
+    "dir. Repeat it to serve several: the first is loaded at start, each other one when a "
+    "request asks for it (downloaded first if need be), within --max-memory.",
+)
+@click.option(
+    "--max-memory",
+    metavar="SIZE",
+    default=None,
+    help="With several --model: what the loaded models' weights may take together, e.g. "
+    "24GB, 20GiB or 60% (default: 70% of the GPU's working set on a Mac, of the memory "
+    "elsewhere). To load a model that does not fit, the least recently used idle ones are "
+    "unloaded.",
 )
 @click.option("--name", default=socket.gethostname(), show_default=True, help="Runner name.")
 @click.option(
@@ -408,7 +425,8 @@ async def _drain_and_exit(server: Any) -> None:
 @log_level_option
 def runner(
     gateway_url: str | None,
-    model: str,
+    models: tuple[str, ...],
+    max_memory: str | None,
     name: str,
     max_concurrent: int,
     engine: str,
@@ -429,7 +447,7 @@ def runner(
     _run(
         _run_runner(
             gateway_url,
-            model,
+            models,
             name,
             max_concurrent,
             engine,
@@ -440,13 +458,14 @@ def runner(
             max_kv_bytes,
             step_ms / 1000,
             gather_ms / 1000,
+            max_memory,
         )
     )
 
 
 async def _run_runner(
     gateway_url: str | None,
-    model: str,
+    models: tuple[str, ...],
     name: str,
     max_concurrent: int,
     engine_kind: str,
@@ -457,10 +476,10 @@ async def _run_runner(
     max_kv_bytes: int | None,
     step: float = 0.001,
     gather: float = GATHER_S,
+    max_memory: str | None = None,
 ) -> None:
     from runner.client import Runner
     from runner.discovery import find_gateway
-    from runner.engine.base import Engine
     from runner.errors import AmbiguousGateway, ModelLoadError, Unauthorized, UntrustedGateway
     from runner.hardware import detect, mlx_backend
 
@@ -482,7 +501,7 @@ async def _run_runner(
         from runner.engine.scripted import ScriptedEngine
 
         eng = ScriptedEngine(
-            models=(model,),
+            models=models,
             tokens_per_second=tokens_per_second,
             max_concurrent=max_concurrent,
             min_step=step,
@@ -490,20 +509,27 @@ async def _run_runner(
         backend = "none"
     else:
         backend = mlx_backend()
-        if engine_kind == "mlx-batched":
-            from runner.engine.batched import BatchedMlxEngine
+    hardware = detect(backend)
+    if engine_kind != "scripted":
 
-            eng = BatchedMlxEngine(model, max_concurrent=max_concurrent, max_kv_bytes=max_kv_bytes)
-        else:
+        def make(model: str, path: str | None = None) -> Engine:
+            if engine_kind == "mlx-batched":
+                from runner.engine.batched import BatchedMlxEngine
+
+                return BatchedMlxEngine(
+                    model, max_concurrent=max_concurrent, max_kv_bytes=max_kv_bytes, path=path
+                )
             from runner.engine.mlx_engine import MlxEngine
 
-            eng = MlxEngine(model, max_concurrent=max_concurrent)
+            return MlxEngine(model, max_concurrent=max_concurrent, path=path)
+
+        eng = make(models[0]) if len(models) == 1 else _shelf(models, make, max_memory, hardware)
     run = Runner(
         gateway_url,
         eng,
         name=name,
         max_concurrent=max_concurrent,
-        hardware=detect(backend),
+        hardware=hardware,
         drain_timeout=drain_timeout,
         liveness_timeout=liveness_timeout,
         token=token or None,
@@ -521,11 +547,33 @@ async def _run_runner(
         )
         sys.exit(2)
     except ModelLoadError as exc:
-        logging.getLogger("runner").error("could not load %s: %s", model, exc)
+        logging.getLogger("runner").error("could not load %s: %s", models[0], exc)
         sys.exit(2)
     except (AmbiguousGateway, UntrustedGateway) as exc:
         logging.getLogger("runner").error("%s", exc)
         sys.exit(2)
+
+
+def _shelf(
+    models: tuple[str, ...],
+    make: Callable[[str, str], Engine],
+    max_memory: str | None,
+    hardware: Hardware,
+) -> Engine:
+    """Several models, loaded on demand within the memory budget (runner.engine.shelf)."""
+    from runner.budget import default_budget, parse_size
+    from runner.engine.shelf import ModelShelf
+    from runner.model_source import HubSource
+
+    if len(set(models)) != len(models):
+        raise click.BadParameter("a model is named twice", param_hint="--model")
+    try:
+        budget = (
+            default_budget(hardware) if max_memory is None else parse_size(max_memory, hardware)
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-memory") from exc
+    return ModelShelf(models, make_engine=make, source=HubSource(), max_memory=budget)
 
 
 def _is_url(gateway: str) -> bool:
