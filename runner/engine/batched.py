@@ -33,7 +33,7 @@ from protocol.frames import SamplingParams
 from runner.engine.batch_decoder import BatchDecoder
 from runner.engine.generation import Decoder, Generation, Stepping
 from runner.engine.interleaved import InterleavedDecoder
-from runner.engine.mlx_engine import MlxEngine
+from runner.engine.mlx_engine import BatchTally, MlxEngine
 from runner.engine.mlx_model import Request
 from runner.engine.solo import SoloDecoder
 from runner.errors import RequestError
@@ -44,12 +44,12 @@ KV_STEP = 256
 """mlx-lm's KV caches grow in steps of this many tokens."""
 
 
-class BatchedMlxEngine(MlxEngine):
+class BatchedMlxEngine(MlxEngine, BatchTally):
     """`MlxEngine` with batched decoding; same constructor plus the batch's options.
 
-    Extra attributes: `kv_bytes` (KV-cache bytes held now), `kv_bytes_per_token`,
-    `batched_requests` and `fallback_requests` (how many took each path so far; of the
-    batched ones, `solo_requests` started alone on a plain cache),
+    Extra attributes, `BatchTally`'s: `kv_bytes` (KV-cache bytes held now),
+    `kv_bytes_per_token`, `batched_requests` and `fallback_requests` (how many took each path
+    so far; of the batched ones, `solo_requests` started alone on a plain cache),
     `peak_batch_size`.
     """
 
@@ -73,12 +73,7 @@ class BatchedMlxEngine(MlxEngine):
         # While requests decode, a step prefills about this many decode steps' worth of
         # prompt tokens (None: no bound but the two above).
         self.prefill_share = prefill_share
-        self.kv_bytes = 0
-        self.kv_bytes_per_token = 0
-        self.batched_requests = 0
-        self.fallback_requests = 0
-        self.solo_requests = 0
-        self.peak_batch_size = 0
+        BatchTally.__init__(self)
 
     def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
         return BatchedStepping(

@@ -40,14 +40,46 @@ from runner.engine.threaded import AT_ONCE, Submit, ThreadedEngine
 log = logging.getLogger("runner.engine")
 
 
-class MlxEngine(ThreadedEngine):
+# Not slotted, and no __eq__ or __repr__: a base of the engine, which stays as it was.
+@attrs.define(slots=False, eq=False, repr=False)
+class GenerationTally:
+    """What the generation thread counts (`generation.Counters`), from zero: the engine's own
+    counters, or the warm-up's scratch ones."""
+
+    tokens_generated: int = 0
+    requests_finished: int = 0
+    """Terminal events of any kind."""
+    active_requests: int = 0
+    waiting_requests: int = 0
+    peak_active_requests: int = 0
+    prefix_cache_hits: int = 0
+    recent_tokens: collections.deque[tuple[str, tuple[int, ...]]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=32)
+    )
+    """The generated token ids of the last few requests that finished (for exact-output
+    tests)."""
+
+
+@attrs.define(slots=False, eq=False, repr=False)
+class BatchTally:
+    """What batched decoding counts besides (`batched.BatchCounters`), from zero: a
+    `batched.BatchedMlxEngine`'s own counters, or the warm-up's."""
+
+    kv_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    batched_requests: int = 0
+    fallback_requests: int = 0
+    solo_requests: int = 0
+    peak_batch_size: int = 0
+
+
+class MlxEngine(ThreadedEngine, GenerationTally):
     """Serves one mlx-lm model (a local MLX directory, a Hugging Face id or "orchard-demo").
 
     Counters for tests and metrics are plain attributes, written by the generation thread:
-    `tokens_generated`, `requests_finished` (terminal events of any kind), `active_requests`,
-    `waiting_requests`, `peak_active_requests`, `prefix_cache_hits`, `warm_up_seconds`; and
-    `recent_tokens`, the generated token ids of the last few requests that finished (for
-    exact-output tests).
+    `GenerationTally`'s (`tokens_generated`, `requests_finished`, `active_requests`,
+    `waiting_requests`, `peak_active_requests`, `prefix_cache_hits`, `recent_tokens`) and
+    `warm_up_seconds`.
     """
 
     def __init__(
@@ -74,18 +106,10 @@ class MlxEngine(ThreadedEngine):
         self._generation: Generation | None = None
         self._stepping: Stepping | None = None
 
-        self.tokens_generated = 0
-        self.requests_finished = 0
-        self.active_requests = 0
-        self.waiting_requests = 0
-        self.peak_active_requests = 0
-        self.prefix_cache_hits = 0
+        GenerationTally.__init__(self)
         self.warm_up_seconds = 0.0
         self.weights_bytes = 0
         """The loaded model's parameters, in bytes."""
-        self.recent_tokens: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
-            maxlen=32
-        )
 
     def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
         """The decoding strategy, made on the generation thread once the model is loaded;
@@ -217,26 +241,10 @@ def _discard(event: EngineEvent) -> None:
     """The warm-up's sink: nobody asked."""
 
 
-@attrs.define
-class WarmUpTally:
-    """What the warm-up's generation and strategy count, apart from the engine's counters
-    (`generation.Counters` and `batched.BatchCounters`)."""
-
-    tokens_generated: int = 0
-    requests_finished: int = 0
-    active_requests: int = 0
-    waiting_requests: int = 0
-    peak_active_requests: int = 0
-    prefix_cache_hits: int = 0
-    recent_tokens: collections.deque[tuple[str, tuple[int, ...]]] = attrs.field(
-        factory=lambda: collections.deque(maxlen=32)
-    )
-    kv_bytes: int = 0
-    kv_bytes_per_token: int = 0
-    batched_requests: int = 0
-    fallback_requests: int = 0
-    solo_requests: int = 0
-    peak_batch_size: int = 0
+@attrs.define(slots=False, eq=False)
+class WarmUpTally(GenerationTally, BatchTally):
+    """What the warm-up's generation and strategy count, whichever the strategy, apart from
+    the engine's counters."""
 
 
 def engine_version() -> str:
