@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from protocol.frames import Hardware
     from runner.engine.base import Engine
 
+if TYPE_CHECKING:
+    from runner.group.member import GroupMember
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -422,6 +425,36 @@ async def _drain_and_exit(server: Any) -> None:
     help="The gateway's runner token (env ORCHARD_RUNNER_TOKEN; prefer the env var: "
     "arguments are visible to other users in `ps`).",
 )
+@click.option(
+    "--hostfile",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Start a runner group (one model split across several Macs) with MLX's launcher "
+    "over the hosts in this mlx.launch hostfile: one member per host, rank 0 (the first "
+    "host) connects to the gateway. See docs/distributed.md. Example hostfile, ring backend "
+    'over the LAN: [{"ssh": "mac1.local", "ips": ["192.168.1.11"]}, {"ssh": "mac2.local", '
+    '"ips": ["192.168.1.12"]}]; for JACCL over Thunderbolt, {"backend": "jaccl", "hosts": '
+    "[...]} with each host's rdma devices (mlx.distributed_config writes it).",
+)
+@click.option(
+    "--local-group",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Start a runner group of N processes on this machine (ring backend over loopback): "
+    "for trying groups out and for tests.",
+)
+@click.option(
+    "--split",
+    type=click.Choice(["auto", "pipeline", "tensor"]),
+    default="auto",
+    show_default=True,
+    help="Runner groups: how to split the model. pipeline: each member holds some layers "
+    "(one hand-off per member per step; suits a LAN); tensor: each member holds part of "
+    "every layer (two all-sums per layer per step; suits Thunderbolt). auto: tensor over "
+    "JACCL, else pipeline where the model supports it, else tensor.",
+)
+@click.option("--group-member", is_flag=True, hidden=True, help="Set by the group's launcher.")
 @log_level_option
 def runner(
     gateway_url: str | None,
@@ -438,12 +471,29 @@ def runner(
     token: str | None,
     max_kv_bytes: int | None,
     log_level: str,
+    hostfile: Path | None,
+    local_group: int | None,
+    split: str,
+    group_member: bool,
 ) -> None:
     """Run a runner: serve a model to a gateway over one persistent WebSocket.
 
     SIGTERM drains: no new requests, those in flight finish, then it exits 0.
+
+    \b
+    A runner group serves one model too big for one Mac, split across several:
+        orchard runner --gateway URL --model M --hostfile hosts.json
+    runs `mlx.launch --hostfile hosts.json -- orchard runner ...` (one member per host,
+    over ssh; the same Python environment at the same path on each), and
+        orchard runner --gateway URL --model M --local-group 2
+    runs two members here. Only rank 0 connects to the gateway, with
+    ORCHARD_RUNNER_TOKEN; the group shows as one runner listing its members. See
+    docs/distributed.md.
     """
     _setup_logging(log_level)
+    member = None
+    if hostfile is not None or local_group is not None or group_member:
+        member = _runner_group(models, engine, max_kv_bytes, liveness_timeout, split, group_member)
     _run(
         _run_runner(
             gateway_url,
@@ -459,6 +509,7 @@ def runner(
             step_ms / 1000,
             gather_ms / 1000,
             max_memory,
+            group=member,
         )
     )
 
@@ -477,6 +528,7 @@ async def _run_runner(
     step: float = 0.001,
     gather: float = GATHER_S,
     max_memory: str | None = None,
+    group: GroupMember | None = None,
 ) -> None:
     from runner.client import Runner
     from runner.discovery import find_gateway
@@ -524,7 +576,9 @@ async def _run_runner(
             return MlxEngine(model, max_concurrent=max_concurrent, path=path)
 
         eng = make(models[0]) if len(models) == 1 else _shelf(models, make, max_memory, hardware)
-    run = Runner(
+    if group is not None:
+        eng = group.engine
+    run = (Runner if group is None else group.runner_class())(
         gateway_url,
         eng,
         name=name,
@@ -574,6 +628,56 @@ def _shelf(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--max-memory") from exc
     return ModelShelf(models, make_engine=make, source=HubSource(), max_memory=budget)
+
+
+def _runner_group(
+    models: tuple[str, ...],
+    engine: str,
+    max_kv_bytes: int | None,
+    timeout: float,
+    split: str,
+    member: bool,
+) -> GroupMember:
+    """A runner group: as its starter, launch it and exit with its status; as a member of
+    rank > 0, follow rank 0 and exit; as rank 0, the member to serve the gateway with."""
+    from runner.group import GroupError
+    from runner.group import launch as group_launch
+
+    ctx = click.get_current_context()
+    hostfile, local_group = ctx.params["hostfile"], ctx.params["local_group"]
+    try:
+        if len(models) != 1:
+            raise GroupError("a runner group serves exactly one model: give one --model")
+        if engine != "mlx-batched":
+            raise GroupError(f"a runner group runs the mlx-batched engine, not {engine}")
+        if max_kv_bytes is not None:
+            raise GroupError("--max-kv-bytes is not supported in a runner group yet")
+        if not member:
+            sys.exit(
+                group_launch.run_group(
+                    group_launch.member_argv(ctx.command.params, ctx.params),
+                    hostfile=hostfile,
+                    local_group=local_group,
+                    token=ctx.params.get("token"),
+                    grace=ctx.params["drain_timeout"] + 2 * timeout,
+                )
+            )
+        from runner.group.member import GroupMember
+        from runner.hardware import detect, mlx_backend
+
+        joined = GroupMember(
+            models[0],
+            detect(mlx_backend()),
+            split=split,  # type: ignore[arg-type]  # click.Choice checked it
+            timeout=timeout,
+            max_concurrent=ctx.params["max_concurrent"],
+        )
+    except GroupError as exc:
+        logging.getLogger("runner.group").error("%s", exc)
+        sys.exit(2)
+    if joined.rank > 0:
+        sys.exit(joined.follow())
+    return joined
 
 
 def _is_url(gateway: str) -> bool:

@@ -64,7 +64,7 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     Error: ("param",),
     ModelInfo: ("engine", "state", "size_bytes", "download", "error"),
     Hardware: ("accelerator", "gpu_cores", "accelerator_memory_bytes", "accelerator_limit_bytes"),
-    Hello: ("memory_budget_bytes",),  # after ModelInfo and Hardware, which it holds
+    Hello: ("memory_budget_bytes", "members"),  # after ModelInfo and Hardware, which it holds
 }
 """Fields left off the wire while they hold their default: a plain chunk is as small (and
 takes the decoder's fast path) whatever features other requests use."""

@@ -108,6 +108,9 @@ class Hello:
     memory_budget_bytes: int | None = None
     """What the runner's loaded models may take together (`--max-memory`), when it loads
     models on demand."""
+    members: tuple[Hardware, ...] = ()
+    """A runner group (one model split across several machines): every member's hardware,
+    rank 0's (`hardware`) first; empty for a single runner."""
 
 
 @attrs.frozen

@@ -37,7 +37,7 @@ import os
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 DEMO_MODEL_ID = "orchard-demo"
 DEMO_MODEL_VERSION = "v3"
 """Part of the cache directory name: bump it whenever the built files change."""
+
+DEMO_PIPELINE_MODEL_ID = "orchard-demo-qwen2"
+"""The same model in Qwen2's layout (zero q/k/v biases): mlx-lm's Llama cannot be split into
+pipeline stages, its Qwen2 can, so runner groups and their tests split this one."""
 
 CACHE_DIR_ENV = "ORCHARD_CACHE_DIR"
 
@@ -262,18 +266,24 @@ def cache_dir() -> Path:
 def resolve_model(name: str) -> str:
     """What to pass to `mlx_lm.load` for a model name.
 
-    `DEMO_MODEL_ID` becomes its directory in the cache, built on first use; any other name (a
-    local MLX directory or a Hugging Face id) is returned unchanged.
+    `DEMO_MODEL_ID` and `DEMO_PIPELINE_MODEL_ID` become their directories in the cache, built
+    on first use; any other name (a local MLX directory or a Hugging Face id) is returned
+    unchanged.
     """
-    if name != DEMO_MODEL_ID:
+    if name not in (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID):
         return name
     target = cache_dir() / "models" / f"{DEMO_MODEL_ID}-{DEMO_MODEL_VERSION}"
     if not target.is_dir():
-        _build_atomically(target)
+        _build_atomically(target, build_demo_model)
+    if name == DEMO_PIPELINE_MODEL_ID:
+        source = target
+        target = cache_dir() / "models" / f"{DEMO_PIPELINE_MODEL_ID}-{DEMO_MODEL_VERSION}"
+        if not target.is_dir():
+            _build_atomically(target, lambda path: build_qwen2_variant(source, path))
     return str(target)
 
 
-def _build_atomically(target: Path) -> None:
+def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
     """Build into a private temporary directory, then rename it into place.
 
     A directory rename is atomic, so a reader never sees a half-built model; when two
@@ -283,7 +293,7 @@ def _build_atomically(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        build_demo_model(staging)
+        build(staging)
         try:
             staging.rename(target)
         except OSError:
@@ -328,6 +338,33 @@ def build_demo_model(path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     mx.eval(weights)
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+def build_qwen2_variant(source: Path, path: Path) -> None:
+    """Write the demo model at `source` into `path` in Qwen2's layout: the same weights, plus
+    the q/k/v biases Qwen2 has, all zero, so it computes the same logits. The weight index
+    file is there because mlx-lm's pipeline loading reads it to pick each stage's files."""
+    import mlx.core as mx
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    if config["head_dim"] * config["num_attention_heads"] != config["hidden_size"]:
+        raise ValueError("Qwen2 derives head_dim from hidden_size: the layouts differ")
+    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    del config["head_dim"]
+    weights = mx.load(str(source / "model.safetensors"))
+    assert isinstance(weights, dict)
+    for layer in range(config["num_hidden_layers"]):
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            weight = weights[f"model.layers.{layer}.self_attn.{proj}.weight"]
+            bias = mx.zeros((weight.shape[0],), dtype=weight.dtype)
+            weights[f"model.layers.{layer}.self_attn.{proj}.bias"] = bias
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    index = {"metadata": {}, "weight_map": dict.fromkeys(sorted(weights), "model.safetensors")}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(source / name, path / name)
 
 
 def _build_tokenizer(path: Path) -> Tokenizer:

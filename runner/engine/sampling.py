@@ -26,6 +26,15 @@ Sampler = Callable[[Any], Any]
 LogitsProcessor = Callable[[Any, Any], Any]
 """(tokens so far, logits) to logits, as mlx-lm calls it."""
 
+_unseeded = random.Random()
+"""Draws the keys of requests without a seed; only engine threads use it."""
+
+
+def seed_unseeded(seed: int) -> None:
+    """Make the keys of requests without a seed repeat: a runner group's ranks seed it alike,
+    so that every rank samples the same tokens."""
+    _unseeded.seed(seed)
+
 
 def make_sampler_for(params: SamplingParams, vocab_size: int) -> Sampler:
     """The sampler of a request: plain argmax at temperature 0 (exactly mlx-lm's greedy)."""
@@ -43,7 +52,7 @@ class RandomSampler:
     """
 
     def __init__(self, params: SamplingParams, vocab_size: int) -> None:
-        seed = params.seed if params.seed is not None else random.getrandbits(64)
+        seed = params.seed if params.seed is not None else _unseeded.getrandbits(64)
         self._key = mx.random.key(seed % 2**64)
         self._inverse_temperature = 1.0 / params.temperature
         self._filters: list[Callable[[Any], Any]] = []

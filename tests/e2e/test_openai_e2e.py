@@ -524,7 +524,9 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
         "tokens_after_cancel",
         "kv_cache",
         "memory_budget_bytes",
+        "members",
     }
+    assert info["members"] == []  # a single runner, not a group
     assert info["name"] == "test-runner"
     weights = mx.load(str(Path(resolve_model(MODEL)) / "model.safetensors"))
     assert info["models"] == [

@@ -122,6 +122,7 @@ hellos = st.builds(
     max_concurrent=ints,
     hardware=hardware,
     memory_budget_bytes=st.none() | ints,
+    members=_tuples(hardware),
 )
 welcomes = st.builds(Welcome, runner_id=text, protocol_version=ints, heartbeat_interval=floats)
 messages = st.builds(Message, role=roles, content=text, name=optional_text)
