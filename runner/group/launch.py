@@ -236,10 +236,13 @@ class Supervisor:
         signals = (signal.SIGTERM, signal.SIGINT)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
         try:
-            while any(proc.poll() is None for proc in self._procs):
-                time.sleep(0.1)
-                if any(proc.returncode not in (None, 0) for proc in self._procs):
+            while True:
+                statuses = [proc.poll() for proc in self._procs]  # every one: no short cut
+                if None not in statuses:
+                    break
+                if any(status not in (None, 0) for status in statuses):
                     self._failure()
+                time.sleep(0.1)
                 now = time.monotonic()
                 for since in (self._failed_at, self._stop_at):
                     if since is not None and now - since > self.grace:

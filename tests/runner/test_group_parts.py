@@ -1,0 +1,240 @@
+"""The runner group's parts that need no second process: the step message, the members'
+command line, the hostfile, the ring's addresses, the choice of split, the watchdog and the
+supervisor (on plain child processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+import pytest
+
+from protocol.frames import Generate, Message, SamplingParams
+from runner.demo_model import DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID
+from runner.group import GroupError, launch, split
+from runner.group.exchange import StepMessage
+from runner.group.watchdog import Watchdog
+from tests.support import UNIT
+
+# --- the step message ---------------------------------------------------------------------
+
+
+def test_step_message_round_trips_frames_cancels_and_close() -> None:
+    generate = Generate(
+        "r1",
+        "m",
+        (Message("user", "two\nlines and ünïcode"),),
+        max_tokens=7,
+        sampling=SamplingParams(temperature=0.5, seed=3),
+    )
+    message = StepMessage((generate, attrs.evolve(generate, request_id="r2")), ("r0",), True)
+    assert StepMessage.decode(message.encode()) == message
+    assert StepMessage.decode(StepMessage(cancels=("x",)).encode()) == StepMessage(cancels=("x",))
+    assert StepMessage().empty
+    assert not StepMessage(close=True).empty
+
+
+# --- the members' command line ---------------------------------------------------------------
+
+
+def test_member_argv_repeats_every_option_given_but_the_group_options_and_the_token() -> None:
+    @click.command()
+    @click.option("--gateway")
+    @click.option("--model", "models", multiple=True)
+    @click.option("--max-concurrent", type=int, default=8)
+    @click.option("--verbose/--quiet", default=False)
+    @click.option("--debug", is_flag=True)
+    @click.option("--local-group", type=int)
+    @click.option("--hostfile")
+    @click.option("--token", envvar="SOME_TOKEN")
+    def command(**_: Any) -> None: ...
+
+    ctx = command.make_context(
+        "runner",
+        ["--gateway", "http://gw:8000", "--model", "m", "--local-group", "2", "--token", "s3"],
+    )
+    assert launch.member_argv(ctx.command.params, ctx.params) == [
+        "--gateway", "http://gw:8000", "--model", "m", "--max-concurrent", "8", "--quiet",
+    ]  # fmt: skip
+    assert launch.member_command(["--x"]) == [
+        sys.executable, "-m", "orchard", "runner", "--x", "--group-member",
+    ]  # fmt: skip
+
+
+# --- hostfiles and the ring -----------------------------------------------------------------
+
+
+def _hostfile(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_hostfile_in_both_of_mlx_launch_forms(tmp_path: Path) -> None:
+    hosts = [{"ssh": "mac1", "ips": ["10.0.0.1"]}, {"ssh": "mac2", "ips": ["10.0.0.2"]}]
+    assert launch.read_hostfile(_hostfile(tmp_path, hosts)) == (hosts, "ring")
+    jaccl = {"backend": "jaccl", "hosts": [{"ssh": "a"}, {"ssh": "b"}]}
+    assert launch.read_hostfile(_hostfile(tmp_path, jaccl)) == (jaccl["hosts"], "jaccl")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([{"ssh": "mac1", "ips": ["10.0.0.1"]}], "at least 2 hosts, it lists 1"),
+        ([{"ssh": "a", "ips": ["1.1.1.1"]}, {"ssh": "b"}], "needs each host's IP addresses"),
+        ({"backend": "mpi", "hosts": [{"ssh": "a"}, {"ssh": "b"}]}, "backend 'mpi'"),
+        ([{"host": "a"}, {"host": "b"}], "expected a list of hosts"),
+        ("not json{", "cannot read the hostfile"),
+    ],
+)
+def test_hostfile_that_cannot_start_a_group(tmp_path: Path, data: Any, message: str) -> None:
+    path = tmp_path / "hosts.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    with pytest.raises(GroupError, match=message):
+        launch.read_hostfile(path)
+
+
+def test_local_members_get_mlx_launch_ring_environment(tmp_path: Path) -> None:
+    ring = tmp_path / "ring.json"
+    members = launch.local_members(["orchard"], 3, ring)
+    assert [m.env["MLX_RANK"] for m in members] == ["0", "1", "2"]
+    assert {m.env["MLX_HOSTFILE"] for m in members} == {str(ring)}
+    addresses = json.loads(ring.read_text())
+    first = int(addresses[0][0].rsplit(":", 1)[1])
+    assert addresses == [[f"127.0.0.1:{first + r}"] for r in range(3)]
+    with pytest.raises(GroupError, match="at least 2"):
+        launch.local_members(["orchard"], 1, ring)
+
+
+def test_hostfile_members_go_through_mlx_launch_with_the_token_as_env(tmp_path: Path) -> None:
+    path = _hostfile(tmp_path, [{"ssh": "a", "ips": ["1.1.1.1"]}, {"ssh": "b", "ips": ["2.2.2.2"]}])
+    child = launch.launched_members(["orchard", "runner"], path, "s3")
+    argv = list(child.argv)
+    assert argv[argv.index("--hostfile") + 1] == str(path)
+    assert argv[argv.index("--backend") + 1] == "ring"
+    assert argv[argv.index("--env") + 1] == "ORCHARD_RUNNER_TOKEN=s3"
+    assert argv[argv.index("--") + 1 :] == ["orchard", "runner"]
+
+
+# --- the split ------------------------------------------------------------------------------
+
+
+def test_what_each_demo_layout_can_split_into(orchard_cache: Path) -> None:
+    llama = split.supported(split.model_path(DEMO_MODEL_ID), 2)
+    assert llama == {
+        "pipeline": "mlx-lm's llama model has no pipeline stages",
+        "tensor": "num_key_value_heads (3) not divisible by 2",
+    }
+    qwen2 = split.model_path(DEMO_PIPELINE_MODEL_ID)
+    assert split.supported(qwen2, 2) == {
+        "pipeline": None,
+        "tensor": "num_key_value_heads (3) not divisible by 2",
+    }
+    assert split.supported(qwen2, 5)["pipeline"] == "4 layers cannot make 5 stages"
+    assert split.supported(qwen2, 3) == {
+        "pipeline": None,
+        "tensor": "intermediate_size (128) not divisible by 3",
+    }
+
+
+def test_choose_split() -> None:
+    both: dict[str, str | None] = {"pipeline": None, "tensor": None}
+    assert split.choose("auto", both, "ring") == "pipeline"
+    assert split.choose("auto", both, "jaccl") == "tensor"
+    assert split.choose("auto", {"pipeline": "no", "tensor": None}, "ring") == "tensor"
+    assert split.choose("tensor", both, "ring") == "tensor"
+    with pytest.raises(GroupError, match="cannot split the model by tensor: heads"):
+        split.choose("tensor", {"pipeline": None, "tensor": "heads"}, "ring")
+    with pytest.raises(GroupError, match="pipeline: a; tensor: b"):
+        split.choose("auto", {"pipeline": "a", "tensor": "b"}, "ring")
+
+
+# --- the watchdog ---------------------------------------------------------------------------
+
+
+def _watch(timeout: float) -> tuple[Watchdog, list[str], threading.Event]:
+    reasons: list[str] = []
+    fired = threading.Event()
+
+    def expire(reason: str) -> None:
+        reasons.append(reason)
+        fired.set()
+
+    return Watchdog(timeout, rank=1, expire=expire, check_every=0.02), reasons, fired
+
+
+def test_watchdog_fires_on_a_step_that_waits_too_long() -> None:
+    dog, reasons, fired = _watch(0.3)
+    dog.start()
+    dog.busy()
+    started = time.monotonic()
+    assert fired.wait(2 * UNIT)
+    assert 0.3 <= time.monotonic() - started < 1.0 * UNIT
+    assert reasons == [reasons[0]]
+    assert reasons[0].startswith("rank 1: one step has waited 0.3 s on the other members")
+
+
+def test_watchdog_stays_quiet_while_steps_end_and_beats_come() -> None:
+    dog, reasons, fired = _watch(0.3)
+    dog.start()
+    for _ in range(10):
+        dog.beat()
+        dog.busy()
+        time.sleep(0.05)
+        dog.idle()
+    assert not fired.wait(0.1)
+    dog.stop()
+    assert reasons == []
+
+
+def test_watchdog_fires_when_a_follower_hears_nothing() -> None:
+    dog, reasons, fired = _watch(0.3)
+    dog.start()
+    assert not fired.wait(0.5)  # before its first message a follower is loading: no limit
+    dog.beat()
+    assert fired.wait(2 * UNIT)
+    assert "no step from rank 0 for 0.3 s" in reasons[0]
+
+
+def test_watchdog_fires_when_the_launcher_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    dog, reasons, fired = _watch(10)
+    monkeypatch.setattr(os, "getppid", lambda: 1)
+    dog.start()
+    assert fired.wait(2 * UNIT)
+    assert reasons == ["rank 1: the launcher that started this member is gone"]
+
+
+# --- the supervisor -------------------------------------------------------------------------
+
+
+def _python(code: str) -> launch.Child:
+    return launch.Child((sys.executable, "-c", code))
+
+
+def test_supervisor_kills_what_is_left_when_a_member_fails(tmp_path: Path) -> None:
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    supervisor = launch.Supervisor(
+        [_python(stubborn), _python("import sys; sys.exit(3)")], grace=0.5, launcher=False
+    )
+    started = time.monotonic()
+    assert supervisor.run() == 1
+    assert time.monotonic() - started < 5 * UNIT
+    assert [p.returncode for p in supervisor._procs] == [-signal.SIGKILL, 3]
+
+
+def test_supervisor_passes_sigterm_on_and_exits_0_when_all_do() -> None:
+    member = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)"  # noqa: E501
+    supervisor = launch.Supervisor([_python(member), _python(member)], grace=10, launcher=False)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.monotonic()
+    assert supervisor.run() == 0
+    assert time.monotonic() - started < 5 * UNIT
+    assert [p.returncode for p in supervisor._procs] == [0, 0]
