@@ -105,6 +105,11 @@ class RunnerConn:
         """Its models as it last described them (state, size, download progress)."""
         return list(self.session.model_infos.values())
 
+    def loading(self, model: str) -> bool:
+        """`model` is loading here (requests for it wait on the runner meanwhile)."""
+        info = self.session.model_infos.get(model)
+        return info is not None and info.state == "loading"
+
     def has_in_memory(self, model: str) -> bool:
         """`model` is loaded here, or loading."""
         info = self.session.model_infos.get(model)

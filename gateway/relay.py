@@ -13,7 +13,8 @@ response body (gateway.sse) or the browser socket's outbox (gateway.client_ws).
   when the client catches up.
 - **Timers.** One per relay, re-armed when it fires, not per token: a keep-alive for
   transports that have one, and the stream timeout (a runner silent for `stream_timeout`
-  ends the request with an error).
+  ends the request with an error; silence while the request's model loads on its runner
+  does not count, `RequestStream.model_loading`).
 - **Cancel on close.** Closing a relay before its request ended (the client left, the
   timeout) cancels the request on its runner.
 - **Stored completions.** A `store: true` request's relay has a `Keeper` (gateway.stored):
@@ -68,7 +69,8 @@ async def first_item(
     before they start relaying, so that a failure before the first token can still be a
     proper HTTP error. None: nothing came in time (the stream commits without it).
 
-    With `first_token_wait` at or past the stream timeout, silence is the timeout's error.
+    With `first_token_wait` at or past the stream timeout, silence is the timeout's error,
+    unless the request's model is loading on its runner.
     A request left waiting here (timed out, or the caller cancelled) is cancelled.
     """
     try:
@@ -76,7 +78,8 @@ async def first_item(
     except asyncio.CancelledError:
         cancel(stream)
         raise
-    if first is None and config.first_token_wait >= config.stream_timeout:
+    silent = first is None and config.first_token_wait >= config.stream_timeout
+    if silent and not stream.model_loading():
         first = Failed(StreamTimeout(config.stream_timeout))
         timed_out(stream)
     if first is not None and not isinstance(first, Chunk) and not stream.done:
@@ -121,6 +124,8 @@ async def collect(
 async def _collect(stream: RequestStream, builder: CompletionBuilder, seconds: float) -> None:
     while True:
         item = await next_item(stream, seconds)
+        if item is None and stream.model_loading():
+            continue  # its model is loading: silence is expected
         if item is None:
             item = Failed(StreamTimeout(seconds))
             timed_out(stream)
@@ -292,6 +297,8 @@ class Relay:
         try:
             now = self._loop.time()
             timeout = self.config.stream_timeout
+            if now - self._heard >= timeout and self.stream.model_loading():
+                self._heard = now  # its model is loading: silence is expected
             if now - self._heard >= timeout:
                 timed_out(self.stream)
                 self._detach()

@@ -123,6 +123,13 @@ class RequestStream:
     def request_id(self) -> str:
         return self.generate.request_id
 
+    def model_loading(self) -> bool:
+        """Its runner is loading its model (downloading it, perhaps): silence is expected
+        until it is loaded, and does not count toward the stream timeout (the runner's
+        heartbeats say it is alive)."""
+        runner = self.runner
+        return runner is not None and runner.loading(self.generate.model)
+
     def push(self, item: StreamItem) -> None:
         """Called by the runner link: never raises, whatever the client side does."""
         meter = self.meter

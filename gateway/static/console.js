@@ -51,6 +51,11 @@ const integer = new Intl.NumberFormat("en-US");
 const oneDecimal = new Intl.NumberFormat("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
 
 /** @param {number} bytes */
+function megabytes(bytes) {
+  return `${oneDecimal.format(bytes / 2 ** 20)} MiB`;
+}
+
+/** @param {number} bytes */
 function gib(bytes) {
   return `${Math.round(bytes / 2 ** 30)} GiB`;
 }
@@ -86,6 +91,29 @@ function hardwareTitle(hw) {
   return parts.join(", ");
 }
 
+/**
+ * One of a runner's models: loaded (its name), loading (with the download's progress) or
+ * loadable on demand (muted; the last load's error in red, and in its title).
+ * @param {Record<string, any>} m
+ */
+function modelChip(m) {
+  const facts = [];
+  if (m.context_length) facts.push(`context ${integer.format(m.context_length)}`);
+  if (m.size_bytes) facts.push(`${megabytes(m.size_bytes)} of weights`);
+  let label = m.id;
+  if (m.state === "loading") {
+    const d = m.download;
+    label += d && d.total_bytes ? ` · ${Math.floor((100 * d.done_bytes) / d.total_bytes)} %` : " · loading";
+    if (d) facts.push(`downloading: ${integer.format(d.done_bytes)} of ${integer.format(d.total_bytes)} bytes`);
+  } else if (m.state === "loadable") {
+    facts.push(m.error ? `its last load failed: ${m.error}` : "loaded when a request asks for it");
+  }
+  const failed = m.state === "loadable" && m.error ? " failed" : "";
+  return el("span", {
+    class: `chip ${m.state}${failed}`, "data-model": m.id, "data-state": m.state, title: facts.join("; "),
+  }, label);
+}
+
 /** @param {Record<string, any>} runner */
 function runnerRow(runner) {
   const hw = runner.hardware;
@@ -98,8 +126,7 @@ function runnerRow(runner) {
     el("td", { "data-col": "hardware", title: hardwareTitle(hw) },
       `${hw.chip} · ${gib(hw.memory_bytes)} · ${hw.backend}`
         + (hw.gpu_cores ? ` · ${hw.gpu_cores} GPU cores` : "")),
-    el("td", { "data-col": "models" }, ...runner.models.map((m) =>
-      el("span", { class: "chip", title: `context ${integer.format(m.context_length)}` }, m.id))),
+    el("td", { "data-col": "models" }, ...runner.models.map(modelChip)),
     el("td", { "data-col": "active", class: "num" }, bar, `${runner.active} / ${runner.max_concurrent}`),
     el("td", { "data-col": "requests-served", class: "num" }, integer.format(runner.requests_served)),
     el("td", { "data-col": "tokens-generated", class: "num" }, integer.format(runner.tokens_generated)),

@@ -404,7 +404,8 @@ PROGRESS_EVERY = 0.5
 
 
 def _reason(exc: BaseException) -> str:
-    cause = exc.__cause__ if isinstance(exc, ModelLoadError) and exc.__cause__ else exc
+    # An engine's start wraps what its load raised; a download error is worded for people.
+    cause = exc.__cause__ if type(exc) is ModelLoadError and exc.__cause__ else exc
     return str(cause) or type(cause).__name__
 
 
