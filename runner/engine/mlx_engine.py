@@ -120,9 +120,7 @@ class MlxEngine(ThreadedEngine, GenerationTally):
 
     def _load(self) -> None:
         assert self._sink is not None
-        model = MlxModel.load(
-            self.model_name, path=self.path, context_length=self._context_length
-        )
+        model = MlxModel.load(self.model_name, path=self.path, context_length=self._context_length)
         self.weights_bytes = model.weights_bytes()
         self.warm_up_seconds = self._warm_up(model)
         generation = Generation(
