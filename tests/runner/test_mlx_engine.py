@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import pytest
 
 from protocol.frames import Generate, LogitBias, Message, ModelInfo, SamplingParams
@@ -167,7 +168,10 @@ def test_starting_inside_a_think_span_is_reasoning(
 
     with engine_starter(lambda: engine_class(str(thinking))) as start:
         engine, collector = start()
-        assert engine.models == (ModelInfo(str(thinking), 2048, engine_version()),)
+        weights = mx.load(str(thinking / "model.safetensors"))
+        size = sum(array.nbytes for array in weights.values())
+        assert engine.models == (ModelInfo(str(thinking), 2048, engine_version(), size_bytes=size),)
+        assert engine.weights_bytes == size
         request = Generate("r1", str(thinking), (Message("user", "Hi"),), max_tokens=12)
         events = run(engine, collector, request)
     last = final(events)
