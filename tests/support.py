@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import orjson
@@ -44,6 +44,14 @@ if TYPE_CHECKING:
 
 UNIT = float(os.environ.get("ORCHARD_TEST_TIME_FACTOR", "1"))
 REPO = Path(__file__).resolve().parent.parent
+
+
+def weights_bytes(directory: Path) -> int:
+    """What the model's weights in `directory` (model.safetensors) take in memory."""
+    import mlx.core as mx  # only for the tests that ask
+
+    weights = cast("dict[str, mx.array]", mx.load(str(directory / "model.safetensors")))
+    return sum(int(array.nbytes) for array in weights.values())
 
 
 def free_port() -> int:

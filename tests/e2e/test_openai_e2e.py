@@ -10,14 +10,21 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx
-import mlx.core as mx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from runner.demo_model import resolve_model
 from runner.engine.mlx_engine import engine_version
-from tests.support import UNIT, Gateway, Process, gateway_with_runner, sse_events, wait_until
+from tests.support import (
+    UNIT,
+    Gateway,
+    Process,
+    gateway_with_runner,
+    sse_events,
+    wait_until,
+    weights_bytes,
+)
 
 MODEL = "orchard-demo"
 KV_LIMIT = 256 * 1024 * 1024
@@ -528,14 +535,13 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
     }
     assert info["members"] == []  # a single runner, not a group
     assert info["name"] == "test-runner"
-    weights = mx.load(str(Path(resolve_model(MODEL)) / "model.safetensors"))
     assert info["models"] == [
         {
             "id": MODEL,
             "context_length": 2048,
             "engine": engine_version(),
             "state": "loaded",
-            "size_bytes": sum(array.nbytes for array in weights.values()),
+            "size_bytes": weights_bytes(Path(resolve_model(MODEL))),
             "download": None,
             "error": None,
         }

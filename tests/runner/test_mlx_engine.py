@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import pytest
 
 from protocol.frames import Generate, LogitBias, Message, ModelInfo, SamplingParams
@@ -20,6 +19,7 @@ from runner.engine.mlx_engine import MlxEngine, engine_version
 from runner.errors import ModelLoadError
 from tests.runner.collect import Collector, engine_starter, final, outputs, run, text_of
 from tests.runner.engines import GREEDY, Reference, ask
+from tests.support import weights_bytes
 
 StartEngine = Callable[..., tuple[MlxEngine, Collector]]
 
@@ -168,8 +168,7 @@ def test_starting_inside_a_think_span_is_reasoning(
 
     with engine_starter(lambda: engine_class(str(thinking))) as start:
         engine, collector = start()
-        weights = mx.load(str(thinking / "model.safetensors"))
-        size = sum(array.nbytes for array in weights.values())
+        size = weights_bytes(thinking)
         assert engine.models == (ModelInfo(str(thinking), 2048, engine_version(), size_bytes=size),)
         assert engine.weights_bytes == size
         request = Generate("r1", str(thinking), (Message("user", "Hi"),), max_tokens=12)
