@@ -46,6 +46,7 @@ from huggingface_hub.errors import (
     CachedRepoTreeNotFoundError,
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
@@ -452,6 +453,11 @@ def _translate(
             f"no space left on the disk of the cache ({cache_dir or constants.HF_HUB_CACHE})"
             f" while downloading {model}: free some space, or set HF_HUB_CACHE to a directory"
             " on a larger disk."
+        )
+    if isinstance(exc, HFValidationError):
+        return DownloadError(
+            f"{model} is neither a directory here nor a Hugging Face model id"
+            " (organization/model): check the path or the name."
         )
     if isinstance(exc, HfHubHTTPError):
         return DownloadError(f"the Hub at {hub} refused to serve {model}: {_first_line(exc)}")

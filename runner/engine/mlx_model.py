@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -18,6 +19,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 
 from protocol.frames import Echo, Generate, Message, Usage
+from runner import download
 from runner.accounting import RequestAccounting, prompt_opens_reasoning
 from runner.demo_model import resolve_model
 from runner.engine.constraint import Constraint, constraint_for
@@ -159,8 +161,13 @@ class MlxModel:
     ) -> MlxModel:
         """Load `name` (a local MLX directory, a Hugging Face id or "orchard-demo"), from
         `path` when its files are there."""
+        source = path or resolve_model(name)
+        if not Path(source).exists():
+            # A Hub id: downloaded here, with progress in the log and clear errors, rather
+            # than by mlx_lm.load.
+            source = str(download.fetch(name))
         # mlx-lm annotates load() as returning a 2- or 3-tuple; return_config picks the 3.
-        loaded: Any = mlx_lm.load(path or resolve_model(name), return_config=True)
+        loaded: Any = mlx_lm.load(source, return_config=True)
         model, tokenizer, config = loaded
         return cls(name, model, tokenizer, config, context_length=context_length)
 

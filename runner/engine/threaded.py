@@ -7,7 +7,8 @@ it needs no lock. Rules shared by every engine:
 
 - `start` starts the thread and blocks until the subclass's `_load` has run there; an error
   in `_load` is raised from `start` as a `ModelLoadError`, its cause the original error (a
-  BaseException that is no Exception, such as KeyboardInterrupt, unchanged).
+  BaseException that is no Exception, such as KeyboardInterrupt, and a `ModelLoadError`
+  such as a failed download's, unchanged).
 - `submit` before `start` (or `start` twice) raises `EngineStateError`.
 - `submit` after `close` answers at once, from the caller's thread, with a Failure
   "internal_error" "the engine is closed": no engine thread is left to answer.
@@ -83,8 +84,8 @@ class ThreadedEngine(Engine):
         error = self._load_error
         if error is not None:
             self._thread.join()
-            if not isinstance(error, Exception):
-                raise error  # KeyboardInterrupt and the like: not a load error
+            if not isinstance(error, Exception) or isinstance(error, ModelLoadError):
+                raise error  # KeyboardInterrupt and the like, or worded already (a download)
             raise ModelLoadError(f"{type(error).__name__}: {error}") from error
 
     def submit(self, request: Generate) -> None:

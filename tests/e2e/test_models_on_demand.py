@@ -216,3 +216,30 @@ def test_the_runner_logs_the_download(pool: tuple[Gateway, Process, FakeHub, str
     log = runner.log.read().decode(errors="replace")
     assert f"downloading {HUB_MODEL}" in log, log
     assert f"unloading {HUB_MODEL} to make room for" in log, log
+
+
+def test_a_runner_of_one_hub_model_downloads_it_then_joins(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with FakeHub() as hub:
+        hub.add(HUB_MODEL, Path(resolve_model(DEMO_MODEL_ID)))
+        gateway = Gateway()
+        runner = start_runner(
+            gateway,
+            *("--model", HUB_MODEL, "--log-level", "info"),
+            env={
+                "HF_ENDPOINT": hub.url,
+                "HF_HOME": str(tmp_path_factory.mktemp("hf-home")),
+                "HF_HUB_DISABLE_XET": "1",
+            },
+        )
+        try:
+            gateway.wait_for_runners(1)
+            assert model_states(gateway) == {HUB_MODEL: "loaded"}
+            client = openai.OpenAI(base_url=f"{gateway.base}/v1", api_key="none", max_retries=0)
+            assert ask(client, HUB_MODEL)[0]
+            assert len(hub.body_requests()) >= 2  # weights, config, tokenizer: from the hub
+        finally:
+            log = runner.stop()
+            gateway.stop()
+    assert f"downloaded {HUB_MODEL}: " in log, log

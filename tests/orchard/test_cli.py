@@ -3,6 +3,7 @@ gateway started with no flags runs exactly the documented defaults."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 from gateway.config import GatewayConfig
 from gateway.tls import certificate_fingerprint
 from orchard import cli
+from tests.fakehub import FakeHub
 from tests.support import UNIT
 
 
@@ -146,8 +148,59 @@ def test_a_model_that_does_not_load_is_one_clear_line(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.strip().splitlines()
-    assert f"runner: could not load {missing}: " in line
+    assert line.endswith(
+        f"runner: could not load {missing}: {missing} is neither a directory here nor a "
+        "Hugging Face model id (organization/model): check the path or the name."
+    ), line
     assert "Traceback" not in proc.stderr
+
+
+def test_a_hub_model_that_is_not_there_is_one_clear_line(tmp_path: Path) -> None:
+    # The runner downloads a Hub id itself (runner.download), from a local fake Hub here.
+    with FakeHub() as hub:
+        proc = subprocess.run(
+            [
+                *(sys.executable, "-m", "orchard", "runner", "--gateway", "http://127.0.0.1:9"),
+                *("--model", "orchard-test/nope", "--log-level", "warning"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120 * UNIT,
+            check=False,
+            env={**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path)},
+        )
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.endswith(
+        f"runner: could not load orchard-test/nope: orchard-test/nope was not found on "
+        f"{hub.url}: check the name (organization/model). If it is private or gated, set "
+        "HF_TOKEN to an access token that can read it (and accept its license on the "
+        "model's page)."
+    ), line
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (
+            ("--max-memory", "12 parsecs"),
+            "Invalid value for --max-memory: '12 parsecs': unknown unit 'parsecs' "
+            "(B, KB, MB, GB, TB, KiB ... TiB)",
+        ),
+        (
+            ("--max-memory", "150%"),
+            "Invalid value for --max-memory: '150%': a share is more than 0% and at most 100%",
+        ),
+        (("--model", "a"), "Invalid value for --model: a model is named twice"),
+    ],
+)
+def test_bad_model_flags_are_usage_errors(flags: tuple[str, ...], error: str) -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        ["runner", "--gateway", "http://127.0.0.1:9", "--model", "a", "--model", "b", *flags],
+    )
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == f"Error: {error}"
 
 
 @pytest.mark.parametrize("command", ["gateway", "serve"])
