@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -66,3 +68,54 @@ def test_serve_runs_both_and_stops_cleanly(demo_model_path: Path, sig: signal.Si
         out = log.read().decode()
     assert f"Orchard is up at {base}/v1" in out
     assert f'OpenAI(base_url="{base}/v1"' in out
+
+
+def test_serve_off_loopback_serves_https_to_clients_and_its_own_runner(
+    demo_model_path: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    base = f"https://127.0.0.1:{port}"
+    cert = tmp_path / "gateway.pem"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchard", "serve", "--host", "0.0.0.0", "--port", str(port)],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "ORCHARD_TLS_DIR": str(tmp_path)},
+        )
+        try:
+
+            def runner_up() -> bool:
+                try:
+                    trusted = ssl.create_default_context(cafile=cert)
+                    got = httpx.get(f"{base}/v1/runners", timeout=1, verify=trusted)
+                except (httpx.HTTPError, OSError):
+                    return False  # not up yet (or the certificate not written yet)
+                return len(got.json()["data"]) == 1
+
+            wait_until(runner_up, 60, "serve's local runner, over TLS")
+            # The local runner pinned the certificate as any runner does (the gateway proved
+            # it knows the token) and serves over WSS.
+            trusted = ssl.create_default_context(cafile=cert)
+            http_client = openai.DefaultHttpxClient(verify=trusted)
+            client = openai.OpenAI(
+                base_url=f"{base}/v1", api_key="unused", max_retries=0, http_client=http_client
+            )
+            done = client.chat.completions.create(
+                model="orchard-demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert done.usage is not None
+            assert done.usage.completion_tokens <= 4
+            client.close()
+            with pytest.raises(httpx.HTTPError):  # no plain HTTP beside it
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15 * UNIT) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.seek(0)
+        out = log.read().decode()
+    assert f"Orchard is up at {base}/v1" in out
+    assert f"    export SSL_CERT_FILE={cert}\n" in out
