@@ -71,6 +71,33 @@ def main() -> None:
     """Orchard: the Macs on a LAN as one OpenAI-compatible LLM endpoint."""
 
 
+def _tls_options(command: F) -> F:
+    """--tls/--no-tls, --tls-cert and --tls-key (gateway and serve)."""
+    options = [
+        click.option(
+            "--tls/--no-tls",
+            default=None,
+            help="Serve HTTPS / WSS. Default: on when listening off loopback. The certificate "
+            "is generated on first start and kept in $ORCHARD_TLS_DIR (~/.orchard/tls), "
+            "unless --tls-cert and --tls-key give one; runners pin it once the gateway "
+            "proves it knows the runner token (docs/security.md).",
+        ),
+        click.option(
+            "--tls-cert",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Certificate (PEM) to serve instead of a generated one.",
+        ),
+        click.option(
+            "--tls-key",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="The private key (PEM) of --tls-cert.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def _config_option(name: str, help: str) -> Callable[[F], F]:
     """A `gateway` option whose default is GatewayConfig's, so each default is written once."""
     field = attrs.fields_dict(GatewayConfig)[name]
@@ -165,24 +192,7 @@ def _store_options(command: F) -> F:
     show_default=True,
     help="The gateway's name on the LAN (what `orchard runner --gateway NAME` asks for).",
 )
-@click.option(
-    "--tls/--no-tls",
-    default=None,
-    help="Serve HTTPS / WSS. Default: on when listening off loopback. The certificate is "
-    "generated on first start and kept in $ORCHARD_TLS_DIR (~/.orchard/tls), unless "
-    "--tls-cert and --tls-key give one; runners pin it once the gateway proves it knows "
-    "the runner token (docs/security.md).",
-)
-@click.option(
-    "--tls-cert",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Certificate (PEM) to serve instead of a generated one.",
-)
-@click.option(
-    "--tls-key",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The private key (PEM) of --tls-cert.",
-)
+@_tls_options
 @click.option(
     "--advertise/--no-advertise",
     default=True,
@@ -225,12 +235,21 @@ def gateway(
         **settings,
     )
     _check_exposure(config)
-    files = _tls_files(config, tls, tls_cert, tls_key)
-    if files is not None:
-        from gateway.tls import certificate_fingerprint
-
-        config = attrs.evolve(config, tls_fingerprint=certificate_fingerprint(files[0]))
+    config, files = _with_tls(config, tls, tls_cert, tls_key)
     _run(_run_gateway(config, log_level, name=gateway_name, advertise=advertise, tls=files))
+
+
+def _with_tls(
+    config: GatewayConfig, tls: bool | None, cert: Path | None, key: Path | None
+) -> tuple[GatewayConfig, tuple[Path, Path] | None]:
+    """The config with its certificate's fingerprint, and the certificate and key to serve
+    TLS with (None: plain HTTP)."""
+    files = _tls_files(config, tls, cert, key)
+    if files is None:
+        return config, None
+    from gateway.tls import certificate_fingerprint
+
+    return attrs.evolve(config, tls_fingerprint=certificate_fingerprint(files[0])), files
 
 
 def _tls_files(
@@ -295,14 +314,7 @@ async def _run_gateway(
     from protocol.frames import PROTOCOL_VERSION
 
     server = _server(config, log_level, tls)
-    if tls is not None:
-        logging.getLogger("gateway").info(
-            "serving HTTPS: certificate %s, SHA-256 fingerprint %s. Clients trust it with "
-            "SSL_CERT_FILE=%s (the openai SDK, httpx, curl --cacert)",
-            tls[0],
-            config.tls_fingerprint,
-            tls[0],
-        )
+    _log_tls(config, tls)
     advertiser = advertiser_for(
         name=name or socket.gethostname(),
         host=config.host,
@@ -330,6 +342,17 @@ async def _run_gateway(
     finally:
         if advertiser is not None:
             await advertiser.close()
+
+
+def _log_tls(config: GatewayConfig, tls: tuple[Path, Path] | None) -> None:
+    if tls is not None:
+        logging.getLogger("gateway").info(
+            "serving HTTPS: certificate %s, SHA-256 fingerprint %s. Clients trust it with "
+            "SSL_CERT_FILE=%s (the openai SDK, httpx, curl --cacert)",
+            tls[0],
+            config.tls_fingerprint,
+            tls[0],
+        )
 
 
 async def _drain_and_exit(server: Any) -> None:
@@ -699,6 +722,7 @@ def _is_url(gateway: str) -> bool:
     envvar="ORCHARD_RUNNER_TOKEN",
     help="Token for runners (env ORCHARD_RUNNER_TOKEN); a random one is made when unset.",
 )
+@_tls_options
 @_store_options
 @log_level_option
 def serve(
@@ -707,23 +731,38 @@ def serve(
     model: str,
     max_concurrent: int,
     runner_token: str | None,
+    tls: bool | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
     log_level: str,
     **store: Any,
 ) -> None:
-    """Run the gateway plus one local runner (a separate process, same WebSocket path)."""
+    """Run the gateway plus one local runner (a separate process, same WebSocket path).
+
+    Off loopback it serves HTTPS, as `orchard gateway` does (--no-tls for plain HTTP).
+    """
     _setup_logging(log_level)
     # Always a token: the local runner gets it through its environment, never argv.
     token = runner_token or secrets.token_urlsafe(24)
     config = GatewayConfig(host=host, port=port, runner_token=token, **store)
     _check_exposure(config)
-    _run(_serve(config, model, max_concurrent, log_level))
+    config, files = _with_tls(config, tls, tls_cert, tls_key)
+    _run(_serve(config, model, max_concurrent, log_level, files))
 
 
-async def _serve(config: GatewayConfig, model: str, max_concurrent: int, log_level: str) -> None:
-    server = _server(config, log_level)
-    # Signals stop the runner first, then the server.
+async def _serve(
+    config: GatewayConfig,
+    model: str,
+    max_concurrent: int,
+    log_level: str,
+    tls: tuple[Path, Path] | None = None,
+) -> None:
+    server = _server(config, log_level, tls)
+    _log_tls(config, tls)
+    # Signals stop the runner first, then the server. The local runner pins the certificate
+    # as any runner does (the gateway proves it knows the token).
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
-    base = f"http://{local}:{config.port}"
+    base = f"{'https' if tls else 'http'}://{local}:{config.port}"
     runner_proc: subprocess.Popen[bytes] | None = None
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -755,7 +794,7 @@ async def _serve(config: GatewayConfig, model: str, max_concurrent: int, log_lev
         ],
         env={**os.environ, "ORCHARD_RUNNER_TOKEN": config.runner_token or ""},
     )
-    print(_banner(base, model), flush=True)
+    print(_banner(base, model, tls[0] if tls else None), flush=True)
     runner_exit = asyncio.create_task(asyncio.to_thread(runner_proc.wait))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({server_task, runner_exit, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -771,10 +810,19 @@ async def _serve(config: GatewayConfig, model: str, max_concurrent: int, log_lev
     stopper.cancel()
 
 
-def _banner(base: str, model: str) -> str:
+def _banner(base: str, model: str, cert: Path | None = None) -> str:
+    trust = (
+        f"""
+Its certificate is self-signed unless you gave one: clients trust it with
+    export SSL_CERT_FILE={cert}
+(`orchard status` prints its fingerprint, and how to fetch it from another machine.)
+"""
+        if cert is not None
+        else ""
+    )
     return f"""
 Orchard is up at {base}/v1  (model: {model}; runners: {base}/v1/runners)
-
+{trust}
     from openai import OpenAI
     client = OpenAI(base_url="{base}/v1", api_key="unused")
     stream = client.chat.completions.create(
