@@ -121,11 +121,25 @@ def _kv_cache(kv: dict[str, Any] | None) -> str:
     return f"{human_bytes(kv['bytes'])} / {human_bytes(limit) if limit else 'unbounded'}"
 
 
+def _model(model: dict[str, Any]) -> str:
+    """A runner's model: its name, and how far from serving it is unless loaded."""
+    state = model.get("state", "loaded")
+    if state == "loaded":
+        return str(model["id"])
+    download = model.get("download")
+    if state == "loading" and download and download["total_bytes"]:
+        share = 100 * download["done_bytes"] // download["total_bytes"]
+        return f"{model['id']} (downloading {share}%)"
+    if state == "loadable" and model.get("error"):
+        return f"{model['id']} (load failed)"
+    return f"{model['id']} ({state})"
+
+
 def row(runner: dict[str, Any], now: float) -> tuple[str, ...]:
     """One runner of `/v1/runners` as the table's cells."""
     return (
         runner["name"],
-        ", ".join(m["id"] for m in runner["models"]) or "-",
+        ", ".join(_model(m) for m in runner["models"]) or "-",
         _hardware(runner["hardware"]),
         f"{runner['active']}/{runner['max_concurrent']}",
         "yes" if runner["draining"] else "no",

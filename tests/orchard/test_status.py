@@ -55,10 +55,28 @@ RUNNERS: dict[str, Any] = {
         {
             "id": "runner-9",
             "name": "air",
-            "models": [
-                {"id": "orchard-demo", "context_length": 4096, "engine": None},
-                {"id": "mlx-community/Qwen3-4B-4bit", "context_length": 40960, "engine": None},
+            "models": [  # several, loaded on demand: one loaded, one downloading, one failed
+                {"id": "orchard-demo", "context_length": 4096, "engine": None, "state": "loaded"},
+                {
+                    "id": "mlx-community/Qwen3-4B-4bit",
+                    "context_length": None,
+                    "engine": None,
+                    "state": "loading",
+                    "size_bytes": None,
+                    "download": {"done_bytes": 1 << 30, "total_bytes": 3 << 30},
+                    "error": None,
+                },
+                {
+                    "id": "mlx-community/gone",
+                    "context_length": None,
+                    "engine": None,
+                    "state": "loadable",
+                    "size_bytes": None,
+                    "download": None,
+                    "error": "mlx-community/gone was not found on https://huggingface.co",
+                },
             ],
+            "memory_budget_bytes": 12 << 30,
             "max_concurrent": 4,
             "active": 0,
             "draining": True,
@@ -116,10 +134,10 @@ MODELS: dict[str, Any] = {
 NOW = 1764463600.0
 
 TABLE = """\
-NAME       MODELS                                     HARDWARE                                                                   ACTIVE  DRAINING  TOKENS     CONNECTED    KV CACHE
-studio     mlx-community/Qwen3-4B-4bit                Apple M2 Ultra, 24 cpu, 192.0 GiB, gpu, 76 gpu cores, gpu limit 144.0 GiB  2/8     no        48,210     59m 59s ago  1.5 GiB / 8.0 GiB
-air        orchard-demo, mlx-community/Qwen3-4B-4bit  Apple M3, 8 cpu, 16.0 GiB, gpu                                             0/4     yes       7          10s ago      -
-linux-box  orchard-demo                               x86_64, 2 cpu, 512.0 MiB, cpu                                              16/16   no        1,234,567  2d 05h ago   512.0 KiB / unbounded
+NAME       MODELS                                                                                         HARDWARE                                                                   ACTIVE  DRAINING  TOKENS     CONNECTED    KV CACHE
+studio     mlx-community/Qwen3-4B-4bit                                                                    Apple M2 Ultra, 24 cpu, 192.0 GiB, gpu, 76 gpu cores, gpu limit 144.0 GiB  2/8     no        48,210     59m 59s ago  1.5 GiB / 8.0 GiB
+air        orchard-demo, mlx-community/Qwen3-4B-4bit (downloading 33%), mlx-community/gone (load failed)  Apple M3, 8 cpu, 16.0 GiB, gpu                                             0/4     yes       7          10s ago      -
+linux-box  orchard-demo                                                                                   x86_64, 2 cpu, 512.0 MiB, cpu                                              16/16   no        1,234,567  2d 05h ago   512.0 KiB / unbounded
 
 3 runners; models: mlx-community/Qwen3-4B-4bit, orchard-demo; queue depth: 3
 """  # noqa: E501 -- the table as printed
