@@ -241,7 +241,7 @@ class ModelShelf(Engine):
                     return
                 model = self._loads.popleft()
             error = self._load(model)
-            if error is not None:
+            if error is not None and not self._closing:  # closing: dropped without events
                 self._fail_waiting(model, error)
 
     def _load(self, model: _Model) -> str | None:
@@ -312,6 +312,7 @@ class ModelShelf(Engine):
     def _make_room(self, model: _Model, size: int) -> bool:
         """Unload least recently used idle models until `size` more bytes fit; wait for
         busy ones to finish when that is not enough. False if the shelf closes first."""
+        told = False
         while True:
             with self._lock:
                 if self._closing:
@@ -324,9 +325,9 @@ class ModelShelf(Engine):
                     if m is not model and m.engine is not None and not m.busy
                 ]
                 if not idle:
-                    log.info(
-                        "waiting for a loaded model to finish its requests to load %s", model.name
-                    )
+                    if not told:
+                        told = True
+                        log.info("%s waits for a loaded model to finish its requests", model.name)
                     self._lock.wait(1.0)
                     continue
                 victim = min(idle, key=lambda m: m.last_used)

@@ -61,11 +61,7 @@ def pool(
             BUDGET,
             "--log-level",
             "info",
-            env={
-                "HF_ENDPOINT": hub.url,
-                "HF_HOME": str(tmp_path_factory.mktemp("hf-home")),
-                "HF_HUB_DISABLE_XET": "1",
-            },
+            env=hub_env(hub, tmp_path_factory),
         )
         try:
             gateway.wait_for_runners(1)
@@ -73,6 +69,15 @@ def pool(
         finally:
             runner.stop()
             gateway.stop()
+
+
+def hub_env(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A runner's environment: the fake hub for the Hub, a Hub cache of its own."""
+    return {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(tmp_path_factory.mktemp("hf-home")),
+        "HF_HUB_DISABLE_XET": "1",
+    }
 
 
 def model_states(gateway: Gateway) -> dict[str, str]:
@@ -227,11 +232,7 @@ def test_a_runner_of_one_hub_model_downloads_it_then_joins(
         runner = start_runner(
             gateway,
             *("--model", HUB_MODEL, "--log-level", "info"),
-            env={
-                "HF_ENDPOINT": hub.url,
-                "HF_HOME": str(tmp_path_factory.mktemp("hf-home")),
-                "HF_HUB_DISABLE_XET": "1",
-            },
+            env=hub_env(hub, tmp_path_factory),
         )
         try:
             gateway.wait_for_runners(1)

@@ -302,5 +302,6 @@ def test_close_while_a_load_waits(make_shelf: MakeShelf) -> None:
     closer.join(10 * UNIT)
     assert not closer.is_alive()
     assert "b" not in s.engines or not s.engines["b"][0]._thread.is_alive()  # type: ignore[union-attr]
+    assert not s.collector.events.get("r1")  # dropped without events, as close says
     s.shelf.submit(ask("r2", "a"))
     assert s.collector.wait("r2") == [Failure("r2", "internal_error", "the engine is closed")]
