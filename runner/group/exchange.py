@@ -1,8 +1,9 @@
 """The per-step message rank 0 shares with the other ranks, on `mlx.distributed` collectives.
 
 As in mlx_lm.server (`_share_object`): rank 0 contributes the bytes and every other rank
-zeros to an `all_sum`, so all ranks end up with rank 0's bytes; first the length, then (when
-there is something to say) the bytes. A step with nothing new costs one collective on an int.
+zeros to an `all_sum`, so all ranks end up with rank 0's bytes. Unlike it, the length goes in
+the same collective as the bytes, in fixed-size chunks (`Exchange.share`): a step with nothing
+new, or with a few requests, costs one collective of `CHUNK` bytes.
 
 A step message holds the requests submitted since the last step (their `Generate` frames, in
 the protocol's own encoding), the cancelled request ids and whether the group is closing.
@@ -53,6 +54,10 @@ class StepMessage:
         return cls(tuple(submits), tuple(head["cancels"]), bool(head["close"]))
 
 
+CHUNK = 4096
+"""Bytes per collective of a step message (the first 4 are its length)."""
+
+
 class Exchange:
     """Rank 0's bytes to every rank of `group`, and every rank's bytes to all (`gather`)."""
 
@@ -73,17 +78,31 @@ class Exchange:
         return total
 
     def share(self, data: bytes | None = None) -> bytes:
-        """Rank 0 passes `data` and gets it back; the others pass nothing and get it."""
+        """Rank 0 passes `data` and gets it back; the others pass nothing and get it.
+
+        The bytes travel as a 4-byte length and the data, in chunks of `CHUNK` bytes: one
+        collective for most steps, always of the same size. (On the ring backend a small
+        collective followed by a larger one stalled for 10-16 ms: sharing the length alone
+        first, as mlx_lm.server does, made each step with news that much longer.)
+        """
         if self.rank == 0:
             payload = data or b""
-            self._all_sum(mx.array(len(payload), dtype=mx.int32))
-            if payload:
-                self._all_sum(mx.array(np.frombuffer(payload, dtype=np.uint8)))
+            blob = len(payload).to_bytes(4, "little") + payload
+            for start in range(0, len(blob), CHUNK):
+                chunk = np.zeros(CHUNK, dtype=np.uint8)
+                part = blob[start : start + CHUNK]
+                chunk[: len(part)] = np.frombuffer(part, dtype=np.uint8)
+                self._all_sum(mx.array(chunk))
             return payload
-        size = int(np.asarray(self._all_sum(mx.array(0, dtype=mx.int32))))
-        if size == 0:
-            return b""
-        return np.asarray(self._all_sum(mx.zeros(size, dtype=mx.uint8))).tobytes()
+        first = self._chunk()
+        size = int.from_bytes(first[:4], "little")
+        parts = [first[4:]]
+        for _ in range(-(-(4 + size) // CHUNK) - 1):
+            parts.append(self._chunk())
+        return b"".join(parts)[:size]
+
+    def _chunk(self) -> bytes:
+        return np.asarray(self._all_sum(mx.zeros(CHUNK, dtype=mx.uint8))).tobytes()
 
     def share_step(self, message: StepMessage | None = None) -> StepMessage:
         """`share` for a step: rank 0 passes its message; an empty one costs one collective."""

@@ -33,6 +33,8 @@ def exchange(out: dict[str, object]) -> None:
     out["rank"], out["size"] = ex.rank, ex.size
     out["shared"] = ex.share(b"from rank 0" if ex.rank == 0 else None).decode()
     out["empty"] = ex.share(None).decode()
+    big = bytes(range(256)) * 35  # 8960 bytes: 3 chunks of 4096 with the length
+    out["big"] = ex.share(big if ex.rank == 0 else None) == big
     message = StepMessage(
         (Generate("r1", "m", (Message("user", "hi"),), max_tokens=3),), ("r0",), False
     )

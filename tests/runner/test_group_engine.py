@@ -45,10 +45,11 @@ def test_share_step_and_gather_reach_every_rank(tmp_path: Path) -> None:
             "size": 2,
             "shared": "from rank 0",
             "empty": "",
+            "big": True,
             "step": ["r1", ["r0"], False],
             "gathered": ["rank 0 says hi", "rank 1 says hirank 1 says hi"],
-            # share: 2 (length, bytes), empty share: 1, step: 2, gather: 2 (lengths, table)
-            "collectives": 7,
+            # share, empty share, step: 1 chunk each; big: 3; gather: 2 (lengths, table)
+            "collectives": 8,
         }
 
 
