@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import concurrency, discovery, engine, metrics, paced, relay, single_stream, structured
+from bench import (
+    concurrency,
+    discovery,
+    distributed,
+    engine,
+    metrics,
+    paced,
+    relay,
+    single_stream,
+    structured,
+)
 
 SCENARIOS = {
     "single": single_stream.main,  # 1: one stream, gateway vs in-process
@@ -18,6 +28,7 @@ SCENARIOS = {
     "engine": engine.main,
     "discovery": discovery.main,  # a runner's start to its first token: mDNS vs --gateway URL
     "metrics": metrics.main,  # relay tok/s at 256 streams with and without scraping /metrics
+    "distributed": distributed.main,  # a 2-process runner group vs one process, step overhead
 }
 
 

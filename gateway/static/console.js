@@ -91,6 +91,16 @@ function hardwareTitle(hw) {
   return parts.join(", ");
 }
 
+/** The hardware cell's tooltip; for a runner group (one model split across machines), a
+ * line per member, rank 0 first.
+ * @param {Record<string, any>} runner */
+function groupTitle(runner) {
+  const members = runner.members || [];
+  if (members.length < 2) return hardwareTitle(runner.hardware);
+  return members.map((m, rank) =>
+    `rank ${rank}: ${m.chip}, ${gib(m.memory_bytes)}, ${m.backend}; ${hardwareTitle(m)}`).join("\n");
+}
+
 /**
  * One of a runner's models: loaded (its name), loading (with the download's progress) or
  * loadable on demand (muted; the last load's error in red, and in its title).
@@ -117,15 +127,17 @@ function modelChip(m) {
 /** @param {Record<string, any>} runner */
 function runnerRow(runner) {
   const hw = runner.hardware;
+  const members = runner.members || [];
   const load = runner.max_concurrent ? runner.active / runner.max_concurrent : 0;
   const bar = el("span", { class: "bar" }, el("span", { style: `width:${Math.round(load * 100)}%` }));
   return el("tr", { "data-runner-name": runner.name, "data-runner-id": runner.id },
     el("td", { "data-col": "name" }, el("strong", {}, runner.name),
       runner.draining ? el("span", { class: "tag", "data-testid": "draining" }, "draining") : "",
       el("small", {}, runner.id)),
-    el("td", { "data-col": "hardware", title: hardwareTitle(hw) },
+    el("td", { "data-col": "hardware", title: groupTitle(runner) },
       `${hw.chip} · ${gib(hw.memory_bytes)} · ${hw.backend}`
-        + (hw.gpu_cores ? ` · ${hw.gpu_cores} GPU cores` : "")),
+        + (hw.gpu_cores ? ` · ${hw.gpu_cores} GPU cores` : "")
+        + (members.length > 1 ? ` · group of ${members.length}` : "")),
     el("td", { "data-col": "models" }, ...runner.models.map(modelChip)),
     el("td", { "data-col": "active", class: "num" }, bar, `${runner.active} / ${runner.max_concurrent}`),
     el("td", { "data-col": "requests-served", class: "num" }, integer.format(runner.requests_served)),

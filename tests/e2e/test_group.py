@@ -29,7 +29,15 @@ from runner.demo_model import DEMO_PIPELINE_MODEL_ID
 from runner.engine.base import Output
 from runner.engine.batched import BatchedMlxEngine
 from tests.runner.collect import Collector
-from tests.support import UNIT, Gateway, Process, start_runner, wait_until
+from tests.support import (
+    UNIT,
+    Gateway,
+    Process,
+    chromium,
+    page_problems,
+    start_runner,
+    wait_until,
+)
 
 MODEL = DEMO_PIPELINE_MODEL_ID
 PROMPTS = ["Tell me about pears.", "Hello", "Why do orchards need bees?", "Say something."]
@@ -256,6 +264,20 @@ async def test_disconnect_and_cancel_stop_generation_and_keep_lock_step(
         temperature=0,
     )
     assert answer.choices[0].message.content == expected[PROMPTS[1]][1]
+
+
+def test_console_shows_the_group_and_its_members(gateway: Gateway, group: Process) -> None:
+    with chromium() as browser:
+        page = browser.new_page()
+        problems = page_problems(page)
+        page.goto(f"{gateway.base}/")
+        cell = page.locator('tr[data-runner-name="grp"] td[data-col="hardware"]')
+        cell.wait_for(timeout=15_000 * UNIT)
+        assert cell.inner_text().endswith(" · group of 2")
+        title = cell.get_attribute("title") or ""
+        assert [line.split(":")[0] for line in title.splitlines()] == ["rank 0", "rank 1"]
+        page.close()
+    assert not problems, problems
 
 
 async def test_member_killed_mid_stream_ends_the_group_and_its_requests(
