@@ -114,7 +114,11 @@ def main(runs: int, tokens: int) -> None:
             "Runner group: the per-step exchange alone "
             f"(2 ring processes on loopback; {env_note()})",
             ["step message", "µs per step (median of 2000)", "collectives"],
-            [[name, value, 1 if name == "nothing new" else 2] for name, value in exchange.items()],
+            [
+                [name, value, exchange[f"{name} collectives"]]
+                for name, value in exchange.items()
+                if not name.endswith("collectives")
+            ],
         )
     )
     decode = _members("decode", tokens)

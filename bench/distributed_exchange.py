@@ -1,7 +1,8 @@
 """One member of `bench.distributed`'s figures: `python -m bench.distributed_exchange MODE OUT
 N`, started twice with the ring environment; rank 0 writes its figures to OUT.
 
-- exchange: `share_step` alone, N times, with nothing new, one request and eight (µs each);
+- exchange: `share_step` alone, N times, with nothing new, one request and eight (µs each,
+  and the collectives each took);
 - decode: mlx-lm's own `stream_generate` on `orchard-demo-qwen2` split in two pipeline
   stages, N tokens, with and without a `share_step` per token (ms per token): what MLX's
   pipeline costs by itself, and what the exchange adds to it.
@@ -32,11 +33,13 @@ def exchange_figures(exchange: Exchange, steps: int) -> dict[str, float]:
     figures = {}
     for name, message in messages.items():
         times = []
+        before = exchange.collectives
         for _ in range(steps):
             start = time.perf_counter()
             exchange.share_step(message if exchange.rank == 0 else None)
             times.append(time.perf_counter() - start)
         figures[name] = statistics.median(times) * 1e6
+        figures[f"{name} collectives"] = (exchange.collectives - before) / steps
     return figures
 
 

@@ -510,8 +510,14 @@ def runner(
     over ssh; the same Python environment at the same path on each), and
         orchard runner --gateway URL --model M --local-group 2
     runs two members here. Only rank 0 connects to the gateway, with
-    ORCHARD_RUNNER_TOKEN; the group shows as one runner listing its members. See
-    docs/distributed.md.
+    ORCHARD_RUNNER_TOKEN (passed to remote hosts through the launcher's --env, visible in
+    their `ps`); the group shows as one runner listing its members.
+    Ring backend (the default; TCP over any LAN): each host's "ips" in the hostfile,
+    passwordless ssh to each host, TCP ports from 32323 up open between them.
+    JACCL (RDMA over Thunderbolt 5): macOS 26.2+, `rdma_ctl enable` once in recoveryOS,
+    and a hostfile from `mlx.distributed_config --backend jaccl --over thunderbolt`.
+    --split pipeline (each host some layers) suits the ring; tensor (each host part of
+    every layer) suits JACCL; auto picks. See docs/distributed.md.
     """
     _setup_logging(log_level)
     member = None
