@@ -4,7 +4,9 @@ Each rank writes what it saw as JSON to OUT.rank<N>.
 
 - exchange: share bytes, a step message and a gather across the ranks, then exit;
 - hang: load the group engine on orchard-demo-qwen2 (timeout 1.5 s), rank 0 starts a long
-  request and, at its first token, stops rank 1 with SIGSTOP: rank 0's watchdog must end it.
+  request and, at its first token, stops rank 1 with SIGSTOP: rank 0's watchdog must end it;
+- tensor: the group engine on the model directory in $GROUP_TENSOR_MODEL split by tensor;
+  rank 0 answers `PROMPTS` greedily one at a time and writes each one's tokens and logprobs.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
@@ -26,6 +30,46 @@ from runner.group.exchange import Exchange, StepMessage
 from runner.group.member import GroupMember
 
 TIMEOUT = 1.5
+PROMPTS = ("Tell me about pears.", "Hello", "Why do orchards need bees?")
+TOKENS = 16
+
+
+def answer(engine: Any, model: str) -> list[list[tuple[str, float]]]:
+    """Each of `PROMPTS`, greedy, one at a time: its (token, logprob)s."""
+    answers = []
+    for i, prompt in enumerate(PROMPTS):
+        done = threading.Event()
+        got: list[tuple[str, float]] = []
+
+        def sink(
+            event: EngineEvent, got: list[tuple[str, float]] = got, done: threading.Event = done
+        ) -> None:
+            if isinstance(event, Output):
+                got.extend((lp.token, lp.logprob) for lp in event.logprobs)
+                if event.finish_reason is not None:
+                    done.set()
+
+        engine.sink = sink
+        engine.submit(
+            Generate(
+                f"r{i}", model, (Message("user", prompt),), max_tokens=TOKENS,
+                sampling=SamplingParams(temperature=0.0), logprobs=True,
+            )
+        )  # fmt: skip
+        assert done.wait(60)
+        answers.append(got)
+    return answers
+
+
+class Relay:
+    """An engine sink that forwards to whatever `sink` is now (one per request above)."""
+
+    def __init__(self) -> None:
+        self.sink: Any = None
+
+    def __call__(self, event: EngineEvent) -> None:
+        if self.sink is not None:
+            self.sink(event)
 
 
 def exchange(out: dict[str, object]) -> None:
@@ -78,6 +122,40 @@ def hang(path: Path, out: dict[str, object]) -> None:
     path.write_text(json.dumps(out))
 
 
+def tensor(out: dict[str, object]) -> None:
+    model = os.environ["GROUP_TENSOR_MODEL"]
+    member = GroupMember(
+        model, Hardware("test", 1, 1, "cpu", "test"), split="tensor", timeout=30, max_concurrent=2
+    )
+    if member.rank > 0:
+        member.follow()
+        return
+    relay = Relay()
+    member.engine.start(relay)
+    out["split"] = member.engine.split
+    out["answers"] = answer(_Submitter(member.engine, relay), model)
+    member.engine.close()
+
+
+class _Submitter:
+    """`answer`'s view of an engine whose sink is a `Relay`."""
+
+    def __init__(self, engine: Any, relay: Relay) -> None:
+        self._engine = engine
+        self._relay = relay
+
+    @property
+    def sink(self) -> Any:
+        return self._relay.sink
+
+    @sink.setter
+    def sink(self, value: Any) -> None:
+        self._relay.sink = value
+
+    def submit(self, request: Generate) -> None:
+        self._engine.submit(request)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO)
     mode, base = sys.argv[1], sys.argv[2]
@@ -85,6 +163,9 @@ def main() -> None:
     out: dict[str, object] = {}
     if mode == "exchange":
         exchange(out)
+        path.write_text(json.dumps(out))
+    elif mode == "tensor":
+        tensor(out)
         path.write_text(json.dumps(out))
     else:
         hang(path, out)

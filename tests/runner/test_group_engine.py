@@ -1,7 +1,8 @@
-"""A runner group's exchange and watchdog across two real processes on MLX's ring backend
-over loopback (started as `--local-group` starts them): rank 0's bytes reach every rank, a
-gather collects every rank's, and a member that hangs mid-request ends rank 0 within the
-group timeout, with a message, and the supervisor leaves no process behind."""
+"""A runner group across two real processes on MLX's ring backend over loopback (started as
+`--local-group` starts them): rank 0's bytes reach every rank, a gather collects every
+rank's; a member that hangs mid-request ends rank 0 within the group timeout, with a
+message, and the supervisor leaves no process behind; a model split by tensor answers with
+one process's greedy tokens, its logprobs within float32 rounding."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ from tests.support import REPO, UNIT
 pytestmark = pytest.mark.timeout(int(120 * UNIT))
 
 
-def _run(mode: str, tmp_path: Path, grace: float) -> tuple[launch.Supervisor, list[dict[str, Any]]]:
+def _run(
+    mode: str, tmp_path: Path, grace: float, env: dict[str, str] | None = None
+) -> tuple[launch.Supervisor, list[dict[str, Any]]]:
     base = tmp_path / "out"
     command = [sys.executable, "-m", "tests.runner.group_script", mode, str(base)]
     members = launch.local_members(command, 2, tmp_path / "ring.json")
-    members = [launch.Child(m.argv, {**m.env, "PYTHONPATH": str(REPO)}) for m in members]
+    extra = {"PYTHONPATH": str(REPO), **(env or {})}
+    members = [launch.Child(m.argv, {**m.env, **extra}) for m in members]
     supervisor = launch.Supervisor(members, grace=grace, launcher=False)
     supervisor.run()
     outs = []
@@ -69,3 +73,51 @@ def test_a_hung_member_ends_rank_0_within_the_timeout_and_nothing_is_left(
     assert time.monotonic() - started < 60 * UNIT
     err = capfd.readouterr().err
     assert "leaving the runner group: rank 0: one step has waited" in err, err
+
+
+def _tensor_model(path: Path, demo: Path) -> None:
+    """A random 2-layer Llama whose heads, KV heads and MLP split in two (the demo model's 3
+    KV heads do not), with the demo model's tokenizer; logits peaked as the demo's are."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    config = json.loads((demo / "config.json").read_text())
+    config.update(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    mx.random.seed(1)
+    model = llama.Model(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
+    model.model.norm.weight = model.model.norm.weight * 10.0
+    path.mkdir()
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).write_bytes((demo / name).read_bytes())
+
+
+def test_tensor_split_answers_as_one_process_within_float_rounding(
+    tmp_path: Path, demo_model_path: Path
+) -> None:
+    from runner.engine.batched import BatchedMlxEngine
+
+    model = tmp_path / "tensor-model"
+    _tensor_model(model, demo_model_path)
+    supervisor, outs = _run("tensor", tmp_path, grace=5, env={"GROUP_TENSOR_MODEL": str(model)})
+    assert [p.returncode for p in supervisor._procs] == [0, 0]
+    assert outs[0]["split"] == "tensor"
+
+    relay = group_script.Relay()
+    engine = BatchedMlxEngine(str(model), max_concurrent=2)
+    engine.start(relay)
+    try:
+        expected = group_script.answer(group_script._Submitter(engine, relay), str(model))
+    finally:
+        engine.close()
+    for got, want in zip(outs[0]["answers"], expected, strict=True):
+        assert [t for t, _ in got] == [t for t, _ in want]  # the same greedy tokens
+        # Each layer's partial sums add up in another order: float32 rounding (6e-6 at most
+        # when measured), no more.
+        worst = max(abs(g - w) for (_, g), (_, w) in zip(got, want, strict=True))
+        assert worst < 1e-4
