@@ -6,8 +6,9 @@ TCP, or JACCL over Thunderbolt), one per Mac. They load one model split with mlx
 every step of the same batched engine, and rank 0, the only one connected to the gateway,
 shares each step's admissions, cancellations and closing with the others first.
 
-    launch.py     `--hostfile` / `--local-group N` → the launcher's command; the supervisor
-                  that runs it and leaves no process behind
+    launch.py     `--hostfile` (mlx.launch) / `--local-group N` (N processes here) and the
+                  supervisor that leaves no process behind
+    split.py      pipeline or tensor: what the model allows, and `sharded_load`
     exchange.py   the per-step message and the collectives that carry it
     watchdog.py   a member that hears nothing for the timeout ends its process
     engine.py     `GroupEngine`: the batched engine, in lock step on every rank

@@ -1,16 +1,18 @@
-"""Start a runner group: `--hostfile` / `--local-group N` → MLX's launcher, supervised.
+"""Start a runner group: `--hostfile HOSTS` or `--local-group N`, supervised.
 
 `orchard runner --hostfile HOSTS ...` and `orchard runner --local-group N ...` do not serve
-themselves: they run `mlx.launch` with the same `orchard runner` command (plus the hidden
-`--group-member`) once per host, and supervise it:
+themselves: they start the same `orchard runner` command (plus the hidden `--group-member`)
+once per member and supervise the group:
 
-- the launcher runs in a session of its own, its output copied to ours;
-- SIGTERM or SIGINT here is passed on as SIGTERM to the launcher's children (the members
-  on this machine; the ssh sessions of remote ones), so a local rank 0 drains and then
-  closes the group; whatever is left after `grace` seconds is killed;
-- when a member fails, the launcher ends the others; a member that cannot be ended that
-  way (stopped) is killed after `grace` seconds, with the launcher. Nothing is left behind;
-  the exit status is 0 only if every member exited 0.
+- `--hostfile`: through MLX's launcher (`mlx.launch`, over ssh; `launched_members`), its
+  output copied to ours; `--local-group`: N processes here with the environment
+  `mlx.launch --backend ring` would give them (`local_members`);
+- SIGTERM or SIGINT here is passed on as SIGTERM to the members on this machine (the ssh
+  sessions of remote ones), so a local rank 0 drains and then closes the group; whatever
+  is left `grace` seconds later is killed;
+- when a member fails, the others leave by themselves (`watchdog`); one that cannot (a
+  stopped process) is killed `grace` seconds later. Nothing is left behind; the exit
+  status is 0 only if every member exited 0.
 """
 
 from __future__ import annotations
