@@ -23,6 +23,7 @@ import orjson
 from protocol.codec import converter
 from protocol.frames import Hardware, Hello
 from runner.client import Runner
+from runner.errors import ModelLoadError
 from runner.group import GroupError
 from runner.group import split as splitting
 from runner.group.engine import GroupEngine
@@ -80,7 +81,11 @@ class GroupMember:
         """Ranks 1..N-1: load, then run rank 0's steps until it closes the group."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-        self.engine.start(lambda event: None)
+        try:
+            self.engine.start(lambda event: None)
+        except ModelLoadError as exc:
+            log.error("rank %d: could not load %s: %s", self.rank, self.engine.model_name, exc)
+            return 2
         self.engine.wait()
         return 0
 

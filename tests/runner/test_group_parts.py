@@ -238,3 +238,28 @@ def test_supervisor_passes_sigterm_on_and_exits_0_when_all_do() -> None:
     assert supervisor.run() == 0
     assert time.monotonic() - started < 5 * UNIT
     assert [p.returncode for p in supervisor._procs] == [0, 0]
+
+
+# --- what `orchard runner` refuses for a group ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "a", "--model", "b"], "a runner group serves exactly one model"),
+        (["--engine", "mlx"], "a runner group runs the mlx-batched engine, not mlx"),
+        (["--max-kv-bytes", "1000000"], "--max-kv-bytes is not supported in a runner group"),
+        (["--local-group", "1"], "--local-group needs at least 2 processes, not 1"),
+    ],
+)
+def test_orchard_runner_refuses_what_a_group_cannot_do(
+    args: list[str], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from click.testing import CliRunner
+
+    from orchard.cli import main
+
+    group = [] if "--local-group" in args else ["--local-group", "2"]
+    result = CliRunner().invoke(main, ["runner", "--gateway", "http://127.0.0.1:9", *group, *args])
+    assert result.exit_code == 2
+    assert message in caplog.text
