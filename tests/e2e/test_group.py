@@ -308,6 +308,14 @@ async def test_member_killed_mid_stream_ends_the_group_and_its_requests(
 
         members[1].kill()
         killed_at = time.monotonic()
+        # Sent while the group dies: it most likely goes to the group (the most free slots)
+        # and has not started when the group is lost, so it must fail over to the single
+        # runner; either way it completes.
+        late = asyncio.create_task(
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Late."}], max_tokens=5
+            )
+        )
         ends = [await _end_of(stream) for stream in streams]
         assert all("runner_lost" in end for end in ends), (ends, group.stop())
         assert time.monotonic() - killed_at < LIVENESS * UNIT
@@ -325,6 +333,9 @@ async def test_member_killed_mid_stream_ends_the_group_and_its_requests(
             m.is_running() and m.status() != psutil.STATUS_ZOMBIE for m in members.values()
         )
 
+        late_answer = await asyncio.wait_for(late, 10 * UNIT)
+        assert late_answer.usage is not None
+        assert late_answer.usage.completion_tokens == 5
         # The single runner beside it serves on.
         answer = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Still there?"}], max_tokens=5
