@@ -689,6 +689,7 @@ def _runner_group(
                     local_group=local_group,
                     token=ctx.params.get("token"),
                     grace=ctx.params["drain_timeout"] + 2 * timeout,
+                    failure_grace=2 * timeout,
                 )
             )
         from runner.group.member import GroupMember

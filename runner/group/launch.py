@@ -9,10 +9,11 @@ once per member and supervise the group:
   `mlx.launch --backend ring` would give them (`local_members`);
 - SIGTERM or SIGINT here is passed on as SIGTERM to the members on this machine (the ssh
   sessions of remote ones), so a local rank 0 drains and then closes the group; whatever
-  is left `grace` seconds later is killed;
+  is left `grace` seconds later (drain timeout + 2 x liveness timeout) is killed;
 - when a member fails, the others leave by themselves (`watchdog`); one that cannot (a
-  stopped process) is killed `grace` seconds later. Nothing is left behind; the exit
-  status is 0 only if every member exited 0.
+  stopped process) is killed `failure_grace` seconds later (2 x liveness timeout: the
+  others have left by then). Nothing is left behind; the exit status is 0 only if every
+  member exited 0.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def run_group(
     local_group: int | None,
     token: str | None,
     grace: float,
+    failure_grace: float | None = None,
 ) -> int:
     """Start a group of `orchard runner` members with `member_args` and supervise it until
     it ends; the exit status (`GroupError` for a bad hostfile or size)."""
@@ -183,14 +185,17 @@ def run_group(
     member = member_command(member_args)
     if hostfile is not None:
         return Supervisor(
-            [launched_members(member, hostfile, token)], grace=grace, launcher=True
+            [launched_members(member, hostfile, token)],
+            grace=grace,
+            failure_grace=failure_grace,
+            launcher=True,
         ).run()
     assert local_group is not None
     with tempfile.TemporaryDirectory(prefix="orchard-group-") as scratch:
         children = local_members(member, local_group, Path(scratch) / "ring.json")
         if token:  # through the environment, never a command line
             children = [attrs.evolve(c, env={**c.env, TOKEN_ENV: token}) for c in children]
-        return Supervisor(children, grace=grace, launcher=False).run()
+        return Supervisor(children, grace=grace, failure_grace=failure_grace, launcher=False).run()
 
 
 def member_command(argv: Sequence[str]) -> list[str]:
@@ -202,9 +207,19 @@ class Supervisor:
     """Runs a group's processes (its members, or the launcher that starts them) and leaves no
     process behind (module docstring)."""
 
-    def __init__(self, children: Sequence[Child], *, grace: float, launcher: bool) -> None:
+    def __init__(
+        self,
+        children: Sequence[Child],
+        *,
+        grace: float,
+        launcher: bool,
+        failure_grace: float | None = None,
+    ) -> None:
         self.children = list(children)
         self.grace = grace
+        """How long the group may take to end after SIGTERM (rank 0 drains first)."""
+        self.failure_grace = grace if failure_grace is None else failure_grace
+        """How long the others may take to leave after a member failed."""
         self.launcher = launcher
         """The one child is `mlx.launch`: member failures are read from its output."""
         self.failed = False
@@ -246,10 +261,13 @@ class Supervisor:
                     self._failure()
                 time.sleep(0.1)
                 now = time.monotonic()
-                for since in (self._failed_at, self._stop_at):
-                    if since is not None and now - since > self.grace:
+                for since, grace in (
+                    (self._failed_at, self.failure_grace),
+                    (self._stop_at, self.grace),
+                ):
+                    if since is not None and now - since > grace:
                         log.warning(
-                            "the group did not end %.0f s after it should: killing it", self.grace
+                            "the group did not end %.0f s after it should: killing it", grace
                         )
                         self._kill_all()
         finally:

@@ -222,7 +222,10 @@ def _python(code: str) -> launch.Child:
 def test_supervisor_kills_what_is_left_when_a_member_fails(tmp_path: Path) -> None:
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     supervisor = launch.Supervisor(
-        [_python(stubborn), _python("import sys; sys.exit(3)")], grace=0.5, launcher=False
+        [_python(stubborn), _python("import sys; sys.exit(3)")],
+        grace=30,  # after SIGTERM: not the case here
+        failure_grace=0.5,
+        launcher=False,
     )
     started = time.monotonic()
     assert supervisor.run() == 1
