@@ -26,6 +26,7 @@ def test_hostfile_group_starts_through_mlx_launch_and_stops_cleanly(tmp_path: Pa
     group = start_runner(
         gateway,
         *("--model", DEMO_PIPELINE_MODEL_ID, "--hostfile", str(hostfile), "--log-level", "info"),
+        *("--max-concurrent", "1"),  # the shortest warm-up
         name="hosts",
     )
     try:
