@@ -204,6 +204,10 @@ async def test_usage_is_exact_streamed(
     )
     assert single.usage is not None
     assert usage.prompt_tokens == single.usage.prompt_tokens > 0
+    # The prefix cache of every rank: the prompt was seen before, all but its last token
+    # comes from the cache (as on one process; the last one is fed to get the first logits).
+    assert single.usage.prompt_tokens_details is not None
+    assert single.usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
 
 
 async def test_disconnect_and_cancel_stop_generation_and_keep_lock_step(
