@@ -192,6 +192,11 @@ class GroupEngine(BatchedMlxEngine):
                     self.exchange.share_step(StepMessage(close=True))
                 except Exception as exc:
                     log.warning("rank 0: could not tell the group to close: %s", exc)
+                log.info(
+                    "rank 0: closed the group after %d steps (sharing each took %.0f µs)",
+                    self.steps,
+                    self.exchange_seconds / max(self.steps, 1) * 1e6,
+                )
         finally:
             self.watchdog.stop()
             super()._thread_exit()
