@@ -114,6 +114,11 @@ def _hardware(hw: dict[str, Any]) -> str:
     return ", ".join(cells)
 
 
+def _group(members: list[dict[str, Any]]) -> str:
+    """A runner group (one model split across machines): how many, after rank 0's hardware."""
+    return f", group of {len(members)}" if len(members) > 1 else ""
+
+
 def _kv_cache(kv: dict[str, Any] | None) -> str:
     if not kv or kv.get("bytes") is None:
         return "-"
@@ -140,7 +145,7 @@ def row(runner: dict[str, Any], now: float) -> tuple[str, ...]:
     return (
         runner["name"],
         ", ".join(_model(m) for m in runner["models"]) or "-",
-        _hardware(runner["hardware"]),
+        _hardware(runner["hardware"]) + _group(runner.get("members") or []),
         f"{runner['active']}/{runner['max_concurrent']}",
         "yes" if runner["draining"] else "no",
         f"{runner['tokens_generated']:,}",

@@ -266,3 +266,22 @@ def test_orchard_runner_refuses_what_a_group_cannot_do(
     result = CliRunner().invoke(main, ["runner", "--gateway", "http://127.0.0.1:9", *group, *args])
     assert result.exit_code == 2
     assert message in caplog.text
+
+
+def test_orchard_status_says_a_runner_is_a_group() -> None:
+    from orchard.status import row
+
+    hardware = {"chip": "Apple M2", "cpu_count": 8, "memory_bytes": 2**34, "backend": "gpu"}
+    runner = {
+        "name": "grp",
+        "models": [{"id": "m"}],
+        "hardware": hardware,
+        "members": [hardware, hardware],
+        "active": 0,
+        "max_concurrent": 8,
+        "draining": False,
+        "tokens_generated": 0,
+        "connected_since": 0.0,
+    }
+    assert row(runner, 1.0)[2] == "Apple M2, 8 cpu, 16.0 GiB, gpu, group of 2"
+    assert row({**runner, "members": []}, 1.0)[2] == "Apple M2, 8 cpu, 16.0 GiB, gpu"
