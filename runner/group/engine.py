@@ -105,6 +105,8 @@ class GroupEngine(BatchedMlxEngine):
 
     def _load(self) -> None:
         assert self._sink is not None
+        # While loading it only watches the launcher: a load has no bound (downloads).
+        self.watchdog.start()
         exchange = self.exchange
         # Every rank draws unseeded requests' keys alike (rank 0's seed).
         seed = exchange.share(os.urandom(8) if self.rank == 0 else None)
@@ -136,7 +138,6 @@ class GroupEngine(BatchedMlxEngine):
             chosen,
             self.warm_up_seconds * 1000,
         )
-        self.watchdog.start()
 
     def _next_step_at(self, pending: bool) -> float | None:
         assert self._generation is not None
