@@ -40,6 +40,8 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
             "numpy",
             "psutil",
             "zeroconf",
+            "huggingface_hub",
+            "httpx2",
             "protocol",
         }
     ),

@@ -23,6 +23,7 @@ import httpx
 import orjson
 import pytest
 
+from protocol.frames import PROTOCOL_VERSION
 from runner.demo_model import DEMO_MODEL_ID
 from tests.support import UNIT, Process, wait_until
 
@@ -224,7 +225,8 @@ def test_a_second_gateway_makes_the_runner_ask_which(lan: Lan, gateway: str) -> 
         assert asking.proc.returncode == 2, log
         assert "2 gateways answer on this network" in log, log
         for name, ns in (("lan-gw", gateway), ("lan-gw-2", second_ns)):
-            assert f"{name}  {lan.url(ns)}  protocol 2, runner token required" in log, log
+            line = f"{name}  {lan.url(ns)}  protocol {PROTOCOL_VERSION}, runner token required"
+            assert line in log, log
         assert "Choose one with --gateway NAME" in log
         # Named, it joins that one.
         chosen = _runner(lan, "chosen", "--gateway", "lan-gw-2")

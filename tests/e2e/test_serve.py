@@ -18,6 +18,16 @@ import pytest
 from tests.support import REPO, UNIT, free_port, wait_until
 
 
+def ask_once(client: openai.OpenAI) -> None:
+    """One short chat completion, through serve's own runner."""
+    with client:
+        done = client.chat.completions.create(
+            model="orchard-demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    assert done.usage is not None
+    assert done.usage.completion_tokens <= 4
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_runs_both_and_stops_cleanly(demo_model_path: Path, sig: signal.Signals) -> None:
     port = free_port()
@@ -50,13 +60,7 @@ def test_serve_runs_both_and_stops_cleanly(demo_model_path: Path, sig: signal.Si
             children = psutil.Process(proc.pid).children()
             assert len(children) == 1  # the runner is its own process
             assert "runner" in children[0].cmdline()
-            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-            done = client.chat.completions.create(
-                model="orchard-demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-            )
-            assert done.usage is not None
-            assert done.usage.completion_tokens <= 4
-            client.close()
+            ask_once(openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0))
 
             proc.send_signal(sig)
             assert proc.wait(15 * UNIT) == 0
@@ -99,15 +103,11 @@ def test_serve_off_loopback_serves_https_to_clients_and_its_own_runner(
             # it knows the token) and serves over WSS.
             trusted = ssl.create_default_context(cafile=cert)
             http_client = openai.DefaultHttpxClient(verify=trusted)
-            client = openai.OpenAI(
-                base_url=f"{base}/v1", api_key="unused", max_retries=0, http_client=http_client
+            ask_once(
+                openai.OpenAI(
+                    base_url=f"{base}/v1", api_key="unused", max_retries=0, http_client=http_client
+                )
             )
-            done = client.chat.completions.create(
-                model="orchard-demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-            )
-            assert done.usage is not None
-            assert done.usage.completion_tokens <= 4
-            client.close()
             with pytest.raises(httpx.HTTPError):  # no plain HTTP beside it
                 httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
             proc.send_signal(signal.SIGTERM)
