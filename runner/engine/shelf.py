@@ -6,10 +6,11 @@ as any engine here) and routes every request to its model's engine. A request fo
 that is not loaded waits on the shelf while the model is fetched (downloaded from the Hugging
 Face Hub when it is not on disk, with progress), room is made and it is loaded; then it runs
 like any other. Room is made by unloading the least recently used models that have nothing
-running or waiting; when the loaded ones are all busy, the load waits for one to finish. A
-model larger than the whole budget, a failed download or a failed load ends the requests
-waiting for it with a `model_load_failed` Failure naming the cause, and the model stays
-loadable (the next request tries again).
+running or waiting; when the loaded ones are all busy, the least recently used one is evicted
+(it finishes what it runs while new requests for it wait for its next load), so a busy model
+cannot keep another out for ever. A model larger than the whole budget, a failed download or
+a failed load ends the requests waiting for it with a `model_load_failed` Failure naming the
+cause, and the model stays loadable (the next request tries again).
 
 Every change of a model's state (loading, with download progress; loaded; loadable again)
 goes to the watcher `watch_models` installed, which the runner turns into `ModelStatus`
@@ -68,12 +69,17 @@ class _Model:
     running: set[str] = attrs.field(factory=set)
     """Requests given to its engine that have not ended."""
     waiting: list[Generate] = attrs.field(factory=list)
-    """Requests that arrived while it was not loaded, in order."""
+    """Requests that arrived while it was not loaded (or while it was `evicting`), in order."""
     last_used: float = 0.0
+    evicting: bool = False
+    """Loaded, but a load waits for it to finish what it runs and be unloaded: requests that
+    arrive meanwhile wait for its next load, so a busy model cannot starve the others."""
 
     @property
-    def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+    def unloadable(self) -> bool:
+        """Loaded, and nothing runs on it (nor waits for it, unless it is being evicted)."""
+        held = bool(self.waiting) and not self.evicting
+        return self.engine is not None and not self.running and not held
 
 
 class ModelShelf(Engine):
@@ -170,7 +176,8 @@ class ModelShelf(Engine):
             if model is not None and failure is None:
                 model.last_used = time.monotonic()
                 engine = model.engine
-                if engine is None:
+                if engine is None or model.evicting:
+                    engine = None
                     model.waiting.append(request)
                     self._want_loaded(model)
                 else:
@@ -310,35 +317,66 @@ class ModelShelf(Engine):
         return None
 
     def _make_room(self, model: _Model, size: int) -> bool:
-        """Unload least recently used idle models until `size` more bytes fit; wait for
-        busy ones to finish when that is not enough. False if the shelf closes first."""
-        told = False
+        """Unload least recently used idle models until `size` more bytes fit. When that is
+        not enough, the least recently used busy one is evicted: it finishes what it runs,
+        new requests for it wait for its next load, then it is unloaded (and loaded again
+        after this load if requests wait for it). False if the shelf closes first."""
         while True:
             with self._lock:
                 if self._closing:
                     return False
                 if self._used() + size <= self.max_memory:
+                    self._stop_evicting()
                     return True
-                idle = [
-                    m
-                    for m in self._models.values()
-                    if m is not model and m.engine is not None and not m.busy
-                ]
+                others = [m for m in self._models.values() if m is not model]
+                idle = [m for m in others if m.unloadable]
                 if not idle:
-                    if not told:
-                        told = True
-                        log.info("%s waits for a loaded model to finish its requests", model.name)
+                    self._evict(model, others)
                     self._lock.wait(1.0)
                     continue
                 victim = min(idle, key=lambda m: m.last_used)
                 engine, victim.engine = victim.engine, None
+                victim.evicting = False
                 self.unloads += 1
                 self._change(victim, state="loadable")
+                if victim.waiting:
+                    self._want_loaded(victim)  # after this load: it is queued behind it
             log.info("unloading %s to make room for %s", victim.name, model.name)
             assert engine is not None
             engine.close()
             gc.collect()
             _clear_accelerator_cache()
+
+    def _evict(self, model: _Model, others: list[_Model]) -> None:
+        """Mark the least recently used loaded model not being evicted yet for eviction
+        (under the lock), unless those being evicted will make room already."""
+        evicting = [m for m in others if m.evicting]
+        freed = sum(m.info.size_bytes or 0 for m in evicting)
+        size = model.info.size_bytes or 0
+        if evicting and self._used() - freed + size <= self.max_memory:
+            return
+        loaded = [m for m in others if m.engine is not None and not m.evicting]
+        if loaded:
+            victim = min(loaded, key=lambda m: m.last_used)
+            victim.evicting = True
+            log.info(
+                "%s waits for %s to finish its %d request(s)",
+                model.name,
+                victim.name,
+                len(victim.running),
+            )
+
+    def _stop_evicting(self) -> None:
+        """Room was made without them: models marked for eviction serve again, and what
+        waited for them runs (under the lock)."""
+        for m in self._models.values():
+            if m.evicting and m.engine is not None:
+                m.evicting = False
+                held, m.waiting = m.waiting, []
+                for request in held:
+                    m.running.add(request.request_id)
+                    self._where[request.request_id] = m
+                    m.engine.submit(request)
 
     def _failed(self, model: _Model, reason: str) -> str:
         log.error("could not load %s", reason)
@@ -393,7 +431,7 @@ class ModelShelf(Engine):
                 with self._lock:
                     model.running.discard(event.request_id)
                     self._where.pop(event.request_id, None)
-                    if not model.busy:
+                    if not model.running:
                         self._lock.notify_all()
             sink(event)
 

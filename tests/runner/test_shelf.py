@@ -206,6 +206,50 @@ def test_a_busy_model_is_not_unloaded_the_load_waits_for_it(make_shelf: MakeShel
     assert s.ended_at["long"] < s.made_at["b"] < s.ended_at["next"]
 
 
+def test_a_busy_model_cannot_keep_another_out(make_shelf: MakeShelf) -> None:
+    # One fits. While a waits to be unloaded for b, new requests for a wait too (behind b),
+    # instead of keeping a busy for ever; then a is loaded again for them.
+    source = Source({"a": 3 * GIB, "b": 3 * GIB})
+    s = make_shelf(source, ("a", "b"), 4 * GIB, tokens_per_second=50)
+    s.shelf.submit(ask("a1", "a", max_tokens=15))
+    s.collector.wait_for_outputs("a1", 1)
+    s.shelf.submit(ask("b1", "b"))
+    wait_for(lambda: s.shelf._models["a"].evicting, "a marked for eviction")
+    s.shelf.submit(ask("a2", "a"))
+    for rid in ("a1", "b1", "a2"):
+        assert outputs(s.collector.wait(rid))[-1].finish_reason == "length"
+    # a2 ran on a's second engine, made after b's, which was made once a1 had ended.
+    assert s.ended_at["a1"] < s.made_at["b"] < s.made_at["a"] < s.ended_at["a2"]
+    assert s.ended_at["b1"] < s.made_at["a"]
+    assert len(s.engines["a"]) == 2
+    assert s.engines["a"][0].requests_finished == 1  # a1 only
+    assert states(s.shelf) == {"a": "loaded", "b": "loadable"}
+    assert s.shelf.unloads == 2
+
+
+def test_a_model_marked_for_eviction_serves_again_when_room_is_made_otherwise(
+    make_shelf: MakeShelf,
+) -> None:
+    # Two fit; a and b are loaded and busy when c is asked for: a (the least recently used)
+    # is marked; b finishes first and goes instead, so a takes its held request at once.
+    source = Source({"a": 3 * GIB, "b": 3 * GIB, "c": 3 * GIB})
+    s = make_shelf(source, ("a", "b", "c"), 7 * GIB, tokens_per_second=40)
+    s.shelf.submit(ask("b0", "b"))
+    s.collector.wait("b0")
+    s.shelf.submit(ask("a1", "a", max_tokens=60))  # about 1.5 s
+    s.shelf.submit(ask("b1", "b", max_tokens=12))  # about 0.3 s
+    s.collector.wait_for_outputs("a1", 1)
+    s.shelf.submit(ask("c1", "c"))
+    wait_for(lambda: s.shelf._models["a"].evicting, "a marked for eviction")
+    s.shelf.submit(ask("a2", "a", max_tokens=2))
+    for rid in ("a1", "b1", "c1", "a2"):
+        assert outputs(s.collector.wait(rid))[-1].finish_reason == "length"
+    assert len(s.engines["a"]) == 1  # never unloaded
+    assert s.engines["a"][0].requests_finished == 2  # a2 ran on it
+    assert not s.shelf._models["a"].evicting
+    assert states(s.shelf) == {"a": "loaded", "b": "loadable", "c": "loaded"}
+
+
 def test_a_model_larger_than_the_budget_fails_its_requests_clearly(make_shelf: MakeShelf) -> None:
     source = Source({"a": GIB, "big": 10 * GIB})
     s = make_shelf(source, ("a", "big"), 8 * GIB)
