@@ -122,16 +122,7 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         assert self._sink is not None
         model = MlxModel.load(self.model_name, path=self.path, context_length=self._context_length)
         self.weights_bytes = model.weights_bytes()
-        self.warm_up_seconds = self._warm_up(model)
-        generation = Generation(
-            model,
-            sink=self._sink,
-            counters=self,
-            max_concurrent=self.max_concurrent,
-            prefix_cache=PrefixCache(self.prefix_cache_size),
-        )
-        self._stepping = self._make_stepping(generation, self)
-        self._generation = generation
+        self._start_serving(model)
         self._models = (
             ModelInfo(
                 self.model_name,
@@ -147,6 +138,21 @@ class MlxEngine(ThreadedEngine, GenerationTally):
             type(self._stepping).__name__,
             self.warm_up_seconds * 1000,
         )
+
+    def _start_serving(self, model: MlxModel) -> None:
+        """Warm up on the loaded model, then make the generation and the strategy that
+        serve it (on the generation thread, at the end of a `_load`)."""
+        assert self._sink is not None
+        self.warm_up_seconds = self._warm_up(model)
+        generation = Generation(
+            model,
+            sink=self._sink,
+            counters=self,
+            max_concurrent=self.max_concurrent,
+            prefix_cache=PrefixCache(self.prefix_cache_size),
+        )
+        self._stepping = self._make_stepping(generation, self)
+        self._generation = generation
 
     def _warm_up(self, model: MlxModel) -> float:
         """Serve a few requests nobody sees before serving anyone: a lone one, a pair and a

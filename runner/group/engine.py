@@ -34,10 +34,8 @@ from typing import Any
 from protocol.frames import ModelInfo
 from runner.engine.base import EngineEvent, Failure, Sink
 from runner.engine.batched import BatchedMlxEngine
-from runner.engine.generation import Generation
 from runner.engine.mlx_engine import engine_version
 from runner.engine.mlx_model import MlxModel
-from runner.engine.prefix_cache import PrefixCache
 from runner.engine.sampling import seed_unseeded
 from runner.engine.threaded import AT_ONCE, Submit
 from runner.group import split as splitting
@@ -118,16 +116,7 @@ class GroupEngine(BatchedMlxEngine):
         loaded = MlxModel(
             self.model_name, model, tokenizer, config, context_length=self._context_length
         )
-        self.warm_up_seconds = self._warm_up(loaded)
-        generation = Generation(
-            loaded,
-            sink=self._sink,
-            counters=self,
-            max_concurrent=self.max_concurrent,
-            prefix_cache=PrefixCache(self.prefix_cache_size),
-        )
-        self._stepping = self._make_stepping(generation, self)
-        self._generation = generation
+        self._start_serving(loaded)
         engine = f"{engine_version()}, {chosen} split over {exchange.size} ranks"
         self._models = (ModelInfo(self.model_name, loaded.context_length, engine),)
         log.info(
