@@ -42,7 +42,7 @@ from gateway.history import PoolHistory
 from protocol.frames import Chunk, Error, Usage
 
 if TYPE_CHECKING:
-    from gateway.pool import Pool
+    from gateway.pool import Pool, RunnerConn
 
 Dialect = str
 """chat, completions, responses, anthropic, ollama, websocket."""
@@ -166,6 +166,13 @@ class Metrics:
         self.failovers = Counter(
             "orchard_failovers",
             "Requests moved to another runner before their first token.",
+            registry=r,
+        )
+        self.model_loads = Counter(
+            "orchard_model_loads",
+            "Loads of a model on demand by a runner, by outcome: ok, or failed (the requests "
+            "waiting for it got model_load_failed).",
+            ["model", "outcome"],
             registry=r,
         )
         ProcessCollector(registry=r)
@@ -306,9 +313,49 @@ class PoolCollector(Collector):
             [([c.name, c.id], _number(c.session.kv_limit_bytes)) for c in limited],
             ["runner", "runner_id"],
         )
+        yield from _model_gauges(runners)
 
     def describe(self) -> Iterable[Metric]:
         return []  # nothing to check at registration: the names are this module's own
+
+
+def _model_gauges(runners: list[RunnerConn]) -> Iterable[Metric]:
+    """Each runner's models: their state, their weights, downloads under way, its budget."""
+    models = [(c, info) for c in runners for info in c.infos()]
+    yield _gauge(
+        "orchard_runner_model_state",
+        "1 for each model a runner serves, labelled with its state: loaded, loading, or "
+        "loadable (on demand).",
+        [([c.name, c.id, info.id, info.state], 1.0) for c, info in models],
+        ["runner", "runner_id", "model", "state"],
+    )
+    sized = [(c, info) for c, info in models if info.size_bytes is not None]
+    yield _gauge(
+        "orchard_runner_model_bytes",
+        "A runner's model's weights, once known (what it takes of the runner's budget).",
+        [([c.name, c.id, info.id], _number(info.size_bytes)) for c, info in sized],
+        ["runner", "runner_id", "model"],
+    )
+    fetching = [(c, info.id, info.download) for c, info in models if info.download]
+    yield _gauge(
+        "orchard_runner_model_download_bytes",
+        "Bytes downloaded so far of a model a runner is downloading.",
+        [([c.name, c.id, m], float(d.done_bytes)) for c, m, d in fetching if d],
+        ["runner", "runner_id", "model"],
+    )
+    yield _gauge(
+        "orchard_runner_model_download_size_bytes",
+        "The whole download of a model a runner is downloading.",
+        [([c.name, c.id, m], float(d.total_bytes)) for c, m, d in fetching if d],
+        ["runner", "runner_id", "model"],
+    )
+    budgeted = [c for c in runners if c.hello.memory_budget_bytes is not None]
+    yield _gauge(
+        "orchard_runner_memory_budget_bytes",
+        "What a runner's loaded models may take together (--max-memory).",
+        [([c.name, c.id], _number(c.hello.memory_budget_bytes)) for c in budgeted],
+        ["runner", "runner_id"],
+    )
 
 
 def _number(value: int | None) -> float:

@@ -394,9 +394,12 @@ class Pool:
                     "runner %s (%s) gave up its connection: %s", conn.id, conn.name, message
                 )
                 return
-            case ModelChanged(model=info):
+            case ModelChanged(model=info, previous=previous):
                 if info.download is None:  # progress is for the console, not the log
                     log.info("runner %s (%s): %s %s", conn.id, conn.name, info.id, info.state)
+                if previous.state == "loading" and info.state != "loading":
+                    outcome = "ok" if info.state == "loaded" else "failed"
+                    self.metrics.model_loads.labels(self.model_label(info.id), outcome).inc()
                 # Which runners may take the model's waiters may have changed: all of them.
                 for other in list(self.runners.values()):
                     self._dispatch(other)

@@ -123,6 +123,8 @@ class ModelChanged:
     """One of the runner's models was loaded, started loading or became loadable again."""
 
     model: ModelInfo
+    previous: ModelInfo
+    """What the gateway knew of it before."""
 
 
 GatewayEvent = (
@@ -235,10 +237,11 @@ class GatewaySession(Generic[H]):
                 self.state = State.DRAINING
                 return [Draining(reason)]
             case ModelStatus(model=info):
-                if info.id not in self._models:
+                previous = self.model_infos.get(info.id)
+                if previous is None:
                     raise StateError(f"model_status for {info.id!r}, which the hello did not list")
                 self.model_infos[info.id] = info
-                return [ModelChanged(info)]
+                return [ModelChanged(info, previous)]
             case Hello():
                 raise StateError("hello sent twice")
         raise StateError(f"unexpected {type(frame).__name__.lower()} frame")

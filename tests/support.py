@@ -264,6 +264,7 @@ class FakeRunner:
         name: str = "fake",
         headers: dict[str, str] | None = None,
         infos: tuple[ModelInfo, ...] | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> FakeRunner:
         """`infos`, when given, is the hello's model list as it is (states, sizes); else
         `models`, each loaded."""
@@ -278,6 +279,7 @@ class FakeRunner:
             infos if infos is not None else tuple(ModelInfo(m, 4096) for m in models),
             max_concurrent,
             HARDWARE,
+            memory_budget_bytes,
         )
         await ws.send(encode(hello), text=True)
         welcome = decode_gateway_frame(await ws.recv())

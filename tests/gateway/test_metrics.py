@@ -19,7 +19,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import GAP_EVERY
-from protocol.frames import Cancel, Chunk, FinishReason, Generate, Heartbeat, Usage
+from protocol.frames import (
+    Cancel,
+    Chunk,
+    Download,
+    FinishReason,
+    Generate,
+    Heartbeat,
+    ModelInfo,
+    ModelStatus,
+    Usage,
+)
 from tests.support import UNIT, FakeRunner, Gateway, async_wait_until, start_runner
 
 KEY = "metrics-key-41d7"
@@ -304,6 +314,64 @@ async def test_runner_gauges_follow_the_pool(gateway: Gateway, http: httpx.Async
     assert delta(before, after, "orchard_runner_losses_total") == 1
     assert value(after, "orchard_runner_kv_cache_bytes", **labels) == 0  # its series is gone
     assert not any(name == "orchard_runner_kv_cache_bytes" for name, _ in after)
+
+
+async def test_models_on_demand_their_states_downloads_and_loads(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    runner = await FakeRunner.connect(
+        gateway,
+        name="shelf",
+        infos=(
+            ModelInfo("od-a", 2048, size_bytes=3_000),
+            ModelInfo("od-b", None, state="loadable"),
+        ),
+        memory_budget_bytes=10_000,
+    )
+    ids = {"runner": "shelf", "runner_id": runner.welcome.runner_id}
+    try:
+        before = await scrape(http)
+        assert value(before, "orchard_runner_memory_budget_bytes", **ids) == 10_000
+        state = "orchard_runner_model_state"
+        assert value(before, state, **ids, model="od-a", state="loaded") == 1
+        assert value(before, state, **ids, model="od-b", state="loadable") == 1
+        assert value(before, "orchard_runner_model_bytes", **ids, model="od-a") == 3_000
+
+        await runner.send(
+            ModelStatus(ModelInfo("od-b", None, state="loading", download=Download(40, 100)))
+        )
+
+        async def downloading() -> bool:
+            samples = await scrape(http)
+            return value(samples, state, **ids, model="od-b", state="loading") == 1
+
+        await async_wait_until(downloading, 10, "the download to show")
+        during = await scrape(http)
+        assert value(during, state, **ids, model="od-b", state="loadable") == 0  # one state
+        assert value(during, "orchard_runner_model_download_bytes", **ids, model="od-b") == 40
+        assert value(during, "orchard_runner_model_download_size_bytes", **ids, model="od-b") == 100
+
+        await runner.send(ModelStatus(ModelInfo("od-b", 2048, state="loaded", size_bytes=100)))
+        await runner.send(ModelStatus(ModelInfo("od-a", 2048, state="loadable", size_bytes=3_000)))
+        await runner.send(ModelStatus(ModelInfo("od-a", 2048, state="loading", size_bytes=3_000)))
+        failed = ModelInfo("od-a", 2048, state="loadable", size_bytes=3_000, error="disk full")
+        await runner.send(ModelStatus(failed))
+
+        async def settled() -> bool:
+            samples = await scrape(http)
+            return value(samples, state, **ids, model="od-a", state="loadable") == 1
+
+        await async_wait_until(settled, 10, "the failed load to show")
+        after = await scrape(http)
+        loads = "orchard_model_loads_total"
+        assert delta(before, after, loads, model="od-b", outcome="ok") == 1
+        assert delta(before, after, loads, model="od-b", outcome="failed") == 0
+        assert delta(before, after, loads, model="od-a", outcome="failed") == 1
+        assert delta(before, after, loads, model="od-a", outcome="ok") == 0  # unload: no load
+        assert value(after, "orchard_runner_model_download_bytes", **ids, model="od-b") == 0
+        assert value(after, "orchard_runner_model_bytes", **ids, model="od-b") == 100
+    finally:
+        await runner.close()
 
 
 async def test_process_figures_and_no_openapi_entry(http: httpx.AsyncClient) -> None:

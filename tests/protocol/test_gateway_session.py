@@ -413,11 +413,11 @@ def test_model_infos_start_as_the_hello_lists_them() -> None:
 def test_a_model_status_replaces_what_the_gateway_knew_of_that_model() -> None:
     session = open_gateway()
     loading = ModelInfo("m2", None, state="loading", download=Download(5, 20))
-    assert session.receive(ModelStatus(loading)) == [ModelChanged(loading)]
+    assert session.receive(ModelStatus(loading)) == [ModelChanged(loading, ModelInfo("m2", 4096))]
     assert session.model_infos["m2"] == loading
     assert session.model_infos["m1"] == ModelInfo("m1", 4096)
     loaded = ModelInfo("m2", 2048, "mlx", size_bytes=20)
-    assert session.receive(ModelStatus(loaded)) == [ModelChanged(loaded)]
+    assert session.receive(ModelStatus(loaded)) == [ModelChanged(loaded, loading)]
     assert session.model_infos["m2"] == loaded
     # A status changes no slot and no request: the model is served throughout.
     assert session.free == 2
@@ -428,7 +428,7 @@ def test_a_model_status_while_draining_is_taken() -> None:
     session = open_gateway()
     session.receive(Drain())
     unloaded = ModelInfo("m1", 4096, state="loadable")
-    assert session.receive(ModelStatus(unloaded)) == [ModelChanged(unloaded)]
+    assert session.receive(ModelStatus(unloaded)) == [ModelChanged(unloaded, ModelInfo("m1", 4096))]
 
 
 def test_refuses_a_model_status_for_a_model_the_hello_did_not_list() -> None:
