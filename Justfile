@@ -4,6 +4,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 python := env("PYTHON", "python3")
 venv := ".venv"
 bin := venv / "bin"
+workers := env("ORCHARD_TEST_WORKERS", "2")
 
 # List the recipes.
 default:
@@ -25,9 +26,10 @@ venv:
 serve *ARGS: venv
     {{bin}}/orchard serve {{ARGS}}
 
-# Run the whole test suite (extra arguments go to pytest).
+# Run the whole test suite (extra arguments go to pytest), test modules spread over
+# $ORCHARD_TEST_WORKERS processes (2; a module's tests stay together, in one process).
 test *ARGS: venv browser js
-    {{bin}}/pytest {{ARGS}}
+    {{bin}}/pytest -n {{workers}} --dist loadfile {{ARGS}}
 
 # Debian's chromium, which the browser tests drive (installed with apt-get when missing).
 browser:
