@@ -247,6 +247,10 @@ class Runner:
         self._session = session
         self._outbox.clear()
         self._last_heard = time.monotonic()
+        # A model that changed while the hello was on its way (dropped then: no session yet).
+        for now, said in zip(self.engine.models, session.hello.models, strict=False):
+            if now != said:
+                self._queue(encode(ModelStatus(now)))
         tasks = [
             asyncio.create_task(self._receive_loop(ws, session)),
             asyncio.create_task(self._send_loop(ws)),

@@ -19,6 +19,9 @@ from protocol.frames import (
     Generate,
     Hello,
     Message,
+    ModelInfo,
+    ModelState,
+    ModelStatus,
     Usage,
     Welcome,
 )
@@ -184,3 +187,45 @@ def test_echo_pieces_are_not_merged_together() -> None:
     ]
     merged = _merged(outputs)
     assert [(o.echo, o.text) for o in merged] == [(Echo("a"), ""), (Echo("b"), "xy")]
+
+
+class ChangingEngine(ScriptedEngine):
+    """A scripted engine whose model is loading until `loaded` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(("m",))
+        self.loaded = False
+
+    @property
+    def models(self) -> tuple[ModelInfo, ...]:
+        state: ModelState = "loaded" if self.loaded else "loading"
+        return (ModelInfo("m", 4096, state=state),)
+
+
+async def test_a_model_that_changed_during_the_handshake_is_told_after_it() -> None:
+    frames: list[object] = []
+    told = asyncio.Event()
+    engine = ChangingEngine()
+
+    async def gateway(ws: ServerConnection) -> None:
+        frames.append(decode_runner_frame(await ws.recv()))
+        engine.loaded = True  # between the hello and the welcome: no session to tell it yet
+        await ws.send(encode(Welcome("runner-1", PROTOCOL_VERSION, 30.0)).decode())
+        frames.append(decode_runner_frame(await ws.recv()))
+        told.set()
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for _ in ws:
+                pass
+
+    async with serve(gateway, "127.0.0.1", 0) as server:
+        runner = runner_for(server, engine, 1)
+        running = asyncio.create_task(runner.run())
+        try:
+            await asyncio.wait_for(told.wait(), 10)
+        finally:
+            runner.stop()
+            await asyncio.wait_for(running, 10)
+    hello, status = frames
+    assert isinstance(hello, Hello)
+    assert hello.models == (ModelInfo("m", 4096, state="loading"),)
+    assert status == ModelStatus(ModelInfo("m", 4096, state="loaded"))
