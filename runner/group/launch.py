@@ -10,10 +10,11 @@ once per member and supervise the group:
 - SIGTERM or SIGINT here is passed on as SIGTERM to the members on this machine (the ssh
   sessions of remote ones), so a local rank 0 drains and then closes the group; whatever
   is left `grace` seconds later (drain timeout + 2 x liveness timeout) is killed;
-- when a member fails, the others leave by themselves (`watchdog`); one that cannot (a
-  stopped process) is killed `failure_grace` seconds later (2 x liveness timeout: the
-  others have left by then). Nothing is left behind; the exit status is 0 only if every
-  member exited 0.
+- when a member fails, the others on this machine are told at once (`LEAVE_SIGNAL`) and
+  leave with a message; remote ones leave by themselves (`watchdog`) within the liveness
+  timeout; one that cannot (a stopped process) is killed `failure_grace` seconds later
+  (2 x liveness timeout: the others have left by then). Nothing is left behind; the exit
+  status is 0 only if every member exited 0.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import attrs
 import psutil
 
 from runner.group import GroupError
+from runner.group.watchdog import LEAVE_SIGNAL
 
 log = logging.getLogger("runner.group")
 
@@ -284,6 +286,21 @@ class Supervisor:
         self.failed = True
         if self._failed_at is None:
             self._failed_at = time.monotonic()
+            self._tell_members()
+
+    def _tell_members(self) -> None:
+        """A member failed: tell the others here at once (SIGUSR1: they leave with a message,
+        `member.leave_when_told`) rather than let their watchdogs find out a timeout later.
+        Through the launcher, remote members are reached by their watchdogs alone."""
+        if self.launcher:
+            for process in self._descendants(recursive=False):
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(LEAVE_SIGNAL)
+            return
+        for proc in self._procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(LEAVE_SIGNAL)
 
     def _copy(self, source: IO[bytes], sink: IO[str]) -> None:
         for line in iter(source.readline, b""):

@@ -28,7 +28,7 @@ from runner.group import GroupError
 from runner.group import split as splitting
 from runner.group.engine import GroupEngine
 from runner.group.exchange import Exchange
-from runner.group.watchdog import Watchdog
+from runner.group.watchdog import LEAVE_SIGNAL, Watchdog, leave
 
 log = logging.getLogger("runner.group")
 
@@ -67,6 +67,7 @@ class GroupMember:
         gathered = self.exchange.gather(_encode(hardware))
         self.members = tuple(_decode(data) for data in gathered)
         self.watchdog = Watchdog(timeout, rank=self.rank)
+        leave_when_told(self.rank)
         self.engine = GroupEngine(
             model,
             self.exchange,
@@ -92,6 +93,15 @@ class GroupMember:
     def runner_class(self) -> Callable[..., Runner]:
         """Rank 0's `Runner`, whose hello lists the members."""
         return partial(GroupRunner, members=self.members)
+
+
+def leave_when_told(rank: int) -> None:
+    """Leave at once when the group's supervisor says a member failed (`LEAVE_SIGNAL`)."""
+
+    def told(signum: int, frame: object) -> None:
+        leave("rank %d: the group's supervisor saw another member fail", rank)
+
+    signal.signal(LEAVE_SIGNAL, told)
 
 
 class GroupRunner(Runner):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -24,6 +25,9 @@ from collections.abc import Callable
 
 log = logging.getLogger("runner.group")
 
+LEAVE_SIGNAL = signal.SIGUSR1
+"""What a group's supervisor sends the members still running when one failed: they
+`leave` at once (`runner.group.member.leave_when_told`)."""
 EXIT_GROUP_LOST = 3
 """The exit status of a member whose group broke (a member died, hung or was left alone)."""
 

@@ -21,7 +21,7 @@ from protocol.frames import Generate, Message, SamplingParams
 from runner.demo_model import DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID
 from runner.group import GroupError, launch, split
 from runner.group.exchange import StepMessage
-from runner.group.watchdog import Watchdog
+from runner.group.watchdog import EXIT_GROUP_LOST, Watchdog
 from tests.support import UNIT
 
 # --- the step message ---------------------------------------------------------------------
@@ -219,8 +219,37 @@ def _python(code: str) -> launch.Child:
     return launch.Child((sys.executable, "-c", code))
 
 
+def test_supervisor_tells_the_other_members_at_once_when_one_fails(tmp_path: Path) -> None:
+    # A member that listens as group members do (member.leave_when_told) leaves at once,
+    # with its message, not a watchdog timeout later. The other fails once it listens.
+    ready = tmp_path / "listening"
+    listening = (
+        "import pathlib, time; from runner.group.member import leave_when_told;"
+        f" leave_when_told(0); pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    )
+    failing = (
+        "import pathlib, sys, time\n"
+        f"while not pathlib.Path({str(ready)!r}).exists(): time.sleep(0.02)\n"
+        "sys.exit(3)"
+    )
+    supervisor = launch.Supervisor(
+        [_python(listening), _python(failing)],
+        grace=30,
+        failure_grace=30,  # never reached: told, it leaves by itself
+        launcher=False,
+    )
+    started = time.monotonic()
+    assert supervisor.run() == 1
+    assert time.monotonic() - started < 20 * UNIT  # importing mlx in the listener, mostly
+    assert [p.returncode for p in supervisor._procs] == [EXIT_GROUP_LOST, 3]
+
+
 def test_supervisor_kills_what_is_left_when_a_member_fails(tmp_path: Path) -> None:
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    # Deaf to SIGTERM and to the supervisor's word (as a stopped process is).
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "signal.signal(signal.SIGUSR1, signal.SIG_IGN); time.sleep(60)"
+    )
     supervisor = launch.Supervisor(
         [_python(stubborn), _python("import sys; sys.exit(3)")],
         grace=30,  # after SIGTERM: not the case here
