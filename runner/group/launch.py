@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shlex
 import signal
 import socket
@@ -100,16 +101,19 @@ def read_hostfile(path: Path) -> tuple[list[dict[str, Any]], str]:
     return hosts, backend
 
 
+RING_PORTS = range(20000, 32000)
+"""Where a local group's ring listens: below Linux's and macOS's ephemeral ranges (32768 and
+49152 up), so no outgoing connection or port-0 listener of this machine can be holding a
+port between the probe and the members' bind."""
+
+
 def free_ports(count: int) -> int:
     """The first of `count` consecutive free TCP ports on loopback (for the ring)."""
+    chooser = random.Random()
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first: int = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
+        first = chooser.randrange(RING_PORTS.start, RING_PORTS.stop - count)
+        held: list[socket.socket] = []
         try:
-            held = []
             for port in range(first, first + count):
                 sock = socket.socket()
                 held.append(sock)

@@ -4,9 +4,11 @@ supervisor (on plain child processes)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -314,3 +316,18 @@ def test_orchard_status_says_a_runner_is_a_group() -> None:
     }
     assert row(runner, 1.0)[2] == "Apple M2, 8 cpu, 16.0 GiB, gpu, group of 2"
     assert row({**runner, "members": []}, 1.0)[2] == "Apple M2, 8 cpu, 16.0 GiB, gpu"
+
+
+def test_a_local_ring_listens_below_the_ephemeral_ports() -> None:
+    # Outgoing connections and port-0 listeners (every gateway a test starts) take ephemeral
+    # ports; a local ring's ports are never among them.
+    linux = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(linux.read_text().split()[0]) if linux.exists() else 49152  # else macOS's
+    for _ in range(20):
+        first = launch.free_ports(3)
+        assert first in launch.RING_PORTS
+        assert first + 3 <= min(low, launch.RING_PORTS.stop)
+        with contextlib.ExitStack() as stack:  # all three free: bindable now
+            for port in range(first, first + 3):
+                sock = stack.enter_context(socket.socket())
+                sock.bind(("127.0.0.1", port))
