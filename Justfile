@@ -4,7 +4,6 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 python := env("PYTHON", "python3")
 venv := ".venv"
 bin := venv / "bin"
-workers := env("ORCHARD_TEST_WORKERS", "2")
 
 # List the recipes.
 default:
@@ -26,10 +25,10 @@ venv:
 serve *ARGS: venv
     {{bin}}/orchard serve {{ARGS}}
 
-# Run the whole test suite (extra arguments go to pytest), test modules spread over
-# $ORCHARD_TEST_WORKERS processes (2; a module's tests stay together, in one process).
+# Run the whole test suite (extra arguments go to pytest; `-n 2` spreads the modules over 2
+# processes with pytest-xdist: faster, but the timing-sensitive tests then share the CPU).
 test *ARGS: venv browser js
-    {{bin}}/pytest -n {{workers}} --dist loadfile {{ARGS}}
+    {{bin}}/pytest {{ARGS}}
 
 # Debian's chromium, which the browser tests drive (installed with apt-get when missing).
 browser:
