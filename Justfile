@@ -25,10 +25,23 @@ venv:
 serve *ARGS: venv
     {{bin}}/orchard serve {{ARGS}}
 
-# Run the whole test suite (extra arguments go to pytest; `-n 2` spreads the modules over 2
-# processes with pytest-xdist: faster, but the timing-sensitive tests then share the CPU).
+# With no arguments: the modules spread over 2 processes (pytest-xdist, each module's tests in
+# one of them; ORCHARD_TEST_WORKERS=N for N, 1 for one process), then the tests marked `timing`
+# alone, in one process, so that nothing else shares the CPU with them.
+# Run the test suite: just test [pytest arguments, e.g. tests/gateway -k sse]
 test *ARGS: venv browser js
-    {{bin}}/pytest {{ARGS}}
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ -n "{{ARGS}}" ]; then exec {{bin}}/pytest {{ARGS}}; fi
+    cores=$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
+    workers=${ORCHARD_TEST_WORKERS:-$(( cores >= 2 ? 2 : 1 ))}
+    spread=()
+    if [ "$workers" -gt 1 ]; then spread=(-n "$workers" --dist loadfile); fi
+    status=0
+    {{bin}}/pytest "${spread[@]}" -m "not timing" || status=$?
+    # 5: nothing was collected (no test is marked timing), which is no failure.
+    {{bin}}/pytest -m timing || { rc=$?; if [ "$rc" -ne 5 ] && [ "$status" -eq 0 ]; then status=$rc; fi; }
+    exit "$status"
 
 # Debian's chromium, which the browser tests drive (installed with apt-get when missing).
 browser:

@@ -43,7 +43,16 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Page
 
 UNIT = float(os.environ.get("ORCHARD_TEST_TIME_FACTOR", "1"))
+"""The tests' time unit in seconds. Every wait of a test and every product timeout it sets is
+a multiple of it, so that raising ORCHARD_TEST_TIME_FACTOR on a busy machine stretches both."""
 REPO = Path(__file__).resolve().parent.parent
+
+
+def secs(seconds: float) -> str:
+    """A product timeout for a command line (`--stream-timeout`, `--liveness-timeout`, ...):
+    `seconds` in the tests' time unit, so that a busy machine stretches it with the tests'
+    own waits."""
+    return f"{seconds * UNIT:g}"
 
 
 def weights_bytes(directory: Path) -> int:
@@ -179,6 +188,73 @@ def gateway_with_runner(*runner_args: str) -> Iterator[tuple[Gateway, Process]]:
     finally:
         runner.stop()
         gw.stop()
+
+
+SHARED_MODEL = "orchard-demo"
+KV_LIMIT = 256 * 1024 * 1024
+"""The shared batched stack's --max-kv-bytes (test_openai_e2e reads it back)."""
+SHARED_MAX_CONCURRENT = 8
+STACK_ARGS: dict[str, tuple[str, ...]] = {
+    "mlx": ("--engine", "mlx"),
+    "mlx-batched": ("--engine", "mlx-batched", "--max-kv-bytes", str(KV_LIMIT)),
+}
+"""Each shared stack's runner arguments besides the model and --max-concurrent, by engine."""
+
+
+class Stacks:
+    """Gateways with a real runner on the built-in model, shared by the whole run, one per
+    engine (tests/e2e/conftest.py's `stacks`): started on first use, started again if a
+    process of one died."""
+
+    def __init__(self) -> None:
+        self._stacks: dict[str, tuple[Gateway, Process]] = {}
+
+    def get(self, engine: str = "mlx-batched") -> tuple[Gateway, Process]:
+        stack = self._stacks.get(engine)
+        if stack is not None and not self._healthy(*stack):
+            self._stop(*self._stacks.pop(engine))
+            stack = None
+        if stack is None:
+            stack = self._start(engine)
+            self._stacks[engine] = stack
+        return stack
+
+    @staticmethod
+    def _start(engine: str) -> tuple[Gateway, Process]:
+        gateway = Gateway()
+        runner = start_runner(
+            gateway,
+            "--model",
+            SHARED_MODEL,
+            "--max-concurrent",
+            str(SHARED_MAX_CONCURRENT),
+            *STACK_ARGS[engine],
+        )
+        try:
+            gateway.wait_for_runners(1)
+        except BaseException:
+            Stacks._stop(gateway, runner)
+            raise
+        return gateway, runner
+
+    @staticmethod
+    def _healthy(gateway: Gateway, runner: Process) -> bool:
+        if not (gateway.process.alive() and runner.alive()):
+            return False
+        try:
+            return len(gateway.runners()) == 1
+        except httpx.HTTPError:
+            return False
+
+    @staticmethod
+    def _stop(gateway: Gateway, runner: Process) -> None:
+        runner.stop()
+        gateway.stop()
+
+    def close(self) -> None:
+        for gateway, runner in self._stacks.values():
+            self._stop(gateway, runner)
+        self._stacks.clear()
 
 
 def sse_events(body: bytes) -> list[Any]:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from runner import demo_model
-from tests.support import Gateway, Process, gateway_with_runner
+from tests.support import Gateway, Process, Stacks
 
 MODEL = "orchard-demo"
 GREEDY: Any = {"temperature": 0}
@@ -35,9 +35,8 @@ EXPECTED_CALLS = [(c["name"], c["arguments"]) for c in demo_model.TOOL_DEMO_CALL
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner("--model", MODEL, "--max-concurrent", "4") as stack:
-        yield stack
+def stack(stacks: Stacks) -> tuple[Gateway, Process]:
+    return stacks.get()
 
 
 @pytest.fixture(scope="module")

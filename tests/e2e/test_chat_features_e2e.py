@@ -13,18 +13,15 @@ import mlx.core as mx
 import openai
 import pytest
 
-from tests.support import Gateway, Process, gateway_with_runner
+from tests.support import Gateway, Process, Stacks
 
 MODEL = "orchard-demo"
 USER: Any = [{"role": "user", "content": "Tell me about apple trees."}]
 
 
 @pytest.fixture(scope="module", params=["mlx", "mlx-batched"])
-def stack(request: pytest.FixtureRequest) -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner(
-        "--model", MODEL, "--max-concurrent", "8", "--engine", request.param
-    ) as stack:
-        yield stack
+def stack(stacks: Stacks, request: pytest.FixtureRequest) -> tuple[Gateway, Process]:
+    return stacks.get(request.param)
 
 
 @pytest.fixture(scope="module")

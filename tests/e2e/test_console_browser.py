@@ -20,11 +20,11 @@ from playwright.sync_api import Browser, Locator, Page, expect
 from gateway.tls import certificate_fingerprint
 from tests.support import (
     REPO,
+    SHARED_MAX_CONCURRENT,
     UNIT,
     Gateway,
+    Stacks,
     TlsGateway,
-    chromium,
-    gateway_with_runner,
     page_problems,
     wait_until,
 )
@@ -44,16 +44,13 @@ USAGE_LINE = re.compile(
 
 
 @pytest.fixture(scope="module")
-def gateway(demo_model_path: Path) -> Iterator[Gateway]:
-    with gateway_with_runner("--model", MODEL, "--max-concurrent", "4") as (gw, _):
-        yield gw
+def gateway(stacks: Stacks) -> Gateway:
+    return stacks.get()[0]
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
+@pytest.fixture(scope="module", autouse=True)
+def _expect_timeout() -> None:
     expect.set_options(timeout=15 * MS)
-    with chromium() as browser:
-        yield browser
 
 
 @pytest.fixture
@@ -140,7 +137,7 @@ def check_pool_view(page: Page, gateway: Gateway) -> Locator:
     expect(cell).to_contain_text(hardware["backend"])
     expect(cell).to_contain_text(f"{round(hardware['memory_bytes'] / 2**30)} GiB")
     expect(row.locator("[data-col=models]")).to_have_text(MODEL)
-    expect(row.locator("[data-col=active]")).to_have_text("0 / 4")
+    expect(row.locator("[data-col=active]")).to_have_text(f"0 / {SHARED_MAX_CONCURRENT}")
     expect(row.locator("[data-col=tokens-per-second]")).to_have_text(re.compile(r"^[\d,]+\.\d$"))
     expect(page.locator("#runner-count")).to_have_text("1")
     expect(page.locator("#in-flight")).to_have_text("0")
@@ -180,7 +177,7 @@ def check_stop(page: Page, gateway: Gateway, row: Locator, first: re.Match[str])
     page.fill("#prompt", "Tell me more.")
     page.click("#send")
     expect(page.locator("#stop")).to_be_enabled()
-    expect(row.locator("[data-col=active]")).to_have_text("1 / 4")
+    expect(row.locator("[data-col=active]")).to_have_text(f"1 / {SHARED_MAX_CONCURRENT}")
     expect(page.locator("#in-flight")).to_have_text("1")
     page.wait_for_function(  # live tokens per second while it generates
         """() => parseFloat(document.querySelector(
@@ -201,7 +198,7 @@ def check_stop(page: Page, gateway: Gateway, row: Locator, first: re.Match[str])
     expect(page.locator("#send")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
     wait_until(lambda: runner_state(gateway)["active"] == 0, 10, "the runner to free its slot")
-    expect(row.locator("[data-col=active]")).to_have_text("0 / 4")
+    expect(row.locator("[data-col=active]")).to_have_text(f"0 / {SHARED_MAX_CONCURRENT}")
 
 
 # Two requests at once on one socket, an error, and ping, through the module's public API.

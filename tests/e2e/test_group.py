@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
@@ -33,11 +33,13 @@ from tests.support import (
     UNIT,
     Gateway,
     Process,
-    chromium,
     page_problems,
     start_runner,
     wait_until,
 )
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 MODEL = DEMO_PIPELINE_MODEL_ID
 PROMPTS = ["Tell me about pears.", "Hello", "Why do orchards need bees?", "Say something."]
@@ -270,9 +272,12 @@ async def test_disconnect_and_cancel_stop_generation_and_keep_lock_step(
     assert answer.choices[0].message.content == expected[PROMPTS[1]][1]
 
 
-def test_console_shows_the_group_and_its_members(gateway: Gateway, group: Process) -> None:
-    with chromium() as browser:
-        page = browser.new_page()
+def test_console_shows_the_group_and_its_members(
+    gateway: Gateway, group: Process, browser: Browser
+) -> None:
+    context = browser.new_context()
+    try:
+        page = context.new_page()
         problems = page_problems(page)
         page.goto(f"{gateway.base}/")
         cell = page.locator('tr[data-runner-name="grp"] td[data-col="hardware"]')
@@ -280,7 +285,8 @@ def test_console_shows_the_group_and_its_members(gateway: Gateway, group: Proces
         assert cell.inner_text().endswith(" · group of 2")
         title = cell.get_attribute("title") or ""
         assert [line.split(":")[0] for line in title.splitlines()] == ["rank 0", "rank 1"]
-        page.close()
+    finally:
+        context.close()
     assert not problems, problems
 
 

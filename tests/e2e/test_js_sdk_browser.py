@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,8 +26,7 @@ from tests.support import (
     REPO,
     UNIT,
     Gateway,
-    chromium,
-    gateway_with_runner,
+    Stacks,
     page_problems,
     wait_until,
 )
@@ -45,17 +43,14 @@ USER = [{"role": "user", "content": "Tell me about the orchard in spring."}]
 
 
 @pytest.fixture(scope="module")
-def gateway(demo_model_path: Path) -> Iterator[Gateway]:
-    with gateway_with_runner("--model", MODEL, "--max-concurrent", "4") as (gw, _):
-        yield gw
+def gateway(stacks: Stacks) -> Gateway:
+    return stacks.get()[0]
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
+@pytest.fixture(scope="module", autouse=True)
+def _sdk() -> None:
     if not (SDK / "index.mjs").exists():
         pytest.fail(f"{SDK} is missing: run `just js` (npm ci in tests/js).")
-    with chromium() as browser:
-        yield browser
 
 
 def serve_sdk(route: Route) -> None:

@@ -4,12 +4,13 @@ Face Hub with the real huggingface_hub client, its progress visible in /v1/runne
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
@@ -22,11 +23,13 @@ from tests.support import (
     UNIT,
     Gateway,
     Process,
-    chromium,
     page_problems,
     start_runner,
     wait_until,
 )
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 MS = 1000 * UNIT
 """Playwright counts in milliseconds."""
@@ -101,7 +104,7 @@ def ask(client: openai.OpenAI, model: str) -> tuple[str, Any]:
 
 
 def test_models_load_on_demand_within_the_budget(
-    pool: tuple[Gateway, Process, FakeHub, str],
+    pool: tuple[Gateway, Process, FakeHub, str], browser: Browser
 ) -> None:
     gateway, _runner, hub, copy = pool
     client = openai.OpenAI(base_url=f"{gateway.base}/v1", api_key="none", max_retries=0)
@@ -138,7 +141,7 @@ def test_models_load_on_demand_within_the_budget(
         return model["download"] is not None and model["download"]["done_bytes"] >= 2**20
 
     wait_until(stalled, 60, "the hub model's download to reach the stall")
-    watch_the_console(gateway, hub, copy)
+    watch_the_console(gateway, hub, copy, browser)
     asking.join(30 * UNIT)
     assert all(m["state"] == "loading" for m in seen)
     done = [m["download"]["done_bytes"] for m in seen]
@@ -170,11 +173,11 @@ def test_models_load_on_demand_within_the_budget(
     assert len(tags["models"]) == 4
 
 
-def watch_the_console(gateway: Gateway, hub: FakeHub, copy: str) -> None:
+def watch_the_console(gateway: Gateway, hub: FakeHub, copy: str, browser: Browser) -> None:
     """The console shows the download's progress, then the model loaded once the hub lets
     the rest of it go."""
-    with chromium() as browser:
-        page = browser.new_page()
+    with contextlib.closing(browser.new_context()) as context:
+        page = context.new_page()
         problems = page_problems(page)
         page.goto(f"{gateway.base}/")
         chip = page.locator(f'#runners [data-model="{HUB_MODEL}"]')

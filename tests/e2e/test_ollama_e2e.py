@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from runner import demo_model
-from tests.support import Gateway, Process, gateway_with_runner
+from tests.support import Gateway, Process, Stacks
 
 MODEL = "orchard-demo"
 HI: Any = [{"role": "user", "content": "Tell me about pear trees."}]
@@ -29,9 +29,8 @@ EXPECTED_PARALLEL = [(c["name"], c["arguments"]) for c in demo_model.TOOL_DEMO_P
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner("--model", MODEL, "--max-concurrent", "4") as stack:
-        yield stack
+def stack(stacks: Stacks) -> tuple[Gateway, Process]:
+    return stacks.get()
 
 
 @pytest.fixture(scope="module")

@@ -17,29 +17,23 @@ from openai.types.chat import ChatCompletionMessageParam
 from runner.demo_model import resolve_model
 from runner.engine.mlx_engine import engine_version
 from tests.support import (
+    KV_LIMIT,
     UNIT,
     Gateway,
     Process,
-    gateway_with_runner,
+    Stacks,
     sse_events,
     wait_until,
     weights_bytes,
 )
 
 MODEL = "orchard-demo"
-KV_LIMIT = 256 * 1024 * 1024
 
 
 @pytest.fixture(scope="module", params=["mlx", "mlx-batched"])
-def stack(
-    demo_model_path: Path, request: pytest.FixtureRequest
-) -> Iterator[tuple[Gateway, Process]]:
+def stack(stacks: Stacks, request: pytest.FixtureRequest) -> tuple[Gateway, Process]:
     """Every test runs against both engines: interleaved and batched."""
-    extra = ["--max-kv-bytes", str(KV_LIMIT)] if request.param == "mlx-batched" else []
-    with gateway_with_runner(
-        "--model", MODEL, "--max-concurrent", "8", "--engine", request.param, *extra
-    ) as stack:
-        yield stack
+    return stacks.get(request.param)
 
 
 @pytest.fixture(scope="module")

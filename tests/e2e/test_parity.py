@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -23,7 +22,7 @@ from tests.support import (
     FakeRunner,
     Gateway,
     Process,
-    gateway_with_runner,
+    Stacks,
     sse_events,
 )
 
@@ -242,9 +241,8 @@ async def test_an_error_before_the_first_token(gateway: Gateway) -> None:
 
 
 @pytest.fixture(scope="module")
-def real(demo_model_path: Path) -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner("--model", "orchard-demo", "--max-concurrent", "4") as stack:
-        yield stack
+def real(stacks: Stacks) -> tuple[Gateway, Process]:
+    return stacks.get()
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from openai.types.responses import (
 )
 
 from runner import demo_model
-from tests.support import Gateway, Process, gateway_with_runner
+from tests.support import Gateway, Process, Stacks
 
 MODEL = "orchard-demo"
 QUESTION = "Tell me about pear trees."
@@ -41,9 +41,8 @@ EXPECTED_CALL = demo_model.TOOL_DEMO_CALLS[0]
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner("--model", MODEL, "--max-concurrent", "4") as stack:
-        yield stack
+def stack(stacks: Stacks) -> tuple[Gateway, Process]:
+    return stacks.get()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pydantic
 import pytest
 
 from runner import demo_model
-from tests.support import Gateway, Process, gateway_with_runner
+from tests.support import Gateway, Process, Stacks
 
 MODEL = "orchard-demo"
 TOOLS: Any = list(demo_model.TOOL_DEMO_TOOLS)
@@ -30,11 +30,8 @@ PLAIN: Any = [{"role": "user", "content": "Tell me about pear trees."}]
 
 
 @pytest.fixture(scope="module", params=["mlx", "mlx-batched"])
-def stack(request: pytest.FixtureRequest) -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner(
-        "--model", MODEL, "--max-concurrent", "8", "--engine", request.param
-    ) as stack:
-        yield stack
+def stack(stacks: Stacks, request: pytest.FixtureRequest) -> tuple[Gateway, Process]:
+    return stacks.get(request.param)
 
 
 @pytest.fixture(scope="module")

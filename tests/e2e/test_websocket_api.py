@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,16 +13,15 @@ import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.support import UNIT, Gateway, Process, async_wait_until, gateway_with_runner
+from tests.support import UNIT, Gateway, Process, Stacks, async_wait_until
 
 MODEL = "orchard-demo"
 EOS_OFF = {"2": -100}  # the demo model's <|im_end|>: only max_tokens or a cancel ends it
 
 
 @pytest.fixture(scope="module")
-def stack(demo_model_path: Path) -> Iterator[tuple[Gateway, Process]]:
-    with gateway_with_runner("--model", MODEL, "--max-concurrent", "8") as stack:
-        yield stack
+def stack(stacks: Stacks) -> tuple[Gateway, Process]:
+    return stacks.get()
 
 
 @pytest.fixture(scope="module")
