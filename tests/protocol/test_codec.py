@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, get_args
 
+import attrs
 import hypothesis.strategies as st
 import orjson
 import pytest
@@ -664,9 +665,24 @@ def test_bad_field(data: bytes, fragments: tuple[str, ...]) -> None:
 
 def test_good_examples_of_the_bad_field_helpers_decode() -> None:
     # The tables above change one thing each; unchanged, every base frame is valid.
-    for data in (_chunk(), _generate(), _hello(), _cancel(), _heartbeat(), _error()):
+    chunk = Chunk("r", 0, "", "", 1, Usage(1, 1))
+    assert [
         decode(data)
-    assert decode(_chunk(stats={**_STATS, "peak_memory_bytes": 1})) is not None
+        for data in (_chunk(), _generate(), _hello(), _cancel(), _heartbeat(), _error())
+    ] == [
+        chunk,
+        Generate("r", "m", (Message("user", "hi"),)),
+        Hello(1, "r", (ModelInfo("m", 8),), 1, Hardware("c", 1, 1, "cpu", "p")),
+        Cancel("r"),
+        Heartbeat(1.0),
+        Error("r", "internal_error", "m"),
+    ]
+    # The integer that "float-for-int-in-optional-object" spoils, as an integer.
+    decoded = decode(_chunk(stats={**_STATS, "peak_memory_bytes": 1}))
+    assert decoded == attrs.evolve(chunk, stats=GenerationStats(1.0, 1.0, 1, 0.1))
+    assert isinstance(decoded, Chunk)
+    assert decoded.stats is not None
+    assert type(decoded.stats.peak_memory_bytes) is int
 
 
 def test_every_bad_field_is_named() -> None:

@@ -266,11 +266,32 @@ def test_max_tokens(fields: dict[str, Any], max_tokens: int) -> None:
     assert parse(request(**fields)).max_tokens == max_tokens
 
 
+def accepted(chat: ChatRequest, limit: int) -> bool:
+    """Whether the gateway's ceiling (`check_max_tokens`) lets `chat` through."""
+    try:
+        check_max_tokens(chat, limit)
+    except OpenAIError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize(
-    "fields", [{}, {"max_tokens": 100}, {"max_completion_tokens": 100}, {"max_tokens": 1}]
+    ("fields", "max_tokens"),
+    [
+        ({}, None),
+        ({"max_tokens": 100}, 100),
+        ({"max_completion_tokens": 100}, 100),
+        ({"max_tokens": 1}, 1),
+    ],
 )
-def test_max_tokens_within_the_gateway_ceiling(fields: dict[str, Any]) -> None:
-    check_max_tokens(parse(request(**fields)), 100)
+def test_max_tokens_within_the_gateway_ceiling(
+    fields: dict[str, Any], max_tokens: int | None
+) -> None:
+    chat = parse(request(**fields))
+    assert chat.max_tokens == max_tokens
+    assert accepted(chat, 100)
+    # The ceiling is the bound itself: one lower refuses what it asks.
+    assert accepted(chat, 99) is (max_tokens is None or max_tokens < 100)
 
 
 @pytest.mark.parametrize("fields", [{"max_tokens": 101}, {"max_completion_tokens": 101}])
@@ -954,7 +975,38 @@ def mutated_requests() -> st.SearchStrategy[Any]:
 
 
 def test_full_is_valid() -> None:
-    parse(FULL)
+    # Every field of FULL read as it says, so that its mutations start from a valid request.
+    assert parse(FULL) == ChatRequest(
+        model="m",
+        messages=(
+            Message(role="system", content="s", name="n"),
+            Message(role="user", content="u"),
+            Message(role="assistant", content="a"),
+        ),
+        stream=True,
+        include_usage=True,
+        continuous_usage_stats=True,
+        max_tokens=5,
+        stop=("a",),
+        sampling=SamplingParams(
+            temperature=1.0,
+            top_p=0.5,
+            top_k=3,
+            min_p=0.1,
+            seed=1,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            logit_bias=(LogitBias(token=1, bias=1.0),),
+        ),
+        tools=(Tool(name="f", parameters='{"type":"object"}', strict=False),),
+        tool_choice="auto",
+        parallel_tool_calls=True,
+        response_format=ResponseFormat(type="json_schema", schema="{}", name="o"),
+        logprobs=True,
+        top_logprobs=2,
+        chat_template_kwargs='{"k":[1]}',
+        n=1,
+    )
 
 
 @given(mutated_requests())

@@ -213,7 +213,9 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk() -> None:
     assert event(w.delta("", "", USAGE)) == {**chunk({}), "usage": USAGE_DICT}
     assert event(w.finish("stop", USAGE)) == {**chunk({}, "stop"), "usage": USAGE_DICT}
     assert event(w.usage_chunk(USAGE)) == {**HEAD, "choices": [], "usage": USAGE_DICT}
-    assert sdk_chunk(w.delta("a", "", USAGE)).usage is not None
+    sdk_usage = sdk_chunk(w.delta("a", "", USAGE)).usage
+    assert sdk_usage is not None
+    assert sdk_usage.model_dump(exclude_none=True) == USAGE_DICT
 
 
 def test_continuous_usage_stats_need_include_usage() -> None:
@@ -276,7 +278,20 @@ def test_any_text_makes_valid_chunks(
         reasoning
     )
     if include:
-        assert sdk_chunk(w.usage_chunk(usage)).usage is not None
+        sdk_usage = sdk_chunk(w.usage_chunk(usage)).usage
+        assert sdk_usage is not None
+        assert sdk_usage.model_dump(exclude_none=True) == {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": usage.reasoning_tokens,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        }
 
 
 # --- non-streaming --------------------------------------------------------------------------

@@ -501,7 +501,7 @@ class Link(RuleBasedStateMachine):
             assert cancelled == self.cancel_sent & runner_ids
 
 
-Link.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+Link.TestCase.settings = settings(max_examples=200, stateful_step_count=50)
 TestLink = Link.TestCase
 
 

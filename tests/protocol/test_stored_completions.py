@@ -88,7 +88,9 @@ def test_metadata_still_needs_store_true() -> None:
 
 def test_the_browser_socket_stores_where_the_gateway_does() -> None:
     body = {"model": "m", "messages": [USER], "store": True}
-    assert chat_request(body, 100, store=True).store is not None
+    # What it keeps is what the HTTP API's parse keeps of the same request.
+    assert chat_request(body, 100, store=True).store == parse(store=True).store
+    assert parse(store=True).store is not None
     err = refusal(chat_request, body, 100)
     assert (err.param, err.code) == ("store", "unsupported_value")
 
