@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import attrs
+import pytest
 import websockets
 from websockets.asyncio.server import Server, ServerConnection, serve
 
@@ -27,17 +30,16 @@ from protocol.frames import (
 )
 from protocol.session import Delivered, GatewaySession
 from runner.client import GATHER_MIN_REQUESTS, GATHER_S, Runner, _merged
-from runner.engine.base import Output
+from runner.engine.base import Engine, Output, Sink
 from runner.engine.scripted import ScriptedEngine
 from runner.hardware import detect
+from tests.support import UNIT, async_wait_until
 
 TOKENS = 20
 RATE = 100.0
 
 
-def runner_for(
-    server: Server, engine: ScriptedEngine, slots: int, gather: float = GATHER_S
-) -> Runner:
+def runner_for(server: Server, engine: Engine, slots: int, gather: float = GATHER_S) -> Runner:
     """A real Runner pointed at a stand-in gateway."""
     port = server.sockets[0].getsockname()[1]
     return Runner(
@@ -52,9 +54,9 @@ def runner_for(
 
 async def serve_requests(
     requests: int, gather: float, spacing: float = 0.003
-) -> tuple[Runner, dict[str, list[Chunk]], float]:
-    """Send `requests` paced requests `spacing` s apart to a real Runner; its chunks per
-    request, and the seconds until the last one finished."""
+) -> dict[str, list[Chunk]]:
+    """Send `requests` requests `spacing` s apart to a real Runner on a paced scripted engine;
+    its chunks per request, once every request has finished."""
     chunks: dict[str, list[Chunk]] = {}
     finished: set[str] = set()
     all_done = asyncio.Event()
@@ -82,12 +84,10 @@ async def serve_requests(
     async with serve(gateway, "127.0.0.1", 0) as server:
         runner = runner_for(server, engine, requests, gather=gather)
         task = asyncio.create_task(runner.run())
-        started = time.perf_counter()
-        await asyncio.wait_for(all_done.wait(), 20)
-        took = time.perf_counter() - started
+        await asyncio.wait_for(all_done.wait(), 20 * UNIT)
         runner.stop()
-        await asyncio.wait_for(task, 10)
-    return runner, chunks, took
+        await asyncio.wait_for(task, 10 * UNIT)
+    return chunks
 
 
 def check_exact(chunks: dict[str, list[Chunk]], requests: int) -> None:
@@ -100,22 +100,198 @@ def check_exact(chunks: dict[str, list[Chunk]], requests: int) -> None:
         assert [c.seq for c in got] == list(range(len(got)))
 
 
-async def test_many_requests_share_frames_when_gathered() -> None:
-    n = GATHER_MIN_REQUESTS * 2
-    gathered, chunks, _ = await serve_requests(n, gather=0.02)
-    check_exact(chunks, n)
-    apart, chunks, _ = await serve_requests(n, gather=0.0)
-    check_exact(chunks, n)
-    assert gathered.chunks_sent < apart.chunks_sent  # a request's tokens merged
-    assert gathered.frames_sent * 2 <= apart.frames_sent
-    assert gathered.chunks_sent / gathered.frames_sent >= 4
+@pytest.mark.parametrize(
+    ("requests", "gather"),
+    [(GATHER_MIN_REQUESTS * 2, 0.02), (GATHER_MIN_REQUESTS * 2, 0.0), (4, 3600.0)],
+    ids=["gathered", "apart", "few-held-an-hour"],
+)
+async def test_paced_requests_arrive_exactly_however_they_are_gathered(
+    requests: int, gather: float
+) -> None:
+    # Real engine rounds, merged and gathered as they come: nothing lost, doubled or
+    # reordered; and with few requests in flight an hour's gather holds nothing back.
+    check_exact(await serve_requests(requests, gather), requests)
 
 
-async def test_few_requests_are_never_held_back() -> None:
-    n = GATHER_MIN_REQUESTS // 4
-    _, chunks, took = await serve_requests(n, gather=1.0)
-    check_exact(chunks, n)
-    assert took < 0.8  # 20 tokens at 100 tok/s take 0.2 s; one 1 s gather would show
+class SteppedEngine(Engine):
+    """An engine that emits what the test tells it to, one event at a time, from a thread of
+    its own as an engine does (`emit`)."""
+
+    def __init__(self) -> None:
+        self.submitted: list[Generate] = []
+        self._sink: Sink | None = None
+
+    @property
+    def models(self) -> tuple[ModelInfo, ...]:
+        return (ModelInfo("stepped", 4096),)
+
+    def start(self, sink: Sink) -> None:
+        self._sink = sink
+
+    def submit(self, request: Generate) -> None:
+        self.submitted.append(request)
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    async def emit(self, request_id: str, token: int, *, last: bool = False) -> None:
+        """Emit token `token` of a request (the last one if `last`) from another thread, and
+        return once the runner's loop has taken it in (the sink wakes the loop with
+        `call_soon_threadsafe`, which runs callbacks in order: the runner's before ours)."""
+        output = Output(
+            request_id,
+            f"tok{token} ",
+            "",
+            1,
+            Usage(1, token + 1),
+            "length" if last else None,
+        )
+        assert self._sink is not None
+        await asyncio.to_thread(self._sink, output)
+
+
+@attrs.define
+class SteppedRun:
+    """A real Runner on a `SteppedEngine`, `requests` requests in flight, and each frame that
+    reached the stand-in gateway (its chunks). Its gather window opens, instead of on the
+    clock, in `windows` (the delays asked for); `close_window()` ends it."""
+
+    runner: Runner
+    engine: SteppedEngine
+    frames: list[list[Chunk]]
+    windows: list[float]
+    _received: asyncio.Condition
+    _pending: list[Callable[[], None]]
+
+    def close_window(self) -> None:
+        (drain,) = self._pending
+        self._pending.clear()
+        drain()
+
+    async def frames_received(self, count: int) -> list[list[Chunk]]:
+        """Wait for `count` frames in all; the frames."""
+        async with self._received:
+            await asyncio.wait_for(
+                self._received.wait_for(lambda: len(self.frames) >= count), 10 * UNIT
+            )
+        return self.frames
+
+
+@contextlib.asynccontextmanager
+async def stepped_run(
+    requests: int, gather: float, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[SteppedRun]:
+    frames: list[list[Chunk]] = []
+    received = asyncio.Condition()
+
+    async def gateway(ws: ServerConnection) -> None:
+        assert isinstance(decode_runner_frame(await ws.recv()), Hello)
+        await ws.send(encode(Welcome("runner-1", PROTOCOL_VERSION, 30.0)).decode())
+        for i in range(requests):
+            generate = Generate(f"r{i}", "stepped", (Message("user", "hi"),), TOKENS)
+            await ws.send(encode(generate).decode())
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for data in ws:
+                frame = decode_runner_frame(data)
+                sent = frame.frames if isinstance(frame, Batch) else (frame,)
+                chunks = [chunk for chunk in sent if isinstance(chunk, Chunk)]
+                if chunks:
+                    async with received:
+                        frames.append(chunks)
+                        received.notify_all()
+
+    engine = SteppedEngine()
+    async with serve(gateway, "127.0.0.1", 0) as server:
+        runner = runner_for(server, engine, requests, gather=gather)
+        windows: list[float] = []
+        pending: list[Callable[[], None]] = []
+        loop = asyncio.get_running_loop()
+        call_later = loop.call_later
+
+        def held_call_later(delay: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+            if callback == runner._drain_events:  # the gather window: the test ends it
+                windows.append(delay)
+                pending.append(callback)
+                return None
+            return call_later(delay, callback, *args, **kwargs)
+
+        monkeypatch.setattr(loop, "call_later", held_call_later)
+        task = asyncio.create_task(runner.run())
+
+        async def all_submitted() -> bool:
+            return len(engine.submitted) == requests
+
+        try:
+            await async_wait_until(all_submitted, 10, "the requests to reach the engine")
+            yield SteppedRun(runner, engine, frames, windows, received, pending)
+        except BaseException:
+            task.cancel()  # requests left unfinished: no drain to wait for
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise
+        runner.stop()
+        await asyncio.wait_for(task, 10 * UNIT)
+
+
+def tokens_of(frame: list[Chunk]) -> list[tuple[str, str, int]]:
+    return [(chunk.request_id, chunk.text, chunk.tokens) for chunk in frame]
+
+
+async def test_many_requests_share_frames_when_gathered(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = GATHER_MIN_REQUESTS
+    async with stepped_run(n, 0.25, monkeypatch) as run:
+        # One token of each request, one at a time: the first opens the window, nothing
+        # goes out until it ends, then all of them go out in one frame.
+        for i in range(n):
+            await run.engine.emit(f"r{i}", 0)
+        assert run.windows == [0.25]
+        assert run.runner.frames_sent == 0
+        run.close_window()
+        (frame,) = await run.frames_received(1)
+        assert tokens_of(frame) == [(f"r{i}", "tok0 ", 1) for i in range(n)]
+        # Two tokens of each: a request's tokens are merged into one chunk.
+        for token in (1, 2):
+            for i in range(n):
+                await run.engine.emit(f"r{i}", token, last=token == 2)
+        assert run.windows == [0.25, 0.25]
+        run.close_window()
+        frames = await run.frames_received(2)
+        assert tokens_of(frames[1]) == [(f"r{i}", "tok1 tok2 ", 2) for i in range(n)]
+        assert all(chunk.finish_reason == "length" for chunk in frames[1])
+        assert (run.runner.frames_sent, run.runner.chunks_sent) == (2, 2 * n)
+    assert len(run.frames) == 2
+
+
+async def test_with_no_gather_each_burst_is_its_own_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    n = GATHER_MIN_REQUESTS
+    async with stepped_run(n, 0.0, monkeypatch) as run:
+        for i in range(n):
+            await run.engine.emit(f"r{i}", 0, last=True)
+            assert run.runner.frames_sent == i + 1
+        frames = await run.frames_received(n)
+        assert [tokens_of(frame) for frame in frames] == [[(f"r{i}", "tok0 ", 1)] for i in range(n)]
+    assert run.windows == []
+    assert run.runner.chunks_sent == n
+
+
+async def test_few_requests_are_never_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One request short of gathering, with an hour's window: every token goes out at once.
+    n = GATHER_MIN_REQUESTS - 1
+    async with stepped_run(n, 3600.0, monkeypatch) as run:
+        for i in range(n):
+            await run.engine.emit(f"r{i}", 0)
+            assert run.runner.frames_sent == i + 1
+        frames = await run.frames_received(n)
+        assert [tokens_of(frame) for frame in frames] == [[(f"r{i}", "tok0 ", 1)] for i in range(n)]
+        for i in range(n):
+            await run.engine.emit(f"r{i}", 1, last=True)
+        await run.frames_received(2 * n)
+    assert run.windows == []
 
 
 async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
@@ -137,7 +313,9 @@ async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
             generate = Generate(f"r{i}", "scripted", (Message("user", "hi"),), tokens)
             session.assign(generate, generate.request_id)
             await ws.send(encode(generate).decode())
-        await asyncio.sleep(0.2)  # read nothing: the runner's sends back up
+        # Read nothing until the engine is halfway (26 MB, far more than the sockets and
+        # websockets' queues take in): the runner's sends back up.
+        await async_wait_until(halfway, 15, "half of the tokens")
         ended = 0
         with contextlib.suppress(websockets.ConnectionClosed):
             async for data in ws:
@@ -150,12 +328,16 @@ async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
                     all_in.set()
 
     engine = ScriptedEngine(("scripted",), 1000.0, max_concurrent=requests, text=lambda r, i: big)
+
+    async def halfway() -> bool:
+        return engine.tokens_generated >= requests * tokens // 2
+
     async with serve(gateway, "127.0.0.1", 0, max_size=None) as server:
         runner = runner_for(server, engine, requests)
         task = asyncio.create_task(runner.run())
-        await asyncio.wait_for(all_in.wait(), 15)
+        await asyncio.wait_for(all_in.wait(), 30 * UNIT)
         runner.stop()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, 10 * UNIT)
     assert runner.most_queued > 1  # frames really queued behind the stalled gateway
     for i in range(requests):
         mine = [c for c in session_frames if c.request_id == f"r{i}"]
@@ -221,10 +403,10 @@ async def test_a_model_that_changed_during_the_handshake_is_told_after_it() -> N
         runner = runner_for(server, engine, 1)
         running = asyncio.create_task(runner.run())
         try:
-            await asyncio.wait_for(told.wait(), 10)
+            await asyncio.wait_for(told.wait(), 10 * UNIT)
         finally:
             runner.stop()
-            await asyncio.wait_for(running, 10)
+            await asyncio.wait_for(running, 10 * UNIT)
     hello, status = frames
     assert isinstance(hello, Hello)
     assert hello.models == (ModelInfo("m", 4096, state="loading"),)
