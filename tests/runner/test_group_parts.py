@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -129,7 +130,8 @@ def test_hostfile_members_go_through_mlx_launch_with_the_token_as_env(tmp_path: 
 # --- the split ------------------------------------------------------------------------------
 
 
-def test_what_each_demo_layout_can_split_into(orchard_cache: Path) -> None:
+@pytest.mark.usefixtures("demo_model_path")  # the session's copy, not a build of its own
+def test_what_each_demo_layout_can_split_into() -> None:
     llama = split.supported(split.model_path(DEMO_MODEL_ID), 2)
     assert llama == {
         "pipeline": "mlx-lm's llama model has no pipeline stages",
@@ -162,6 +164,10 @@ def test_choose_split() -> None:
 # --- the watchdog ---------------------------------------------------------------------------
 
 
+TIMEOUT = 0.3 * UNIT
+"""The watchdogs' timeout here."""
+
+
 def _watch(timeout: float) -> tuple[Watchdog, list[str], threading.Event]:
     reasons: list[str] = []
     fired = threading.Event()
@@ -173,19 +179,27 @@ def _watch(timeout: float) -> tuple[Watchdog, list[str], threading.Event]:
     return Watchdog(timeout, rank=1, expire=expire, check_every=0.02), reasons, fired
 
 
+def _waited(reason: str, pattern: str) -> float:
+    """The seconds a watchdog's reason says it waited (`pattern` has one group for them)."""
+    match = re.fullmatch(pattern, reason)
+    assert match is not None, reason
+    return float(match[1])
+
+
 def test_watchdog_fires_on_a_step_that_waits_too_long() -> None:
-    dog, reasons, fired = _watch(0.3)
+    dog, reasons, fired = _watch(TIMEOUT)
     dog.start()
-    dog.busy()
     started = time.monotonic()
+    dog.busy()
     assert fired.wait(2 * UNIT)
-    assert 0.3 <= time.monotonic() - started < 1.0 * UNIT
+    assert TIMEOUT <= time.monotonic() - started < 1.0 * UNIT
     assert reasons == [reasons[0]]
-    assert reasons[0].startswith("rank 1: one step has waited 0.3 s on the other members")
+    waited = _waited(reasons[0], r"rank 1: one step has waited (\d+\.\d) s on the other members .*")
+    assert waited >= round(TIMEOUT, 1)
 
 
 def test_watchdog_stays_quiet_while_steps_end_and_beats_come() -> None:
-    dog, reasons, fired = _watch(0.3)
+    dog, reasons, fired = _watch(TIMEOUT)
     dog.start()
     for _ in range(10):
         dog.beat()
@@ -198,12 +212,16 @@ def test_watchdog_stays_quiet_while_steps_end_and_beats_come() -> None:
 
 
 def test_watchdog_fires_when_a_follower_hears_nothing() -> None:
-    dog, reasons, fired = _watch(0.3)
+    dog, reasons, fired = _watch(TIMEOUT)
     dog.start()
-    assert not fired.wait(0.5)  # before its first message a follower is loading: no limit
+    # Before its first message a follower is loading: no limit.
+    assert not fired.wait(TIMEOUT + 0.2 * UNIT)
+    beat = time.monotonic()
     dog.beat()
     assert fired.wait(2 * UNIT)
-    assert "no step from rank 0 for 0.3 s" in reasons[0]
+    assert time.monotonic() - beat >= TIMEOUT
+    waited = _waited(reasons[0], r"rank 1: no step from rank 0 for (\d+\.\d) s .*")
+    assert waited >= round(TIMEOUT, 1)
 
 
 def test_watchdog_fires_when_the_launcher_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,22 +273,52 @@ def test_supervisor_kills_what_is_left_when_a_member_fails(tmp_path: Path) -> No
     supervisor = launch.Supervisor(
         [_python(stubborn), _python("import sys; sys.exit(3)")],
         grace=30,  # after SIGTERM: not the case here
-        failure_grace=0.5,
+        failure_grace=0.5 * UNIT,
         launcher=False,
     )
     started = time.monotonic()
     assert supervisor.run() == 1
-    assert time.monotonic() - started < 5 * UNIT
+    assert time.monotonic() - started < 5 * UNIT  # killed, not left to sleep its minute
     assert [p.returncode for p in supervisor._procs] == [-signal.SIGKILL, 3]
 
 
-def test_supervisor_passes_sigterm_on_and_exits_0_when_all_do() -> None:
-    member = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)"  # noqa: E501
-    supervisor = launch.Supervisor([_python(member), _python(member)], grace=10, launcher=False)
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    started = time.monotonic()
-    assert supervisor.run() == 0
-    assert time.monotonic() - started < 5 * UNIT
+def test_supervisor_passes_sigterm_on_and_exits_0_when_all_do(tmp_path: Path) -> None:
+    # Each member says when it listens for SIGTERM; the test's SIGTERM comes once both do
+    # and the supervisor has taken the signal over (before, it would end pytest).
+    ready = [tmp_path / f"member-{i}" for i in range(2)]
+    members = [
+        _python(
+            "import pathlib, signal, sys, time;"
+            " signal.signal(signal.SIGTERM, lambda *a: sys.exit(0));"
+            f" pathlib.Path({str(path)!r}).touch(); time.sleep(60)"
+        )
+        for path in ready
+    ]
+    supervisor = launch.Supervisor(members, grace=10, launcher=False)
+    signalled: list[float] = []
+
+    def listening() -> bool:
+        handler = signal.getsignal(signal.SIGTERM)
+        return handler == supervisor._on_signal and all(path.exists() for path in ready)
+
+    def terminate_when_ready() -> None:
+        deadline = time.monotonic() + 30 * UNIT
+        while not listening():
+            if time.monotonic() > deadline:
+                return  # never ready: the members sleep out their minute and the test fails
+            time.sleep(0.01)
+        signalled.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    terminator = threading.Thread(target=terminate_when_ready)
+    terminator.start()
+    try:
+        assert supervisor.run() == 0
+    finally:
+        terminator.join()
+    assert signalled
+    # Passed on at once: the members were not killed a grace of 10 s later.
+    assert time.monotonic() - signalled[0] < 5 * UNIT
     assert [p.returncode for p in supervisor._procs] == [0, 0]
 
 
