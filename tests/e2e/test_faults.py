@@ -3,7 +3,12 @@ frozen, drained and restarted while clients stream.
 
 The scripted engine's text is deterministic ("tok0 tok1 ... "), so every answer is checked
 exactly: a token lost, duplicated or reordered anywhere on the way shows up as a text
-mismatch. Deadlines are multiples of `UNIT` (ORCHARD_TEST_TIME_FACTOR).
+mismatch. Deadlines, product timeouts and the scripted runners' paces are in `UNIT`
+(ORCHARD_TEST_TIME_FACTOR).
+
+The tests that kill, freeze, drain, restart or reconfigure nothing of a gateway share one
+for the module (`fleet`); a test's own runners on it are gone when the test ends. A test
+that stops or restarts a gateway starts its own (`cluster`).
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import math
+import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -25,11 +34,13 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from protocol.frames import Cancel, Chunk, Generate, Heartbeat, Usage
+from runner.client import BACKOFF_MAX, BACKOFF_MIN
 from tests.support import (
     UNIT,
     FakeRunner,
     Gateway,
     Process,
+    secs,
     sse_events,
     start_runner,
     wait_until,
@@ -38,6 +49,17 @@ from tests.support import (
 MODEL = "scripted-m"
 PROMPT = [{"role": "user", "content": "hi"}]
 PROMPT_TOKENS = 2  # the scripted engine's count for PROMPT: one for the role, one per word
+GATEWAY_LIVENESS = 2.5
+"""The gateway's --liveness-timeout (its default), in the time unit: a runner silent this long
+is dropped (checked every 0.25 s; heartbeats every second)."""
+RUNNER_LIVENESS = 3.0
+"""The runners' --liveness-timeout (their default), in the time unit."""
+SHORT_TIMEOUTS = ("--model-grace", secs(1), "--stream-timeout", secs(1))
+"""The options of the shared gateway with short timeouts (the grace and stream timeout tests)."""
+BULK = "bulk-m"
+"""The model of the module's bulk runners (4 of 64 slots, as fast as they go)."""
+ONE_SLOT = "one-slot"
+"""The model, and the name, of the module's runner of one slot at 20 tokens per second."""
 
 pytestmark = pytest.mark.timeout(int(120 * UNIT))
 
@@ -79,15 +101,157 @@ class GatewayAt(Gateway):
             raise
 
 
+def fault_gateway(*extra: str, port: int | None = None) -> Gateway:
+    """A gateway with the liveness timeout in the time unit (and `extra` options)."""
+    options = ("--liveness-timeout", secs(GATEWAY_LIVENESS), *extra)
+    return Gateway(*options) if port is None else GatewayAt(port, *options)
+
+
+def scripted_runner(
+    gw: Gateway, name: str, *, model: str = MODEL, tps: float = 0.0, max_concurrent: int = 8
+) -> Process:
+    """A scripted runner: `tps` tokens per second per stream in the time unit (0: as fast as
+    it can)."""
+    return start_runner(
+        gw,
+        "--engine",
+        "scripted",
+        "--model",
+        model,
+        "--tokens-per-second",
+        f"{tps / UNIT:g}",
+        "--max-concurrent",
+        str(max_concurrent),
+        "--liveness-timeout",
+        secs(RUNNER_LIVENESS),
+        name=name,
+    )
+
+
+def _wait_listed(gw: Gateway, procs: dict[str, Process]) -> None:
+    """Wait until every runner of `procs` (by name) is listed; fail at once if one exited."""
+
+    def listed() -> bool:
+        for name, proc in procs.items():
+            if not proc.alive():
+                raise AssertionError(f"runner {name} exited:\n{proc.stop()}")
+        return set(procs) <= {r["name"] for r in gw.runners()}
+
+    wait_until(listed, 60, f"runner(s) {', '.join(procs)}")
+
+
+def printed(proc: Process) -> str:
+    """What a running process has printed so far. (`os.pread`: the log file's offset is
+    shared with the process, which writes at it.)"""
+    fd = proc.log.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+
+def _report(proc: Process) -> None:
+    """Stop `proc` (resumed first if frozen) and write its output to stderr, which pytest
+    shows when a test fails."""
+    if proc.alive():
+        proc.proc.send_signal(signal.SIGCONT)
+    output = proc.stop()
+    sys.stderr.write(f"--- orchard {' '.join(proc.args)} (rc {proc.proc.returncode})\n")
+    sys.stderr.write(output)
+
+
+class Fleet:
+    """The module's gateways, one per set of options (started on first use), and sets of
+    scripted runners on the default one that live as long, each serving a model of its own
+    (so that no other test's requests reach them). Tests on them leave them as they found
+    them: `settle`, after each test, waits for every runner a test added to be gone and for
+    nothing to be running or queued."""
+
+    def __init__(self) -> None:
+        self._gateways: dict[tuple[str, ...], Gateway] = {}
+        self._sets: dict[str, tuple[tuple[int, float, int], list[str]]] = {}
+        self._processes: list[Process] = []
+
+    def gateway(self, *options: str) -> Gateway:
+        gw = self._gateways.get(options)
+        if gw is None:
+            gw = fault_gateway(*options)
+            self._processes.append(gw.process)
+            self._gateways[options] = gw
+        assert gw.process.alive(), f"a test stopped a shared gateway:\n{gw.stop()}"
+        return gw
+
+    def runners(
+        self, model: str, count: int, *, tps: float = 0.0, max_concurrent: int = 8
+    ) -> list[str]:
+        """The names of the set of runners serving `model` (`model` itself for one, else
+        `model-0`, ...): started on first use, on the default gateway."""
+        config = (count, tps, max_concurrent)
+        if model in self._sets:
+            started, names = self._sets[model]
+            assert started == config, f"runners of {model} asked for as {config}, not {started}"
+            return names
+        gw = self.gateway()
+        names = [model] if count == 1 else [f"{model}-{i}" for i in range(count)]
+        procs = {
+            name: scripted_runner(gw, name, model=model, tps=tps, max_concurrent=max_concurrent)
+            for name in names
+        }
+        self._processes += procs.values()
+        _wait_listed(gw, procs)
+        self._sets[model] = (config, names)
+        return names
+
+    def settle(self) -> None:
+        """Wait until each gateway lists only the fleet's runners, none busy, nothing queued."""
+        ours = {name for _, names in self._sets.values() for name in names}
+        for gw in self._gateways.values():
+
+            def settled(gw: Gateway = gw) -> bool:
+                state = httpx.get(f"{gw.base}/v1/runners", timeout=5 * UNIT).json()
+                found = state["data"]
+                return (
+                    {r["name"] for r in found} <= ours
+                    and all(r["active"] == 0 for r in found)
+                    and state["queue_depth"] == 0
+                )
+
+            wait_until(settled, 10, "the shared gateway to be left as it was found")
+
+    def close(self) -> None:
+        for proc in reversed(self._processes):
+            _report(proc)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    f = Fleet()
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+@pytest.fixture(autouse=True)
+def _settled(fleet: Fleet) -> Iterator[None]:
+    """Set up before, so torn down after, every other fixture of a test."""
+    yield
+    fleet.settle()
+
+
+@pytest.fixture
+def gateway(fleet: Fleet) -> Gateway:
+    """The module's default gateway."""
+    return fleet.gateway()
+
+
 class Cluster:
-    """The processes of one test; all stopped at teardown (frozen ones resumed first) and
-    their output written to stderr, which pytest shows when the test fails."""
+    """The processes of one test (its own gateways, and its own runners on any gateway); all
+    stopped at teardown (frozen ones resumed first) and their output written to stderr."""
 
     def __init__(self) -> None:
         self.processes: list[Process] = []
+        self.named: dict[str, Process] = {}
 
     def gateway(self, *extra: str, port: int | None = None) -> Gateway:
-        gw = Gateway(*extra) if port is None else GatewayAt(port, *extra)
+        gw = fault_gateway(*extra, port=port)
         self.processes.append(gw.process)
         return gw
 
@@ -100,29 +264,19 @@ class Cluster:
         tps: float = 0.0,
         max_concurrent: int = 8,
     ) -> Process:
-        """A scripted runner: `tps` tokens per second per stream (0: as fast as it can)."""
-        proc = start_runner(
-            gw,
-            "--engine",
-            "scripted",
-            "--model",
-            model,
-            "--tokens-per-second",
-            str(tps),
-            "--max-concurrent",
-            str(max_concurrent),
-            name=name,
-        )
+        """A scripted runner (see `scripted_runner`)."""
+        proc = scripted_runner(gw, name, model=model, tps=tps, max_concurrent=max_concurrent)
         self.processes.append(proc)
+        self.named[name] = proc
         return proc
+
+    def wait_listed(self, gw: Gateway, *names: str) -> None:
+        """Wait for the test's runners `names` to be listed on `gw`."""
+        _wait_listed(gw, {name: self.named[name] for name in names})
 
     def close(self) -> None:
         for proc in reversed(self.processes):
-            if proc.alive():
-                proc.proc.send_signal(signal.SIGCONT)
-            output = proc.stop()
-            sys.stderr.write(f"--- orchard {' '.join(proc.args)} (rc {proc.proc.returncode})\n")
-            sys.stderr.write(output)
+            _report(proc)
 
 
 @pytest.fixture
@@ -220,7 +374,15 @@ class Reply:
     after_done: int = 0
     """Events after `[DONE]` (must be 0)."""
     first_token: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    progressed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Set at each piece of text (cleared by whoever waits for the next)."""
     ended_at: float = 0.0
+
+    async def seen(self, tokens: int) -> None:
+        """Wait until `tokens` scripted tokens of text have come."""
+        while self.text.count("tok") < tokens:
+            self.progressed.clear()
+            await self.progressed.wait()
 
     def assert_complete(self, tokens: int) -> None:
         """A normal, whole answer of `tokens` scripted tokens."""
@@ -281,6 +443,7 @@ def _absorb(reply: Reply, event: dict[str, Any]) -> None:
         if content := choice["delta"].get("content"):
             reply.text += content
             reply.first_token.set()
+            reply.progressed.set()
         if choice["finish_reason"]:
             reply.finish_reason = choice["finish_reason"]
 
@@ -362,12 +525,12 @@ def ws_content(msg: dict[str, Any]) -> str:
 
 
 async def test_runner_killed_mid_stream(
-    cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
+    gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
-    gw = cluster.gateway()
+    gw = gateway
     doomed = cluster.runner(gw, "doomed", tps=20, max_concurrent=2)
     cluster.runner(gw, "survivor", tps=20, max_concurrent=2)
-    gw.wait_for_runners(2)
+    cluster.wait_listed(gw, "doomed", "survivor")
     tokens = 40  # 2 s per stream
 
     # Two streams on each runner (most free slots first), all past their first token...
@@ -404,11 +567,11 @@ async def _queued(gw: Gateway, depth: int) -> bool:
 
 
 async def test_runner_lost_after_tokens_non_streaming_and_websocket(
-    cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
+    gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
-    gw = cluster.gateway()
+    gw = gateway
     doomed = cluster.runner(gw, "doomed", tps=10, max_concurrent=4)
-    gw.wait_for_runners(1)
+    cluster.wait_listed(gw, "doomed")
 
     plain = tasks.start(http.post(f"{gw.base}/v1/chat/completions", json=body(100, stream=False)))
     async with connect(f"ws://127.0.0.1:{gw.port}/v1/ws") as ws:
@@ -436,19 +599,19 @@ async def test_runner_lost_after_tokens_non_streaming_and_websocket(
 
 
 async def test_failover_when_runner_dies_before_first_token(
-    cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
+    gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
-    gw = cluster.gateway()
+    gw = gateway
     # The slow runner has the most free slots, so it gets both requests; its first token
-    # is 2 s away, and it is killed before then.
-    slow = cluster.runner(gw, "slow", tps=0.5, max_concurrent=8)
+    # is 5 s away, and it is killed before then.
+    slow = cluster.runner(gw, "slow", tps=0.2, max_concurrent=8)
     cluster.runner(gw, "fast", tps=0, max_concurrent=2)
-    gw.wait_for_runners(2)
+    cluster.wait_listed(gw, "slow", "fast")
 
     (streamed,) = tasks.streams(gw, http, body(10), 1)
     plain = tasks.start(http.post(f"{gw.base}/v1/chat/completions", json=body(10, stream=False)))
     await eventually(
-        lambda: runner_is(gw, "slow", lambda r: r["active"] == 2), 1.5, "both requests on slow"
+        lambda: runner_is(gw, "slow", lambda r: r["active"] == 2), 3, "both requests on slow"
     )
     kill(slow)
 
@@ -465,12 +628,13 @@ async def test_failover_when_runner_dies_before_first_token(
 
 
 async def test_failover_when_runner_closes_after_generate(
-    cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
+    gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
-    gw = cluster.gateway()
+    gw = gateway
     cluster.runner(gw, "real", model="fake-model", max_concurrent=1)
-    gw.wait_for_runners(1)
+    cluster.wait_listed(gw, "real")
     fake = await FakeRunner.connect(gw, models=("fake-model",), max_concurrent=8, name="fake")
+    tasks.closing(fake.close)
     await eventually(lambda: listed(gw, "real", "fake"), 2, "the fake runner")
 
     (reply,) = tasks.streams(gw, http, body(7, model="fake-model"), 1)
@@ -479,20 +643,21 @@ async def test_failover_when_runner_closes_after_generate(
 
     await ended([reply], 5)
     reply.assert_complete(7)
+    assert (await runner(gw, "real"))["requests_served"] == 1
 
 
 async def test_model_unavailable_in_grace_period_and_404_for_unknown(
-    cluster: Cluster, http: httpx.AsyncClient
+    gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient
 ) -> None:
-    gw = cluster.gateway()  # default grace: 30 s
+    gw = gateway  # default grace: 30 s
     only = cluster.runner(gw, "only", model="ephemeral")
-    gw.wait_for_runners(1)
+    cluster.wait_listed(gw, "only")
     url = f"{gw.base}/v1/chat/completions"
     ok = await http.post(url, json=body(3, model="ephemeral", stream=False))
     assert ok.status_code == 200
 
     kill(only)
-    await eventually(lambda: listed(gw), 3, "the runner to be dropped")
+    await eventually(lambda: absent(gw, "only"), 3, "the runner to be dropped")
     for stream in (False, True):
         resp = await http.post(url, json=body(3, model="ephemeral", stream=stream))
         assert resp.status_code == 503, resp.text
@@ -504,25 +669,39 @@ async def test_model_unavailable_in_grace_period_and_404_for_unknown(
     assert resp.json()["error"]["code"] == "model_not_found"
 
 
-async def test_model_grace_expires_into_404(cluster: Cluster, http: httpx.AsyncClient) -> None:
-    gw = cluster.gateway("--model-grace", "1")
+@pytest.fixture
+def short_gateway(fleet: Fleet) -> Gateway:
+    """The module's gateway with a model grace and a stream timeout of one time unit."""
+    return fleet.gateway(*SHORT_TIMEOUTS)
+
+
+async def test_model_grace_expires_into_404(
+    short_gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient
+) -> None:
+    gw = short_gateway  # --model-grace: 1 unit
     only = cluster.runner(gw, "only", model="ephemeral")
-    gw.wait_for_runners(1)
+    cluster.wait_listed(gw, "only")
     kill(only)
     url = f"{gw.base}/v1/chat/completions"
-    await eventually(lambda: listed(gw), 3, "the runner to be dropped")
+    await eventually(lambda: absent(gw, "only"), 3, "the runner to be dropped")
     resp = await http.post(url, json=body(3, model="ephemeral", stream=False))
     assert resp.status_code == 503
-    await asyncio.sleep(1.5)
-    resp = await http.post(url, json=body(3, model="ephemeral", stream=False))
-    assert resp.status_code == 404
-    assert resp.json()["error"]["code"] == "model_not_found"
+
+    async def forgotten() -> bool:
+        resp = await http.post(url, json=body(3, model="ephemeral", stream=False))
+        if resp.status_code == 503:
+            return False
+        assert resp.status_code == 404, resp.text
+        assert resp.json()["error"]["code"] == "model_not_found"
+        return True
+
+    await eventually(forgotten, 3, "the model's grace to expire")
 
 
 async def test_stream_timeout_ends_a_silent_stream(
-    cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
+    short_gateway: Gateway, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
-    gw = cluster.gateway("--stream-timeout", "1")
+    gw = short_gateway  # --stream-timeout: 1 unit
     fake = await FakeRunner.connect(gw)
     tasks.closing(fake.close)
     # The fake runner stays alive (heartbeats) but, after one chunk, says nothing more
@@ -531,10 +710,13 @@ async def test_stream_timeout_ends_a_silent_stream(
     ws = await connect(f"ws://127.0.0.1:{gw.port}/v1/ws")
     tasks.closing(ws.close)
     generates: list[Generate] = []
+    last_words: list[float] = []
+    """When each request's one chunk was sent (just before)."""
 
     async def first_chunk() -> None:
         generate = await _generate(fake)
         generates.append(generate)
+        last_words.append(time.monotonic())
         await fake.send(FakeRunner.chunk(generate.request_id, 0, "tok0 "))
 
     (sse,) = tasks.streams(gw, http, body(5, model="fake-model"), 1)
@@ -550,21 +732,27 @@ async def test_stream_timeout_ends_a_silent_stream(
     msg = await ws_recv(ws)
     while msg["type"] == "chunk":
         msg = await ws_recv(ws)
+    ws_ended = time.monotonic()
     assert msg["type"] == "error", msg
     assert msg["error"]["code"] == "timeout"
     resp = await asyncio.wait_for(plain, 2.5 * UNIT)
+    plain_ended = time.monotonic()
     assert resp.status_code == 504, resp.text
     assert resp.json()["error"]["code"] == "timeout"
     # The gateway gave up on all three, and tells the runner to stop them (freeing slots).
     cancels = {await _cancelled(fake) for _ in generates}
     assert cancels == {g.request_id for g in generates}, "a timed-out request not cancelled"
 
-    await ended([sse], 2.5 - (time.monotonic() - started) / UNIT)
-    assert sse.ended_at - started >= 0.9
+    await ended([sse], max(2.5 - (time.monotonic() - started) / UNIT, 0.05))
     assert sse.text == "tok0 "
     assert sse.error is not None
     assert sse.error["code"] == "timeout"
     assert sse.done
+    # None of them ended before its runner had been silent for the timeout (a timer's
+    # granularity aside).
+    waited = [sse.ended_at, plain_ended, ws_ended]
+    for said, gave_up in zip(last_words, waited, strict=True):
+        assert gave_up - said >= 0.99 * UNIT, (last_words, waited)
 
 
 async def _cancelled(fake: FakeRunner, seconds: float = 1) -> str:
@@ -591,21 +779,21 @@ async def _generate(fake: FakeRunner) -> Generate:
 async def _heartbeats(fake: FakeRunner) -> None:
     while True:
         await fake.send(Heartbeat(time.time()))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(GATEWAY_LIVENESS / 5 * UNIT)
 
 
 # --- a frozen runner, a restarted gateway -------------------------------------------------
 
 
 async def test_sigstopped_runner_is_dropped_then_rejoins(
-    cluster: Cluster, http: httpx.AsyncClient
+    gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient
 ) -> None:
-    # With the defaults (2.5 s of silence, checked every 0.25 s) a frozen runner is gone
-    # within 3 s.
-    gw = cluster.gateway()
+    # With 2.5 units of silence allowed, checked every 0.25 s, a frozen runner is gone
+    # within 3 units.
+    gw = gateway
     frozen = cluster.runner(gw, "frozen", model="solo")
     cluster.runner(gw, "steady")
-    gw.wait_for_runners(2)
+    cluster.wait_listed(gw, "frozen", "steady")
 
     frozen.proc.send_signal(signal.SIGSTOP)
     await eventually(lambda: absent(gw, "frozen"), 3, "the frozen runner to be dropped")
@@ -617,15 +805,25 @@ async def test_sigstopped_runner_is_dropped_then_rejoins(
     reply.assert_complete(5)
 
 
+REFUSALS_TO_THE_CAP = math.ceil(math.log2(BACKOFF_MAX / BACKOFF_MIN))
+"""Refused reconnections after which a runner's next pause is the backoff's cap: its pause
+doubles from BACKOFF_MIN at each."""
+
+
 async def test_gateway_killed_and_restarted_gets_all_runners_back(cluster: Cluster) -> None:
     gw = cluster.gateway()
-    for i in range(3):
-        cluster.runner(gw, f"r{i}")
-    gw.wait_for_runners(3)
+    procs = [cluster.runner(gw, f"r{i}") for i in range(3)]
+    cluster.wait_listed(gw, "r0", "r1", "r2")
 
     kill(gw.process)
-    # Away long enough for the runners' backoff (0.1 s doubling) to reach its 2 s cap.
-    await asyncio.sleep(4)
+    # Away until every runner's backoff has reached its cap (2 s, from 0.1 s doubling).
+    await eventually(
+        lambda: all(
+            printed(proc).count("Connection refused") >= REFUSALS_TO_THE_CAP for proc in procs
+        ),
+        10,
+        "the runners' backoff to reach its cap",
+    )
     back = cluster.gateway(port=gw.port)
     took = await eventually(lambda: listed(back, "r0", "r1", "r2"), 3, "the runners to return")
     sys.stderr.write(f"runners back {took:.2f} s after the gateway\n")
@@ -637,14 +835,21 @@ async def test_gateway_killed_and_restarted_gets_all_runners_back(cluster: Clust
 # --- cancellation ---------------------------------------------------------------------------
 
 
-async def test_sse_disconnect_stops_generation_and_frees_the_slot(
-    cluster: Cluster, http: httpx.AsyncClient
-) -> None:
-    gw = cluster.gateway()
-    cluster.runner(gw, "one-slot", tps=20, max_concurrent=1)
-    gw.wait_for_runners(1)
+@pytest.fixture
+def one_slot(fleet: Fleet) -> str:
+    """The module's runner of one slot at 20 tokens per second (its name and model)."""
+    (name,) = fleet.runners(ONE_SLOT, 1, tps=20, max_concurrent=1)
+    return name
 
-    async with http.stream("POST", f"{gw.base}/v1/chat/completions", json=body(1000)) as resp:
+
+async def test_sse_disconnect_stops_generation_and_frees_the_slot(
+    gateway: Gateway, one_slot: str, http: httpx.AsyncClient
+) -> None:
+    gw = gateway
+    before = await runner(gw, one_slot)
+
+    req = body(1000, model=one_slot)
+    async with http.stream("POST", f"{gw.base}/v1/chat/completions", json=req) as resp:
         seen = 0
         async for line in resp.aiter_lines():
             seen += '"content":"tok' in line
@@ -654,33 +859,35 @@ async def test_sse_disconnect_stops_generation_and_frees_the_slot(
     # for the next request at once.
     started = time.monotonic()
     nxt = await asyncio.wait_for(
-        http.post(f"{gw.base}/v1/chat/completions", json=body(3, stream=False)), 5 * UNIT
+        http.post(f"{gw.base}/v1/chat/completions", json=body(3, model=one_slot, stream=False)),
+        5 * UNIT,
     )
     assert nxt.status_code == 200
     assert nxt.json()["choices"][0]["message"]["content"] == expected(3)
     assert time.monotonic() - started < 1 * UNIT
 
-    await _assert_stopped(gw, cancelled=1)
+    await _assert_stopped(gw, before, cancelled=1)
 
 
-async def _assert_stopped(gw: Gateway, *, cancelled: int) -> None:
-    """The runner is idle, generated at most 2 tokens per cancelled request after the
-    cancel, and generates nothing more."""
-    await eventually(lambda: runner_is(gw, "one-slot", lambda r: r["active"] == 0), 1, "idle")
-    info = await runner(gw, "one-slot")
-    assert info["tokens_after_cancel"] <= 2 * cancelled, info
-    await asyncio.sleep(0.3)
-    assert (await runner(gw, "one-slot"))["tokens_generated"] == info["tokens_generated"]
+async def _assert_stopped(gw: Gateway, before: dict[str, Any], *, cancelled: int) -> None:
+    """The runner (as it was `before` the test) is idle, generated at most 2 tokens per
+    cancelled request after the cancel, and generates nothing more."""
+    name = before["name"]
+    await eventually(lambda: runner_is(gw, name, lambda r: r["active"] == 0), 1, "idle")
+    info = await runner(gw, name)
+    late = info["tokens_after_cancel"] - before["tokens_after_cancel"]
+    assert late <= 2 * cancelled, info
+    await asyncio.sleep(0.3 * UNIT)  # 6 tokens' time: none may come
+    assert (await runner(gw, name))["tokens_generated"] == info["tokens_generated"]
 
 
-async def test_websocket_cancel_and_close_stop_generation(cluster: Cluster) -> None:
-    gw = cluster.gateway()
-    cluster.runner(gw, "one-slot", tps=20, max_concurrent=1)
-    gw.wait_for_runners(1)
+async def test_websocket_cancel_and_close_stop_generation(gateway: Gateway, one_slot: str) -> None:
+    gw = gateway
+    before = await runner(gw, one_slot)
     url = f"ws://127.0.0.1:{gw.port}/v1/ws"
 
     async with connect(url) as ws:
-        await ws_send(ws, ws_create("long", 1000))
+        await ws_send(ws, ws_create("long", 1000, model=one_slot))
         text = ""
         while text.count("tok") < 3:
             msg = await ws_recv(ws)
@@ -689,7 +896,7 @@ async def test_websocket_cancel_and_close_stop_generation(cluster: Cluster) -> N
         await ws_send(ws, {"type": "cancel", "request_id": "long"})
         # The next request is sent at once; the one slot must free for it.
         started = time.monotonic()
-        await ws_send(ws, ws_create("next", 3))
+        await ws_send(ws, ws_create("next", 3, model=one_slot))
         done: dict[str, dict[str, Any]] = {}
         texts = {"long": text, "next": ""}
         while len(done) < 2:
@@ -706,23 +913,23 @@ async def test_websocket_cancel_and_close_stop_generation(cluster: Cluster) -> N
         assert done["long"]["usage"]["completion_tokens"] == texts["long"].count("tok")
         assert done["next"]["finish_reason"] == "length"
         assert texts["next"] == expected(3)
-    await _assert_stopped(gw, cancelled=1)
+    await _assert_stopped(gw, before, cancelled=1)
 
     # Closing the socket cancels what it carried.
     async with connect(url) as ws:
-        await ws_send(ws, ws_create("orphan", 1000))
+        await ws_send(ws, ws_create("orphan", 1000, model=one_slot))
         text = ""
         while "tok2 " not in text:
             msg = await ws_recv(ws)
             text += ws_content(msg) if msg["type"] == "chunk" else ""
-    await _assert_stopped(gw, cancelled=2)
+    await _assert_stopped(gw, before, cancelled=2)
 
 
 # --- a stalled client -----------------------------------------------------------------------
 
 
-async def test_websocket_client_too_slow_is_closed_4010(cluster: Cluster, tasks: Tasks) -> None:
-    gw = cluster.gateway()
+async def test_websocket_client_too_slow_is_closed_4010(gateway: Gateway, tasks: Tasks) -> None:
+    gw = gateway
     fake = await FakeRunner.connect(gw)
     tasks.closing(fake.close)
     tasks.start(_heartbeats(fake))
@@ -788,6 +995,18 @@ def _stalled_request(gw: Gateway, req: dict[str, Any]) -> socket.socket:
     return sock
 
 
+def _send_buffer_max() -> int:
+    """The most a TCP socket's send buffer grows to on this machine (Linux: tcp_wmem's
+    maximum; macOS: net.inet.tcp.autosndbufmax)."""
+    wmem = Path("/proc/sys/net/ipv4/tcp_wmem")
+    if wmem.exists():
+        return int(wmem.read_text().split()[2])
+    found = subprocess.run(
+        ["sysctl", "-n", "net.inet.tcp.autosndbufmax"], capture_output=True, check=True, text=True
+    )
+    return int(found.stdout)
+
+
 def _read_to_end(sock: socket.socket, seconds: float) -> bytes:
     sock.settimeout(seconds)
     data = bytearray()
@@ -810,52 +1029,43 @@ def _dechunk(body: bytes) -> bytes:
         pos += size + 2
 
 
-async def _timed_batch(gw: Gateway, http: httpx.AsyncClient, tokens: int, count: int) -> float:
-    """Run `count` streams of `tokens` scripted tokens at once; the seconds until the last ends."""
-    started = time.monotonic()
-    replies = await asyncio.gather(
-        *(stream_chat(gw, http, body(tokens), Reply()) for _ in range(count))
-    )
-    for reply in replies:
-        reply.assert_complete(tokens)
-    return max(r.ended_at for r in replies) - started
-
-
-async def _timed_sibling(gw: Gateway, http: httpx.AsyncClient) -> float:
-    """One stream of the firehose runner's paced kind; the seconds it takes."""
-    started = time.monotonic()
-    reply = await stream_chat(gw, http, body(PACED_TOKENS, model="firehose"), Reply())
-    reply.assert_complete(PACED_TOKENS)
-    return reply.ended_at - started
-
-
 PACED_TOKENS = 100
-"""Tokens of a firehose-runner request answered at 100 per second."""
+"""Tokens of the firehose runner's other request, and of the stalled one's paced tail."""
 FLOOD_TOKENS = 1000
 """max_tokens of the request the firehose runner floods: BIG_CHUNKS chunks of 64 KiB, then
-PACED_TOKENS paced tokens once told to."""
-BIG_CHUNKS = 128  # 8 MiB: more than the kernel's socket buffers and the transport's hold
+PACED_TOKENS paced tokens."""
+BIG_CHUNKS = 128
+FLOOD_BYTES = BIG_CHUNKS * 65536
+"""8 MiB: more than the kernel's socket buffers hold (checked) and the transport's."""
 
 
-async def _firehose(fake: FakeRunner, flooded: asyncio.Event, trickle: asyncio.Event) -> None:
-    """Serve the fake runner's requests (see PACED_TOKENS and FLOOD_TOKENS)."""
+async def _firehose(
+    fake: FakeRunner, flooded: asyncio.Event, tail_sent: asyncio.Event, sibling: Reply
+) -> None:
+    """Serve the fake runner's requests: the flooded one (see FLOOD_TOKENS), whose tail
+    ends with `tail_sent`; any other in lock step with `sibling`'s client: each token sent
+    once the client has the one before."""
     handlers: set[asyncio.Task[None]] = set()
 
-    async def paced(rid: str, first_seq: int) -> None:
-        for i in range(PACED_TOKENS):
-            await asyncio.sleep(0.01)
-            seq = first_seq + i
-            last = i == PACED_TOKENS - 1
-            usage = Usage(PROMPT_TOKENS, seq + 1)
-            await fake.send(Chunk(rid, seq, f"tok{i} ", "", 1, usage, "length" if last else None))
+    async def token(rid: str, seq: int, i: int) -> None:
+        last = i == PACED_TOKENS - 1
+        usage = Usage(PROMPT_TOKENS, seq + 1)
+        await fake.send(Chunk(rid, seq, f"tok{i} ", "", 1, usage, "length" if last else None))
 
     async def flood(rid: str) -> None:
         text = "x" * 65536
         for seq in range(BIG_CHUNKS):
             await fake.send(Chunk(rid, seq, text, "", 1, Usage(PROMPT_TOKENS, seq + 1), None))
         flooded.set()
-        await trickle.wait()
-        await paced(rid, BIG_CHUNKS)
+        for i in range(PACED_TOKENS):
+            await asyncio.sleep(0.01)
+            await token(rid, BIG_CHUNKS + i, i)
+        tail_sent.set()
+
+    async def lock_step(rid: str) -> None:
+        for i in range(PACED_TOKENS):
+            await sibling.seen(i)
+            await token(rid, i, i)
 
     while True:
         try:
@@ -864,60 +1074,57 @@ async def _firehose(fake: FakeRunner, flooded: asyncio.Event, trickle: asyncio.E
             continue
         assert isinstance(frame, Generate), frame
         rid = frame.request_id
-        work = flood(rid) if frame.max_tokens == FLOOD_TOKENS else paced(rid, 0)
+        work = flood(rid) if frame.max_tokens == FLOOD_TOKENS else lock_step(rid)
         task = asyncio.create_task(work)
         handlers.add(task)
         task.add_done_callback(handlers.discard)
 
 
-async def test_stalled_client_slows_no_one(
-    cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
+async def test_stalled_client_holds_up_no_one(
+    gateway: Gateway, fleet: Fleet, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
-    gw = cluster.gateway()
-    for i in range(2):
-        cluster.runner(gw, f"paced-{i}", tps=100, max_concurrent=32)
-    gw.wait_for_runners(2)
+    gw = gateway
+    fleet.runners(BULK, 4, max_concurrent=64)
     fake = await FakeRunner.connect(gw, models=("firehose",), name="firehose")
     tasks.closing(fake.close)
     tasks.start(_heartbeats(fake))
-    flooded, trickle = asyncio.Event(), asyncio.Event()
-    tasks.start(_firehose(fake, flooded, trickle))
-    tokens, clients = 100, 20  # 1 s per stream
+    flooded, tail_sent, sibling = asyncio.Event(), asyncio.Event(), Reply()
+    tasks.start(_firehose(fake, flooded, tail_sent, sibling))
 
-    async def round_() -> tuple[float, float]:
-        batch = tasks.start(_timed_batch(gw, http, tokens, clients))
-        sibling = tasks.start(_timed_sibling(gw, http))
-        return await batch, await sibling
-
-    await round_()  # warm-up
-    alone = await round_()
-
-    # A client that reads nothing: the firehose runner sends it 8 MiB at once, then tokens
-    # at the same time as it serves another request (the sibling) and the 20 run elsewhere.
+    # A client that reads nothing: the firehose runner sends it 8 MiB at once, then a paced
+    # tail. The kernel holds at most the gateway's send buffer and the client's receive
+    # buffer of it: the gateway holds the rest.
     sock = _stalled_request(gw, body(FLOOD_TOKENS, model="firehose"))
     try:
+        held = _send_buffer_max() + sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        assert held < FLOOD_BYTES, f"the kernel could hold the flood here ({held} bytes)"
         async with asyncio.timeout(10 * UNIT):
             await flooded.wait()
-        await asyncio.sleep(0.5)
-        trickle.set()
-        beside = await round_()
+        # Meanwhile, another request on the same runner: its tokens come behind the flood
+        # on the runner's socket, each sent only once its client has the one before. And
+        # 20 requests on other runners. All complete while the stalled client reads nothing.
+        tasks.start(stream_chat(gw, http, body(PACED_TOKENS, model="firehose"), sibling))
+        await first_tokens([sibling], 5)
+        others = tasks.streams(gw, http, body(100, model=BULK), 20)
+        await ended([sibling, *others], 30)
+        sibling.assert_complete(PACED_TOKENS)
+        for reply in others:
+            reply.assert_complete(100)
+        async with asyncio.timeout(10 * UNIT):
+            await tail_sent.wait()
         raw = await asyncio.to_thread(_read_to_end, sock, 30 * UNIT)
     finally:
         sock.close()
-    sys.stderr.write(f"{clients} streams, sibling: alone {alone}, beside a stall {beside}\n")
-    assert beside[0] <= 1.5 * alone[0], f"other clients slowed: {alone[0]:.2f} → {beside[0]:.2f}"
-    assert beside[1] <= 1.5 * alone[1], f"same runner slowed: {alone[1]:.2f} → {beside[1]:.2f}"
 
     # The stalled client loses nothing: it gets the whole text, in fewer, bigger chunks.
     head, _, rest = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
     events = sse_events(_dechunk(rest))
     assert events[-1] == "[DONE]"
-    text = "".join(
-        c["delta"].get("content") or "" for e in events[:-1] for c in e.get("choices", [])
-    )
-    assert text == "x" * (65536 * BIG_CHUNKS) + expected(PACED_TOKENS)
+    texts = [c["delta"].get("content") or "" for e in events[:-1] for c in e.get("choices", [])]
+    assert "".join(texts) == "x" * FLOOD_BYTES + expected(PACED_TOKENS)
     assert events[-2]["usage"]["completion_tokens"] == BIG_CHUNKS + PACED_TOKENS
+    assert sum(map(bool, texts)) < BIG_CHUNKS + PACED_TOKENS, "no chunks merged"
     sys.stderr.write(f"stalled client: {len(events)} events\n")
 
 
@@ -925,13 +1132,13 @@ async def test_stalled_client_slows_no_one(
 
 
 async def test_sigterm_runner_drains(
-    cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
+    gateway: Gateway, cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
-    gw = cluster.gateway()
+    gw = gateway
     # The draining runner has the most free slots, so it gets both first requests.
     leaving = cluster.runner(gw, "leaving", tps=20, max_concurrent=4)
     cluster.runner(gw, "staying", tps=20, max_concurrent=2)
-    gw.wait_for_runners(2)
+    cluster.wait_listed(gw, "leaving", "staying")
     tokens = 40  # 2 s per stream
 
     in_flight = tasks.streams(gw, http, body(tokens), 2)
@@ -954,18 +1161,29 @@ async def test_sigterm_runner_drains(
     assert await absent(gw, "leaving")
 
 
+async def _turning_away(gw: Gateway) -> bool:
+    """Whether the gateway turns new clients away: /health says it drains, or nothing
+    listens any more."""
+    async with httpx.AsyncClient(timeout=5 * UNIT) as fresh:
+        try:
+            health = await fresh.get(f"{gw.base}/health")
+        except httpx.ConnectError:
+            return True
+    return health.status_code == 503
+
+
 async def test_sigterm_gateway_drains_then_runners_move_on(
     cluster: Cluster, http: httpx.AsyncClient, tasks: Tasks
 ) -> None:
     gw = cluster.gateway()
     cluster.runner(gw, "runner", tps=20)
-    gw.wait_for_runners(1)
+    cluster.wait_listed(gw, "runner")
     tokens = 40  # 2 s
 
     (in_flight,) = tasks.streams(gw, http, body(tokens), 1)
     await first_tokens([in_flight], 5)
     gw.process.proc.send_signal(signal.SIGTERM)
-    await asyncio.sleep(0.2)
+    await eventually(lambda: _turning_away(gw), 1, "the gateway to drain")
 
     # A new request (on a new connection) is refused: 503 shutting_down, or no connection.
     async with httpx.AsyncClient(timeout=5 * UNIT) as fresh:
@@ -992,21 +1210,23 @@ async def test_sigterm_gateway_drains_then_runners_move_on(
 # --- load -----------------------------------------------------------------------------------
 
 
-async def test_256_concurrent_streams_exact(cluster: Cluster, http: httpx.AsyncClient) -> None:
-    gw = cluster.gateway()
-    for i in range(4):
-        cluster.runner(gw, f"load-{i}", max_concurrent=64)
-    gw.wait_for_runners(4)
+async def test_256_concurrent_streams_exact(
+    gateway: Gateway, fleet: Fleet, http: httpx.AsyncClient
+) -> None:
+    gw = gateway
+    bulk = fleet.runners(BULK, 4, max_concurrent=64)
+    before = await runners(gw)
     tokens, streams = 50, 256
 
     started = time.monotonic()
     async with asyncio.timeout(60 * UNIT):
         replies = await asyncio.gather(
-            *(stream_chat(gw, http, body(tokens), Reply()) for _ in range(streams))
+            *(stream_chat(gw, http, body(tokens, model=BULK), Reply()) for _ in range(streams))
         )
     sys.stderr.write(f"{streams} streams in {time.monotonic() - started:.2f} s\n")
     for reply in replies:
         reply.assert_complete(tokens)
-    state = await runners(gw)
-    assert sum(r["tokens_generated"] for r in state.values()) == tokens * streams
-    assert all(r["active"] == 0 for r in state.values())
+    after = await runners(gw)
+    made = sum(after[n]["tokens_generated"] - before[n]["tokens_generated"] for n in bulk)
+    assert made == tokens * streams
+    assert all(after[n]["active"] == 0 for n in bulk)
