@@ -1,4 +1,6 @@
-"""Returning freed memory to the OS once a load of streams is over."""
+"""Returning freed memory to the OS once a load of streams is over. The trimmer's timer runs
+on a virtual clock (tests.gateway.virtual_time): each check is at an exact time from `idle()`,
+however busy the machine."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import sys
 import pytest
 
 from gateway.memory import IdleTrimmer, release_free_memory
+from tests.gateway.virtual_time import virtual_time
+
+DELAY = 0.05
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
@@ -15,36 +20,41 @@ def test_release_works_here() -> None:
     assert release_free_memory()
 
 
+@virtual_time
 async def test_a_big_load_is_trimmed_after_the_idle_delay() -> None:
-    trimmer = IdleTrimmer(delay=0.05, min_streams=4)
+    trimmer = IdleTrimmer(delay=DELAY, min_streams=4)
     for n in range(1, 6):
         trimmer.busy(n)
     trimmer.idle()
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(DELAY * 0.9)
     assert trimmer.trims == 0  # not before the delay
-    await asyncio.sleep(0.08)
+    await asyncio.sleep(DELAY * 0.2)
     assert trimmer.trims == 1
     trimmer.idle()  # nothing new ran: no second trim
-    await asyncio.sleep(0.08)
+    await asyncio.sleep(DELAY * 2)
     assert trimmer.trims == 1
 
 
+@virtual_time
 async def test_a_small_load_is_not_trimmed() -> None:
-    trimmer = IdleTrimmer(delay=0.01, min_streams=4)
+    trimmer = IdleTrimmer(delay=DELAY, min_streams=4)
     trimmer.busy(3)
     trimmer.idle()
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(DELAY * 2)
     assert trimmer.trims == 0
 
 
+@virtual_time
 async def test_a_new_stream_puts_the_trim_off() -> None:
-    trimmer = IdleTrimmer(delay=0.05, min_streams=2)
+    trimmer = IdleTrimmer(delay=DELAY, min_streams=2)
     trimmer.busy(2)
     trimmer.idle()
-    await asyncio.sleep(0.03)
+    await asyncio.sleep(DELAY * 0.6)
     trimmer.busy(1)  # a closed loop of requests never pays for a trim
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(DELAY * 2)
     assert trimmer.trims == 0
     trimmer.idle()
-    await asyncio.sleep(0.08)
+    await asyncio.sleep(DELAY * 0.9)
+    assert trimmer.trims == 0  # the delay counts from this idle, not the first
+    await asyncio.sleep(DELAY * 0.2)
     assert trimmer.trims == 1

@@ -1,7 +1,8 @@
 """Relay: chunks written from the pushing code's own stack, a client that stops reading,
 keep-alive, stream timeout, disconnects, and faults kept to their own request. An ASGI
 send/receive pair stands in for uvicorn (the SSE transport); a list stands in for a browser
-socket's outbox."""
+socket's outbox. The tests of the relay's timers run on a virtual clock
+(tests.gateway.virtual_time): keep-alives and timeouts come at exactly their times."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gateway.stream import MAX_PENDING, Failed, RequestStream, StreamItem
 from protocol.browser.framing import BrowserFraming
 from protocol.frames import Chunk, Generate, Message, Usage
 from protocol.openai.stream import CompletionStream
+from tests.gateway.virtual_time import virtual_time
 
 
 def chunk(seq: int, final: bool = False) -> Chunk:
@@ -177,12 +179,14 @@ async def test_failure_mid_stream_is_an_error_event_then_done() -> None:
     assert events[-1] == "[DONE]"
 
 
+@virtual_time
 async def test_keepalive_after_silence_then_timeout_cancels() -> None:
     s = Setup(keepalive_interval=0.05, stream_timeout=0.18)
     task = s.start(s.relay(), chunk(0))
     await asyncio.wait_for(task, 2)
-    keepalives = [b for b in s.client.bodies if b == KEEPALIVE]
-    assert 2 <= len(keepalives) <= 3
+    # At 0.05, 0.10 and 0.15 s of silence; the timeout at 0.18 s.
+    assert s.client.bodies[1:-1] == [KEEPALIVE] * 3
+    assert asyncio.get_running_loop().time() == pytest.approx(0.18, abs=0.002)
     events = s.client.events()
     error = orjson.loads(events[-2])["error"]
     assert (error["code"], error["type"]) == ("timeout", "server_error")
@@ -190,6 +194,7 @@ async def test_keepalive_after_silence_then_timeout_cancels() -> None:
     assert s.cancelled == [s.stream]
 
 
+@virtual_time
 async def test_chunks_put_the_keepalive_off() -> None:
     s = Setup(keepalive_interval=0.08)
     task = s.start(s.relay(), chunk(0))
@@ -198,7 +203,8 @@ async def test_chunks_put_the_keepalive_off() -> None:
         s.stream.push(chunk(seq))
     s.stream.push(chunk(8, final=True))
     await asyncio.wait_for(task, 1)
-    assert KEEPALIVE not in s.client.bodies
+    assert KEEPALIVE not in s.client.bodies  # 0.21 s in all, never 0.08 s of silence
+    assert s.client.content() == "".join(f"t{n} " for n in range(9))
 
 
 async def test_client_disconnect_cancels_and_detaches() -> None:
@@ -308,6 +314,7 @@ async def test_a_failing_render_sends_a_server_error_and_cancels(
     assert len(faults(caplog)) == 1
 
 
+@virtual_time
 async def test_a_failing_timer_is_contained(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,6 +359,7 @@ class Outbox:
         return None
 
 
+@virtual_time
 async def test_an_outbox_transport_gets_browser_messages_and_no_keepalives() -> None:
     stream = RequestStream(Generate("r", "m", (Message("user", "hi"),)))
     completion = CompletionStream(
@@ -373,6 +381,7 @@ async def test_an_outbox_transport_gets_browser_messages_and_no_keepalives() -> 
     assert outbox.last == [False, True]
 
 
+@virtual_time
 async def test_an_outbox_transport_times_out_with_an_error_message() -> None:
     stream = RequestStream(Generate("r", "m", (Message("user", "hi"),)))
     completion = CompletionStream(
@@ -400,6 +409,7 @@ async def test_an_outbox_transport_times_out_with_an_error_message() -> None:
 # --- the first item ----------------------------------------------------------------------
 
 
+@virtual_time
 async def test_first_item_waits_for_the_first_chunk() -> None:
     s = Setup(first_token_wait=1)
     asyncio.get_running_loop().call_later(0.01, s.stream.push, chunk(0))
@@ -407,12 +417,14 @@ async def test_first_item_waits_for_the_first_chunk() -> None:
     assert s.cancelled == []
 
 
+@virtual_time
 async def test_first_item_none_after_first_token_wait() -> None:
     s = Setup(first_token_wait=0.02, stream_timeout=5)
     assert await first_item(s.stream, s.config, s.cancel) is None
     assert s.cancelled == []
 
 
+@virtual_time
 async def test_first_item_is_the_timeout_when_the_wait_reaches_it() -> None:
     s = Setup(first_token_wait=0.05, stream_timeout=0.02)
     item = await first_item(s.stream, s.config, s.cancel)
