@@ -23,11 +23,13 @@ from tests.support import (
     Gateway,
     Process,
     Stacks,
+    secs,
     sse_events,
 )
 
-STREAM_TIMEOUT = 1.0 * UNIT
-FIRST_TOKEN_WAIT = 0.3 * UNIT
+STREAM_TIMEOUT = 1.0
+FIRST_TOKEN_WAIT = 0.3
+"""The gateway's stream timeout and first-token wait, in the time unit (`secs`)."""
 
 # What the fake runner does, step by step, once it has the request.
 Step = (
@@ -43,11 +45,11 @@ Step = (
 def gateway() -> Iterator[Gateway]:
     gw = Gateway(
         "--stream-timeout",
-        str(STREAM_TIMEOUT),
+        secs(STREAM_TIMEOUT),
         "--first-token-wait",
-        str(FIRST_TOKEN_WAIT),
+        secs(FIRST_TOKEN_WAIT),
         "--keepalive-interval",
-        "0.2",
+        secs(0.2),
     )
     yield gw
     gw.stop()
@@ -76,7 +78,9 @@ async def play(runner: FakeRunner, steps: list[Step]) -> None:
             case ("close",):
                 await runner.close()
             case ("silence",):
-                await asyncio.sleep(STREAM_TIMEOUT + 0.5 * UNIT)
+                # Nothing more until the gateway gives up on the stream and cancels it.
+                cancel = await runner.next_request()
+                assert cancel == Cancel(rid)
 
 
 async def over_sse(gateway: Gateway, request: dict[str, Any], steps: list[Step]) -> list[Any]:
@@ -295,6 +299,9 @@ async def test_the_real_path_at_temperature_0(
     assert sse[-2]["choices"][0]["finish_reason"] == done["finish_reason"] == "length"
     assert done["usage"] == sse[-1]["usage"]
     assert done["usage"]["completion_tokens"] == 12
+    # Both repeated a prompt sent just before: all of it but its last token was cached.
+    prompt_tokens = done["usage"]["prompt_tokens"]
+    assert done["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_tokens - 1
     # stop: on a stop string taken from the text itself
     text = joined(sse)[1]
     stop = text.strip()[4:8]

@@ -27,7 +27,7 @@ from openai.types.responses import (
 )
 
 from runner import demo_model
-from tests.support import Gateway, Process, Stacks
+from tests.support import UNIT, Gateway, Process, Stacks
 
 MODEL = "orchard-demo"
 QUESTION = "Tell me about pear trees."
@@ -58,6 +58,8 @@ def chat(client: openai.OpenAI, messages: Any, max_tokens: int, **extra: Any) ->
 
 
 def assert_usage_is_chats(response: Response, completion: Any) -> None:
+    """The response's usage is the chat completion's, which ran just before it on the same
+    prompt: so the prefix cache held all of that prompt but its last token."""
     usage, expected = response.usage, completion.usage
     assert usage is not None
     assert usage.input_tokens == expected.prompt_tokens
@@ -66,22 +68,22 @@ def assert_usage_is_chats(response: Response, completion: Any) -> None:
     assert usage.output_tokens_details.reasoning_tokens == (
         expected.completion_tokens_details.reasoning_tokens
     )
-    assert 0 <= usage.input_tokens_details.cached_tokens <= usage.input_tokens
+    assert usage.input_tokens_details.cached_tokens == usage.input_tokens - 1
 
 
 @pytest.mark.parametrize("max_tokens", [16, 200])
 def test_not_streamed_is_the_chat_answer(client: openai.OpenAI, max_tokens: int) -> None:
+    completion = chat(
+        client,
+        [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}],
+        max_tokens,
+    )
     response = client.responses.create(
         model=MODEL,
         input=QUESTION,
         instructions=INSTRUCTIONS,
         temperature=0,
         max_output_tokens=max_tokens,
-    )
-    completion = chat(
-        client,
-        [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}],
-        max_tokens,
     )
     (choice,) = completion.choices
     assert response.object == "response"
@@ -144,9 +146,12 @@ def test_streamed_is_the_same_answer(client: openai.OpenAI) -> None:
         expected.output_tokens,
         expected.total_tokens,
     )
+    # The stream repeated the plain response's prompt: all of it but its last token cached.
+    assert streamed.input_tokens_details.cached_tokens == expected.input_tokens - 1
 
 
 def test_the_stream_helper_with_a_function_call(client: openai.OpenAI) -> None:
+    completion = chat(client, CALL_MESSAGES, 80, tools=CHAT_TOOLS)
     with client.responses.stream(
         model=MODEL, input=CALL_MESSAGES, tools=TOOLS, temperature=0, max_output_tokens=80
     ) as stream:
@@ -167,7 +172,6 @@ def test_the_stream_helper_with_a_function_call(client: openai.OpenAI) -> None:
     done = [e for e in events if isinstance(e, ResponseFunctionCallArgumentsDoneEvent)]
     assert [(e.to_dict()["name"], e.arguments) for e in done] == [(call.name, call.arguments)]
     assert isinstance(events[-1], ResponseCompletedEvent)
-    completion = chat(client, CALL_MESSAGES, 80, tools=CHAT_TOOLS)
     assert_usage_is_chats(final, completion)
     (chat_call,) = completion.choices[0].message.tool_calls
     assert call.arguments == chat_call.function.arguments
@@ -181,22 +185,6 @@ def test_function_output_by_hand_and_by_previous_response_id(client: openai.Open
     assert isinstance(call, ResponseFunctionToolCall)
     given_back: Any = [item.model_dump(exclude_none=True) for item in first.output]
     result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
-    by_hand = client.responses.create(
-        model=MODEL,
-        input=[*CALL_MESSAGES, *given_back, result],
-        tools=TOOLS,
-        temperature=0,
-        max_output_tokens=20,
-        store=False,
-    )
-    chained = client.responses.create(
-        model=MODEL,
-        previous_response_id=first.id,
-        input=[result],
-        tools=TOOLS,
-        temperature=0,
-        max_output_tokens=20,
-    )
     completion = chat(
         client,
         [
@@ -216,6 +204,22 @@ def test_function_output_by_hand_and_by_previous_response_id(client: openai.Open
         ],
         20,
         tools=CHAT_TOOLS,
+    )
+    by_hand = client.responses.create(
+        model=MODEL,
+        input=[*CALL_MESSAGES, *given_back, result],
+        tools=TOOLS,
+        temperature=0,
+        max_output_tokens=20,
+        store=False,
+    )
+    chained = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[result],
+        tools=TOOLS,
+        temperature=0,
+        max_output_tokens=20,
     )
     for response in (by_hand, chained):
         assert_usage_is_chats(response, completion)
@@ -274,7 +278,7 @@ def test_raw_sse_has_event_lines_and_no_done(stack: tuple[Gateway, Process]) -> 
     resp = httpx.post(
         f"{stack[0].base}/v1/responses",
         json={"model": MODEL, "input": QUESTION, "max_output_tokens": 16, "stream": True},
-        timeout=30,
+        timeout=30 * UNIT,
     )
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/event-stream")
@@ -295,12 +299,12 @@ def test_raw_sse_has_event_lines_and_no_done(stack: tuple[Gateway, Process]) -> 
 def test_reasoning_effort_none_is_the_chats(client: openai.OpenAI) -> None:
     # The built-in model has think markers: "none" turns thinking off through its template,
     # which adds an empty think span to the prompt, as the chat's reasoning_effort does.
+    default = chat(client, [{"role": "user", "content": QUESTION}], 16)
+    completion = chat(client, [{"role": "user", "content": QUESTION}], 16, reasoning_effort="none")
     response = client.responses.create(
         model=MODEL, input=QUESTION, reasoning={"effort": "none"}, temperature=0,
         max_output_tokens=16,
     )  # fmt: skip
-    completion = chat(client, [{"role": "user", "content": QUESTION}], 16, reasoning_effort="none")
-    default = chat(client, [{"role": "user", "content": QUESTION}], 16)
     assert_usage_is_chats(response, completion)
     assert response.usage is not None
     assert response.usage.input_tokens != default.usage.prompt_tokens
