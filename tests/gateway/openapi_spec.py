@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema_rs
 
 from gateway.app import create_app
-from tests.support import Gateway
+from tests.support import Gateway, secs
 
 Check = Callable[[Any], bool]
 
@@ -37,7 +37,7 @@ def response_check(spec: dict[str, Any], path: str, status: int, method: str = "
 
 def limited_gateway(api_key: str) -> Gateway:
     """A gateway whose error answers are easy to reach: an API key, a 64 KiB body limit and
-    a queue of one that gives up after 0.3 s."""
+    a queue of one that gives up after half a second."""
     return Gateway(
         "--api-key",
         api_key,
@@ -46,5 +46,5 @@ def limited_gateway(api_key: str) -> Gateway:
         "--queue-size",
         "1",
         "--queue-timeout",
-        "0.3",
+        secs(0.5),
     )

@@ -15,7 +15,8 @@ import orjson
 import pytest
 
 from protocol.frames import Cancel, Chunk, Error, Generate, ToolCallDelta, Usage
-from tests.support import UNIT, FakeRunner, Gateway
+from tests.gateway.waits import until_gone, until_idle, until_queued
+from tests.support import UNIT, FakeRunner, Gateway, secs
 
 KEY = "anthropic-key-7e3b"
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
@@ -23,23 +24,24 @@ HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", "2")
+    gw = Gateway("--first-token-wait", secs(5))
     yield gw
     gw.stop()
 
 
 @pytest.fixture(scope="module")
 def keyed() -> Iterator[Gateway]:
-    """Commits to a stream at once, pings often, queues one request, wants an API key."""
+    """Commits to a stream at once, pings often, queues one request for a second, wants an
+    API key."""
     gw = Gateway(
         "--first-token-wait",
-        "0.05",
+        secs(0.05),
         "--keepalive-interval",
-        "0.2",
+        secs(0.2),
         "--queue-size",
         "1",
         "--queue-timeout",
-        "0.5",
+        secs(1),
         "--api-key",
         KEY,
     )
@@ -255,15 +257,18 @@ async def test_refusals_are_in_anthropics_shape(
 async def test_a_client_that_leaves_cancels_its_request(
     runner: FakeRunner, gateway: Gateway, stream: bool
 ) -> None:
+    started = asyncio.Event()
+
     async def serve() -> None:
         gen = await generate(runner)
         await runner.send(FakeRunner.chunk(gen.request_id, 0, "a"))
+        started.set()
         frame = await runner.next_request()
         assert frame == Cancel(gen.request_id)
         await runner.send(Chunk(gen.request_id, 1, "", "", 0, Usage(3, 1), "cancelled"))
 
     task = asyncio.create_task(serve())
-    async with httpx.AsyncClient(base_url=gateway.base, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as http:
         if stream:
             async with http.stream("POST", "/v1/messages", json=body(stream=True)) as resp:
                 async for line in resp.aiter_lines():
@@ -271,11 +276,10 @@ async def test_a_client_that_leaves_cancels_its_request(
                         break
         else:
             post = asyncio.create_task(http.post("/v1/messages", json=body()))
-            await asyncio.sleep(0.3)
+            await asyncio.wait_for(started.wait(), 10 * UNIT)  # the runner has it
             post.cancel()
-    await asyncio.wait_for(task, 5 * UNIT)
-    await asyncio.sleep(0.1)
-    assert all(r["active"] == 0 for r in gateway.runners())
+        await asyncio.wait_for(task, 5 * UNIT)
+        await until_idle(http)  # the confirmation freed the slot
 
 
 async def test_count_tokens_runs_the_prompt_for_no_token(
@@ -299,7 +303,7 @@ async def test_count_tokens_runs_the_prompt_for_no_token(
 
 
 async def test_x_api_key(keyed: Gateway) -> None:
-    async with httpx.AsyncClient(base_url=keyed.base, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=keyed.base, timeout=10 * UNIT) as http:
         resp = await http.post("/v1/messages", json=body())
         assert resp.status_code == 401
         assert resp.json()["type"] == "error"
@@ -312,50 +316,74 @@ async def test_x_api_key(keyed: Gateway) -> None:
 
 
 async def test_the_queues_429_and_an_absent_models_503(keyed: Gateway) -> None:
-    fake = await FakeRunner.connect(keyed, models=("busy",), max_concurrent=1)
-    async with httpx.AsyncClient(base_url=keyed.base, timeout=10, headers=HEADERS) as http:
+    fake = await FakeRunner.connect(keyed, models=("busy",), max_concurrent=1, name="busy")
+    async with httpx.AsyncClient(base_url=keyed.base, timeout=10 * UNIT, headers=HEADERS) as http:
         req = body(model="busy", stream=True)
         holder = asyncio.create_task(http.post("/v1/messages", json=req))
         await fake.next_request()
         waiter = asyncio.create_task(http.post("/v1/messages", json=req))
-        await asyncio.sleep(0.1)
+        await until_queued(http, 1)
         full = await http.post("/v1/messages", json=req)
         assert full.status_code == 429
         assert full.headers["retry-after"] == "1"
-        assert full.json()["error"]["type"] == "rate_limit_error"
-        assert (await waiter).status_code == 429  # waited 0.5 s in the queue
+        assert full.json() == {
+            "type": "error",
+            "error": {
+                "type": "rate_limit_error",
+                "message": "Every runner serving `busy` is busy and its queue is full.",
+            },
+        }
+        timed_out = await waiter  # waited the queue timeout
+        assert timed_out.status_code == 429
+        assert timed_out.json()["error"] == {
+            "type": "rate_limit_error",
+            "message": "Timed out waiting for a free runner serving `busy`.",
+        }
         holder.cancel()
         await fake.close()
-        await asyncio.sleep(0.3)
+        await until_gone(http, "busy")
         gone = await http.post("/v1/messages", json=req)
         assert gone.status_code == 503
         assert gone.json()["error"]["type"] == "overloaded_error"
-        assert "retry-after" in gone.headers
+        assert gone.headers["retry-after"] == "1"
 
 
 async def test_a_stream_committed_early_pings_then_carries_the_usage(keyed: Gateway) -> None:
+    # Silent past first_token_wait: the stream commits (message_start, its ping), then a
+    # keep-alive ping; the token is sent once the client has seen both.
     fake = await FakeRunner.connect(keyed, models=("slow",))
+    pinged = asyncio.Event()
 
     async def serve() -> None:
         gen = await generate(fake)
-        await asyncio.sleep(0.5)  # past first_token_wait and two keep-alives
+        await asyncio.wait_for(pinged.wait(), 10 * UNIT)
         await fake.send(Chunk(gen.request_id, 0, "a", "", 1, Usage(6, 1, 2), "stop"))
 
     task = asyncio.create_task(serve())
-    async with httpx.AsyncClient(base_url=keyed.base, timeout=10, headers=HEADERS) as http:
-        resp = await http.post("/v1/messages", json=body(model="slow", stream=True))
+    async with (
+        httpx.AsyncClient(base_url=keyed.base, timeout=10 * UNIT, headers=HEADERS) as http,
+        http.stream("POST", "/v1/messages", json=body(model="slow", stream=True)) as resp,
+    ):
+        content = b""
+        async for part in resp.aiter_raw():
+            content += part
+            if content.count(b"event: ping\n") >= 2:
+                pinged.set()
     await task
     await fake.close()
-    names = [name for name, _ in sse(resp.content)]
-    assert names[:3] == ["message_start", "ping", "ping"]
-    assert names[-5:] == [
+    names = [name for name, _ in sse(content)]
+    pings = names.index("content_block_start") - 1
+    assert pings >= 2
+    assert names == [
+        "message_start",
+        *["ping"] * pings,  # only while the runner is silent
         "content_block_start",
         "content_block_delta",
         "content_block_stop",
         "message_delta",
         "message_stop",
     ]
-    events = dict(sse(resp.content))
+    events = dict(sse(content))
     assert events["message_start"]["message"]["usage"]["input_tokens"] == 0
     assert events["message_delta"]["usage"] == {
         "input_tokens": 4,

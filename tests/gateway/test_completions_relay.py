@@ -12,12 +12,13 @@ import httpx
 import pytest
 
 from protocol.frames import Cancel, Chunk, Echo, Error, Generate, Usage
-from tests.support import UNIT, FakeRunner, Gateway, sse_events
+from tests.gateway.waits import until_idle
+from tests.support import UNIT, FakeRunner, Gateway, secs, sse_events
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", "2")
+    gw = Gateway("--first-token-wait", secs(5))
     yield gw
     gw.stop()
 
@@ -140,13 +141,11 @@ async def test_a_client_that_leaves_cancels_every_prompt(
         assert cancelled == {gen.request_id for gen in gens}
 
     task = asyncio.create_task(serve())
-    async with (
-        httpx.AsyncClient(base_url=gateway.base, timeout=10) as http,
-        http.stream("POST", "/v1/completions", json=body(prompt=["x", "y"], stream=True)) as resp,
-    ):
-        async for line in resp.aiter_lines():
-            if '"text":"a"' in line:
-                break
-    await asyncio.wait_for(task, 5 * UNIT)
-    await asyncio.sleep(0.1)
-    assert all(r["active"] == 0 for r in gateway.runners())
+    request = body(prompt=["x", "y"], stream=True)
+    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as http:
+        async with http.stream("POST", "/v1/completions", json=request) as resp:
+            async for line in resp.aiter_lines():
+                if '"text":"a"' in line:
+                    break
+        await asyncio.wait_for(task, 5 * UNIT)
+        await until_idle(http)  # the confirmations freed both slots

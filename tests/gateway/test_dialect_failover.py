@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from protocol.frames import Generate
-from tests.support import FakeRunner, Gateway, sse_events
+from tests.support import FakeRunner, Gateway, secs, sse_events
 
 MODEL = "moving-model"
 USER = [{"role": "user", "content": "hi"}]
@@ -77,7 +77,7 @@ DIALECTS: dict[str, Callable[[bool], tuple[str, dict[str, Any]]]] = {
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", "5")
+    gw = Gateway("--first-token-wait", secs(5))
     yield gw
     gw.stop()
 

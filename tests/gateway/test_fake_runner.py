@@ -17,12 +17,38 @@ from gateway.pool import ORCHARD_VERSION
 from protocol.closecodes import CloseCode
 from protocol.frames import Cancel, Chunk, Drain, Error, Generate, Usage
 from protocol.openai.response import system_fingerprint
-from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, sse_events
+from tests.gateway.waits import until_idle, until_queued
+from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, secs, sse_events
+
+FIRST_TOKEN_WAIT = 0.3
+KEEPALIVE = 0.5
+QUEUE_TIMEOUT = 1.0
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--keepalive-interval", "0.5", "--first-token-wait", "0.3")
+    """Waits long for a first token: a runner's error before it is always an HTTP error."""
+    gw = Gateway("--first-token-wait", secs(5))
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def committing() -> Iterator[Gateway]:
+    """Commits a silent stream soon and keeps it alive, queues one request per model for a
+    second, and takes two browser sockets."""
+    gw = Gateway(
+        "--first-token-wait",
+        secs(FIRST_TOKEN_WAIT),
+        "--keepalive-interval",
+        secs(KEEPALIVE),
+        "--queue-size",
+        "1",
+        "--queue-timeout",
+        secs(QUEUE_TIMEOUT),
+        "--max-client-sockets",
+        "2",
+    )
     yield gw
     gw.stop()
 
@@ -150,18 +176,28 @@ async def test_runner_error_before_first_token_is_http_error(
 async def test_runner_error_mid_stream_is_error_event_then_done(
     runner: FakeRunner, gateway: Gateway
 ) -> None:
+    relayed = asyncio.Event()
+
     async def serve() -> None:
         gen = await runner.next_request()
         await runner.send(FakeRunner.chunk(gen.request_id, 0, "partial"))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(relayed.wait(), 10 * UNIT)  # the client has the first token
+        relayed.clear()
         await runner.send(Error(gen.request_id, "internal_error", "engine exploded"))
 
     task = asyncio.create_task(serve())
-    async with httpx.AsyncClient(base_url=gateway.base, timeout=10) as http:
-        resp = await http.post("/v1/chat/completions", json=body(stream=True))
+    async with (
+        httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as http,
+        http.stream("POST", "/v1/chat/completions", json=body(stream=True)) as resp,
+    ):
+        assert resp.status_code == 200
+        content = b""
+        async for part in resp.aiter_raw():
+            content += part
+            if b'"partial"' in content:
+                relayed.set()
     await task
-    assert resp.status_code == 200
-    events = sse_events(resp.content)
+    events = sse_events(content)
     assert events[-1] == "[DONE]"
     assert events[-2] == {
         "error": {
@@ -179,28 +215,42 @@ async def test_runner_error_mid_stream_is_error_event_then_done(
     stream = await client.chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True
     )
+    seen: list[str | None] = []
+
+    async def read() -> None:
+        async for chunk in stream:
+            seen.append(chunk.choices[0].delta.content)
+            if seen[-1] == "partial":
+                relayed.set()
+
     with pytest.raises(openai.APIError, match="engine exploded"):
-        async for _ in stream:
-            pass
+        await read()
+    assert seen == ["", "partial"]
     await task
     await client.close()
 
 
 async def test_runner_lost_mid_stream(gateway: Gateway, http: httpx.AsyncClient) -> None:
     fake = await FakeRunner.connect(gateway, models=("doomed-model",))
+    relayed = asyncio.Event()
 
     async def serve() -> None:
         gen = await fake.next_request()
         await fake.send(FakeRunner.chunk(gen.request_id, 0, "a"))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(relayed.wait(), 10 * UNIT)  # the client has the first token
         await fake.close()
 
     task = asyncio.create_task(serve())
-    resp = await http.post(
-        "/v1/chat/completions", json={**body(stream=True), "model": "doomed-model"}
-    )
+    request = {**body(stream=True), "model": "doomed-model"}
+    async with http.stream("POST", "/v1/chat/completions", json=request) as resp:
+        content = b""
+        async for part in resp.aiter_raw():
+            content += part
+            if b'"content":"a"' in content:
+                relayed.set()
     await task
-    events = sse_events(resp.content)
+    events = sse_events(content)
+    assert events[1]["choices"][0]["delta"] == {"content": "a"}
     assert events[-1] == "[DONE]"
     assert events[-2]["error"]["code"] == "runner_lost"
 
@@ -246,23 +296,41 @@ async def test_non_streaming(runner: FakeRunner, http: httpx.AsyncClient) -> Non
     }
 
 
-async def test_keepalive_comment_only_after_silence(
-    runner: FakeRunner, http: httpx.AsyncClient
-) -> None:
+async def test_keepalive_comment_only_after_silence(committing: Gateway) -> None:
+    # A runner silent past the first-token wait: the stream commits with the role chunk,
+    # then keep-alives fill the silence; the token is sent once the client has seen one.
+    fake = await FakeRunner.connect(committing, models=("quiet",))
+    kept_alive = asyncio.Event()
+
     async def serve() -> None:
-        gen = await runner.next_request()
-        await asyncio.sleep(1.3)  # past first-token-wait 0.3 s + two keep-alive intervals
-        await runner.send(FakeRunner.chunk(gen.request_id, 0, "late", done=True))
+        gen = await fake.next_request()
+        await asyncio.wait_for(kept_alive.wait(), 10 * UNIT)
+        await fake.send(FakeRunner.chunk(gen.request_id, 0, "late", done=True))
 
     task = asyncio.create_task(serve())
-    resp = await http.post("/v1/chat/completions", json=body(stream=True))
+    request = {**body(stream=True), "model": "quiet"}
+    async with (
+        httpx.AsyncClient(base_url=committing.base, timeout=10 * UNIT) as http,
+        http.stream("POST", "/v1/chat/completions", json=request) as resp,
+    ):
+        text = b""
+        async for part in resp.aiter_raw():
+            text += part
+            if b": keep-alive\n\n" in text:
+                kept_alive.set()
     await task
-    text = resp.content
-    assert text.count(b": keep-alive\n\n") >= 1
-    # Keep-alives come after the role chunk, never before any data.
-    assert text.startswith(b"data: ")
+    await fake.close()
+    # The role chunk, keep-alives, then the token and the end: keep-alives come after the
+    # role chunk, never before any data, and only while the runner is silent.
+    blocks = text.split(b"\n\n")
+    assert blocks[-1] == b""
+    keepalives = [n for n, block in enumerate(blocks) if block == b": keep-alive"]
+    assert keepalives == list(range(1, len(keepalives) + 1))
+    assert len(keepalives) >= 1
     events = sse_events(text)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
     assert events[1]["choices"][0]["delta"] == {"content": "late"}
+    assert len(events) == 4  # role, "late", finish, [DONE]
 
 
 async def test_client_disconnect_sends_cancel(runner: FakeRunner, gateway: Gateway) -> None:
@@ -279,16 +347,15 @@ async def test_client_disconnect_sends_cancel(runner: FakeRunner, gateway: Gatew
 
     task = asyncio.create_task(serve())
     async with (
-        httpx.AsyncClient(base_url=gateway.base, timeout=10) as http,
+        httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as http,
         http.stream("POST", "/v1/chat/completions", json=body(stream=True)) as resp,
     ):
         async for line in resp.aiter_lines():
             if "content" in line and '"a"' in line:
                 break
-    await asyncio.wait_for(got_cancel.wait(), 5 * UNIT)
-    await task
-    await asyncio.sleep(0.1)
-    assert all(r["active"] == 0 for r in gateway.runners())
+        await asyncio.wait_for(got_cancel.wait(), 5 * UNIT)
+        await task
+        await until_idle(http)  # the confirmation freed the slot
 
 
 async def test_capacity_and_fifo_queue(gateway: Gateway, http: httpx.AsyncClient) -> None:
@@ -297,13 +364,13 @@ async def test_capacity_and_fifo_queue(gateway: Gateway, http: httpx.AsyncClient
     first = asyncio.create_task(http.post("/v1/chat/completions", json=req))
     gen1 = await fake.next_request()
     second = asyncio.create_task(http.post("/v1/chat/completions", json=req))
-    # The second request must not reach the runner while the first holds the slot.
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(fake.next_request(), 0.3)
+    # The second request waits in the gateway's queue while the first holds the slot.
+    await until_queued(http, 1)
     assert isinstance(gen1, Generate)
     await fake.send(FakeRunner.chunk(gen1.request_id, 0, "one", done=True))
     gen2 = await fake.next_request()
     assert isinstance(gen2, Generate)
+    assert gen2.request_id != gen1.request_id
     await fake.send(FakeRunner.chunk(gen2.request_id, 0, "two", done=True))
     r1, r2 = await first, await second
     assert sse_events(r1.content)[1]["choices"][0]["delta"]["content"] == "one"
@@ -311,27 +378,31 @@ async def test_capacity_and_fifo_queue(gateway: Gateway, http: httpx.AsyncClient
     await fake.close()
 
 
-async def test_queue_full_is_429_with_retry_after() -> None:
-    gw = Gateway("--queue-size", "1", "--queue-timeout", "0.5")
-    try:
-        fake = await FakeRunner.connect(gw, models=("busy",), max_concurrent=1)
-        async with httpx.AsyncClient(base_url=gw.base, timeout=10) as http:
-            req = {**body(stream=True), "model": "busy"}
-            holder = asyncio.create_task(http.post("/v1/chat/completions", json=req))
-            await fake.next_request()
-            waiter = asyncio.create_task(http.post("/v1/chat/completions", json=req))
-            await asyncio.sleep(0.1)
-            full = await http.post("/v1/chat/completions", json=req)
-            assert full.status_code == 429
-            assert full.headers["retry-after"] == "1"
-            assert full.json()["error"]["type"] == "rate_limit_error"
-            assert full.json()["error"]["code"] == "queue_full"
-            timed_out = await waiter  # waited 0.5 s in the queue
-            assert timed_out.status_code == 429
-            holder.cancel()
-        await fake.close()
-    finally:
-        gw.stop()
+async def test_queue_full_is_429_with_retry_after(committing: Gateway) -> None:
+    fake = await FakeRunner.connect(committing, models=("busy",), max_concurrent=1)
+    async with httpx.AsyncClient(base_url=committing.base, timeout=10 * UNIT) as http:
+        req = {**body(stream=True), "model": "busy"}
+        holder = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+        await fake.next_request()
+        waiter = asyncio.create_task(http.post("/v1/chat/completions", json=req))
+        await until_queued(http, 1)
+        full = await http.post("/v1/chat/completions", json=req)
+        assert full.status_code == 429
+        assert full.headers["retry-after"] == "1"
+        assert full.json()["error"] == {
+            "message": "Every runner serving `busy` is busy and its queue is full.",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "queue_full",
+        }
+        timed_out = await waiter  # waited QUEUE_TIMEOUT in the queue
+        assert timed_out.status_code == 429
+        assert timed_out.headers["retry-after"] == "1"
+        assert timed_out.json()["error"]["message"] == (
+            "Timed out waiting for a free runner serving `busy`."
+        )
+        holder.cancel()
+    await fake.close()
 
 
 async def test_chunk_for_foreign_request_closes_only_that_runner(
@@ -405,28 +476,24 @@ async def test_max_tokens_ceiling(runner: FakeRunner, http: httpx.AsyncClient) -
     assert "at most 32768" in resp.json()["error"]["message"]
 
 
-async def test_client_socket_limit() -> None:
+async def test_client_socket_limit(committing: Gateway) -> None:
     from websockets.asyncio.client import connect
 
-    gw = Gateway("--max-client-sockets", "2")
-    try:
-        url = f"ws://127.0.0.1:{gw.port}/v1/ws"
-        async with connect(url) as first, connect(url) as second:
-            await first.send('{"type": "ping"}')
-            assert await first.recv() == '{"type":"pong"}'
-            async with connect(url) as third:
-                with pytest.raises(ConnectionClosed) as closed:
-                    await asyncio.wait_for(recv_until_closed(third), 5 * UNIT)
-                assert closed.value.rcvd is not None
-                assert closed.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
-            await second.send('{"type": "ping"}')
-            assert await second.recv() == '{"type":"pong"}'
-        # Slots come back when sockets close.
-        async with connect(url) as again:
-            await again.send('{"type": "ping"}')
-            assert await again.recv() == '{"type":"pong"}'
-    finally:
-        gw.stop()
+    url = f"ws://127.0.0.1:{committing.port}/v1/ws"
+    async with connect(url) as first, connect(url) as second:
+        await first.send('{"type": "ping"}')
+        assert await first.recv() == '{"type":"pong"}'
+        async with connect(url) as third:
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(recv_until_closed(third), 5 * UNIT)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+        await second.send('{"type": "ping"}')
+        assert await second.recv() == '{"type":"pong"}'
+    # Slots come back when sockets close.
+    async with connect(url) as again:
+        await again.send('{"type": "ping"}')
+        assert await again.recv() == '{"type":"pong"}'
 
 
 async def test_oversized_runner_frame_closes_only_that_runner(
@@ -444,7 +511,7 @@ async def test_oversized_runner_frame_closes_only_that_runner(
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == CloseCode.MESSAGE_TOO_BIG
     # The honest runner still serves.
-    async with httpx.AsyncClient(base_url=gateway.base, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) as http:
         task = asyncio.create_task(http.post("/v1/chat/completions", json=body()))
         gen = await runner.next_request()
         await runner.send(FakeRunner.chunk(gen.request_id, 0, "fine", done=True))
@@ -473,7 +540,7 @@ async def test_non_streaming_client_disconnect_sends_cancel(
 async def test_timeout_before_the_first_token_is_504_and_cancels() -> None:
     # --stream-timeout below --first-token-wait: nothing was sent, so the client gets a 504,
     # and the runner, still holding the request, is told to stop.
-    gw = Gateway("--stream-timeout", "0.5", "--first-token-wait", "5")
+    gw = Gateway("--stream-timeout", secs(0.5), "--first-token-wait", secs(5))
     try:
         fake = await FakeRunner.connect(gw)
         try:

@@ -14,14 +14,16 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol.closecodes import CloseCode
 from protocol.frames import Chunk, Download, Generate, ModelInfo, ModelStatus, Usage
-from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, sse_events
+from tests.gateway.waits import until_model_state, until_queued
+from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, secs, sse_events
 
 STREAM_TIMEOUT = 0.6
+"""The module gateway's --stream-timeout, in the tests' time unit."""
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--stream-timeout", str(STREAM_TIMEOUT), "--first-token-wait", "0.2")
+    gw = Gateway("--stream-timeout", secs(STREAM_TIMEOUT), "--first-token-wait", secs(0.2))
     yield gw
     gw.stop()
 
@@ -55,7 +57,7 @@ async def test_a_model_in_memory_somewhere_is_served_there_not_loaded_elsewhere(
         first = asyncio.create_task(http.post("/v1/chat/completions", json=body("shared-a")))
         gen1 = await generate(has)
         second = asyncio.create_task(http.post("/v1/chat/completions", json=body("shared-a")))
-        await asyncio.sleep(0.3)
+        await until_queued(http, 1)
         assert not second.done()
         await answer(has, gen1, "one")
         gen2 = await generate(has)
@@ -66,7 +68,7 @@ async def test_a_model_in_memory_somewhere_is_served_there_not_loaded_elsewhere(
         # Once that runner unloads it, no runner holds it: the other one, with more free
         # slots, is given the next request (and loads the model).
         await has.send(ModelStatus(ModelInfo("shared-a", 2048, state="loadable")))
-        await asyncio.sleep(0.1)
+        await until_model_state(http, "has", "shared-a", "loadable")
         third = asyncio.create_task(http.post("/v1/chat/completions", json=body("shared-a")))
         gen3 = await generate(could)
         await answer(could, gen3, "three")
@@ -101,10 +103,7 @@ async def test_models_and_runners_show_each_models_state(
             (mine,) = [r for r in runners if r["name"] == "shelf"]
             return {m["id"]: m for m in mine["models"]}
 
-        for _ in range(50):
-            if (await shown())["st-lazy"]["state"] == "loading":
-                break
-            await asyncio.sleep(0.02)
+        await until_model_state(http, "shelf", "st-lazy", "loading")
         assert (await shown())["st-lazy"] == {
             "id": "st-lazy",
             "context_length": None,
@@ -137,8 +136,8 @@ async def test_silence_while_the_model_loads_is_not_a_timeout(
         )
         gen = await generate(runner)
         await runner.send(ModelStatus(ModelInfo(model, None, state="loading")))
-        # Longer than the stream timeout with nothing for the request: it is loading.
-        await asyncio.sleep(STREAM_TIMEOUT * 2.5)
+        # Twice the stream timeout with nothing for the request: it is loading.
+        await asyncio.sleep(2 * STREAM_TIMEOUT * UNIT)
         assert not post.done()
         await runner.send(ModelStatus(ModelInfo(model, 2048, state="loaded")))
         await answer(runner, gen, "loaded at last")
@@ -186,7 +185,10 @@ async def test_a_status_for_a_model_the_hello_did_not_list_closes_that_runner(
 async def test_a_first_token_wait_past_the_stream_timeout_waits_for_a_loading_model() -> None:
     # Here a streaming request waits for its first token longer than the stream timeout (a
     # runner silent that long is an HTTP error before any answer) unless its model is loading.
-    gw = await asyncio.to_thread(Gateway, "--stream-timeout", "0.5", "--first-token-wait", "5")
+    stream_timeout = 0.5
+    gw = await asyncio.to_thread(
+        Gateway, "--stream-timeout", secs(stream_timeout), "--first-token-wait", secs(5)
+    )
     try:
         runner = await FakeRunner.connect(
             gw, name="loader", infos=(ModelInfo("m", None, state="loadable"),)
@@ -198,7 +200,7 @@ async def test_a_first_token_wait_past_the_stream_timeout_waits_for_a_loading_mo
                 )
                 gen = await generate(runner)
                 await runner.send(ModelStatus(ModelInfo("m", None, state="loading")))
-                await asyncio.sleep(1.2)
+                await asyncio.sleep(2 * stream_timeout * UNIT)  # silent, but loading
                 assert not post.done()
                 await runner.send(ModelStatus(ModelInfo("m", 2048, state="loaded")))
                 await answer(runner, gen, "here")

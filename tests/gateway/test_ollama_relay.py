@@ -24,7 +24,8 @@ from protocol.frames import (
     SamplingParams,
     Usage,
 )
-from tests.support import UNIT, FakeRunner, Gateway
+from tests.gateway.waits import until_gone, until_queued
+from tests.support import UNIT, FakeRunner, Gateway, secs
 
 KEY = "ollama-key-3b7e"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -37,11 +38,11 @@ def gateway() -> Iterator[Gateway]:
         "--api-key",
         KEY,
         "--first-token-wait",
-        "0.3",
+        secs(5),
         "--queue-size",
         "1",
         "--queue-timeout",
-        "0.5",
+        secs(1),
     )
     yield gw
     gw.stop()
@@ -281,16 +282,18 @@ async def test_a_full_queue_is_429(gateway: Gateway, http: httpx.AsyncClient) ->
     gen = await fake.next_request()
     assert isinstance(gen, Generate)
     waiter = asyncio.create_task(http.post("/api/chat", json=request))
-    await asyncio.sleep(0.1)
+    await until_queued(http, 1)
+    full_message = "Every runner serving `busy` is busy and its queue is full."
     async with ollama.AsyncClient(host=gateway.base, headers=AUTH) as client:
         with pytest.raises(ollama.ResponseError) as info:
             await client.chat("busy", HI)
-    assert info.value.status_code == 429
+    assert (info.value.status_code, info.value.error) == (429, full_message)
     full = await http.post("/api/generate", json={"model": "busy", "prompt": "p"})
     assert (full.status_code, full.headers["retry-after"]) == (429, "1")
-    assert list(full.json()) == ["error"]
-    timed_out = await waiter  # waited 0.5 s in the queue
-    assert timed_out.status_code == 429
+    assert full.json() == {"error": full_message}
+    timed_out = await waiter  # waited the queue timeout
+    assert (timed_out.status_code, timed_out.headers["retry-after"]) == (429, "1")
+    assert timed_out.json() == {"error": "Timed out waiting for a free runner serving `busy`."}
     await fake.send(FakeRunner.chunk(gen.request_id, 0, "done", done=True))
     assert ndjson((await holder).content)[0]["message"]["content"] == "done"
     await fake.close()
@@ -299,9 +302,9 @@ async def test_a_full_queue_is_429(gateway: Gateway, http: httpx.AsyncClient) ->
 async def test_a_model_whose_runner_just_left_is_503(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    fake = await FakeRunner.connect(gateway, models=("leaving",))
+    fake = await FakeRunner.connect(gateway, models=("leaving",), name="leaving")
     await fake.close()
-    await asyncio.sleep(0.2)
+    await until_gone(http, "leaving")
     response = await http.post("/api/chat", json={**body(), "model": "leaving"})
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
@@ -333,5 +336,9 @@ async def test_an_empty_chat_only_loads(runner: FakeRunner, client: ollama.Async
     assert (loaded.done, loaded.done_reason, loaded.eval_count) == (True, "load", None)
     streamed = [p async for p in await client.generate("fake-model", "", stream=True)]
     assert [(p.done, p.done_reason) for p in streamed] == [(True, "load")]
-    with pytest.raises(TimeoutError):  # nothing reached the runner
-        await asyncio.wait_for(runner.next_request(), 0.3)
+    # Nothing reached the runner: the next request it is given is the one sent now.
+    task = asyncio.create_task(serve(runner, "x"))
+    after = await client.chat("fake-model", [{"role": "user", "content": "after"}])
+    gen = await task
+    assert [m.content for m in gen.messages] == ["after"]
+    assert after.message.content == "x"

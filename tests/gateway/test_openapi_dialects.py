@@ -56,6 +56,7 @@ from tests.gateway.openapi_spec import (
     response_check,
     validator,
 )
+from tests.gateway.waits import until_gone, until_queued
 from tests.support import UNIT, FakeRunner, Gateway
 
 LIMIT = GatewayConfig().max_tokens_limit
@@ -733,7 +734,7 @@ async def test_real_errors_fit_the_schema(
 
     leaving = await FakeRunner.connect(gateway, models=("leaving",), name="leaving")
     await leaving.close()
-    await asyncio.sleep(0.2)
+    await until_gone(http, "leaving")
     for path, body in REQUESTS.items():
         check(path, await http.post(path, content=b"{"))
         check(path, await http.post(path, json={**body, "unknown": 1}))
@@ -752,7 +753,7 @@ async def test_real_errors_fit_the_schema(
             holder = asyncio.create_task(http.post(path, json=request))
             gen = await busy.next_request()
             queued = asyncio.create_task(http.post(path, json=request))
-            await asyncio.sleep(0.1)
+            await until_queued(http, 1)
             check(path, await http.post(path, json=request))  # the queue is full: 429
             check(path, await queued)  # timed out in the queue: 429
             await busy.send(Chunk(gen.request_id, 0, "", "", 0, Usage(1, 0), None))

@@ -42,6 +42,7 @@ from tests.gateway.openapi_spec import (
     response_check,
     validator,
 )
+from tests.gateway.waits import until_gone, until_queued
 from tests.support import UNIT, FakeRunner, Gateway
 
 LIMIT = GatewayConfig().max_tokens_limit
@@ -454,7 +455,7 @@ async def test_real_errors_fit_the_schema(
 
     leaving = await FakeRunner.connect(gateway, models=("leaving",), name="leaving")
     await leaving.close()
-    await asyncio.sleep(0.2)
+    await until_gone(http, "leaving")
     check(CREATE, await http.post(CREATE, content=b"{"))
     check(CREATE, await http.post(CREATE, json={**REQUEST, "unknown": 1}))
     check(CREATE, await http.post(CREATE, json={**REQUEST, "previous_response_id": "resp_x"}))
@@ -478,7 +479,7 @@ async def test_real_errors_fit_the_schema(
         holder = asyncio.create_task(http.post(CREATE, json=request))
         gen = await busy.next_request()
         queued = asyncio.create_task(http.post(CREATE, json=request))
-        await asyncio.sleep(0.1)
+        await until_queued(http, 1)
         check(CREATE, await http.post(CREATE, json=request))  # the queue is full: 429
         check(CREATE, await queued)  # timed out in the queue: 429
         await busy.send(Chunk(gen.request_id, 0, "", "", 0, Usage(1, 0), None))

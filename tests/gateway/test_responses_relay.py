@@ -15,7 +15,8 @@ import orjson
 import pytest
 
 from protocol.frames import Cancel, Chunk, Error, Generate, Message, ToolCallDelta, Usage
-from tests.support import UNIT, FakeRunner, Gateway
+from tests.gateway.waits import until_gone, until_queued
+from tests.support import UNIT, FakeRunner, Gateway, secs
 
 KEY = "responses-key-3e1f"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -23,7 +24,15 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", "2", "--api-key", KEY)
+    gw = Gateway("--first-token-wait", secs(5), "--api-key", KEY)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[Gateway]:
+    """Stores no response, queues one request per model for a second."""
+    gw = Gateway("--store-max-completions", "0", "--queue-size", "1", "--queue-timeout", secs(1))
     yield gw
     gw.stop()
 
@@ -246,29 +255,30 @@ async def test_failover_before_the_first_token(gateway: Gateway, http: httpx.Asy
         await staying.close()
 
 
-async def test_queue_full_is_429_with_retry_after() -> None:
-    gw = Gateway("--queue-size", "1", "--queue-timeout", "0.5")
-    try:
-        fake = await FakeRunner.connect(gw, models=("busy",), max_concurrent=1)
-        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
-            req = {**body(stream=True), "model": "busy"}
-            holder = asyncio.create_task(http.post("/v1/responses", json=req))
-            await fake.next_request()
-            waiter = asyncio.create_task(http.post("/v1/responses", json=req))
-            await asyncio.sleep(0.1)
-            full = await http.post("/v1/responses", json={**req, "stream": False})
-            assert full.status_code == 429
-            assert full.headers["retry-after"] == "1"
-            assert (full.json()["error"]["type"], full.json()["error"]["code"]) == (
-                "rate_limit_error",
-                "queue_full",
-            )
-            timed_out = await waiter
-            assert timed_out.status_code == 429
-            holder.cancel()
-        await fake.close()
-    finally:
-        gw.stop()
+async def test_queue_full_is_429_with_retry_after(small: Gateway) -> None:
+    fake = await FakeRunner.connect(small, models=("busy",), max_concurrent=1)
+    async with httpx.AsyncClient(base_url=small.base, timeout=10 * UNIT) as http:
+        req = {**body(stream=True), "model": "busy"}
+        holder = asyncio.create_task(http.post("/v1/responses", json=req))
+        await fake.next_request()
+        waiter = asyncio.create_task(http.post("/v1/responses", json=req))
+        await until_queued(http, 1)
+        full = await http.post("/v1/responses", json={**req, "stream": False})
+        assert full.status_code == 429
+        assert full.headers["retry-after"] == "1"
+        assert full.json()["error"] == {
+            "message": "Every runner serving `busy` is busy and its queue is full.",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "queue_full",
+        }
+        timed_out = await waiter  # waited the queue timeout
+        assert (timed_out.status_code, timed_out.headers["retry-after"]) == (429, "1")
+        assert timed_out.json()["error"]["message"] == (
+            "Timed out waiting for a free runner serving `busy`."
+        )
+        holder.cancel()
+    await fake.close()
 
 
 async def test_a_model_whose_runners_left_is_503_with_retry_after(
@@ -276,16 +286,12 @@ async def test_a_model_whose_runners_left_is_503_with_retry_after(
 ) -> None:
     fake = await FakeRunner.connect(gateway, models=("ephemeral",), name="ephemeral")
     await fake.close()
-    for _ in range(100):  # until the gateway has seen it go
-        runners = (await http.get("/v1/runners")).json()["data"]
-        if all(r["name"] != "ephemeral" for r in runners):
-            break
-        await asyncio.sleep(0.05)
+    await until_gone(http, "ephemeral")
     for stream in (False, True):
         resp = await http.post("/v1/responses", json={**body(stream=stream), "model": "ephemeral"})
         assert resp.status_code == 503, resp.text
         assert resp.json()["error"]["code"] == "model_unavailable"
-        assert int(resp.headers["retry-after"]) >= 1
+        assert resp.headers["retry-after"] == "1"
 
 
 async def test_api_key_required(gateway: Gateway) -> None:
@@ -375,54 +381,67 @@ async def test_stored_responses_get_delete_and_continue(
     assert resp.json()["error"]["param"] == "stream"
 
 
-async def test_a_gateway_that_stores_nothing_says_so() -> None:
-    gw = Gateway("--store-max-completions", "0")
-    try:
-        fake = await FakeRunner.connect(gw)
-        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
-            for field in ({"store": True}, {"previous_response_id": "resp_1"}):
-                resp = await http.post("/v1/responses", json=body(**field))
-                assert resp.status_code == 400
-                error = resp.json()["error"]
-                assert error["param"] == next(iter(field))
-                assert "keeps no responses" in error["message"]
+async def test_a_gateway_that_stores_nothing_says_so(small: Gateway) -> None:
+    fake = await FakeRunner.connect(small)
+    async with httpx.AsyncClient(base_url=small.base, timeout=10 * UNIT) as http:
+        for field in ({"store": True}, {"previous_response_id": "resp_1"}):
+            resp = await http.post("/v1/responses", json=body(**field))
+            assert resp.status_code == 400
+            error = resp.json()["error"]
+            assert error["param"] == next(iter(field))
+            assert "keeps no responses" in error["message"]
 
-            async def serve() -> None:
-                gen = await generate(fake)
-                await fake.send(FakeRunner.chunk(gen.request_id, 0, "x", done=True))
+        async def serve() -> None:
+            gen = await generate(fake)
+            await fake.send(FakeRunner.chunk(gen.request_id, 0, "x", done=True))
 
-            task = asyncio.create_task(serve())
-            resp = await http.post("/v1/responses", json=body())
-            await task
-            assert resp.json()["store"] is False  # not stored, and the response says so
-        await fake.close()
-    finally:
-        gw.stop()
+        task = asyncio.create_task(serve())
+        resp = await http.post("/v1/responses", json=body())
+        await task
+        assert resp.json()["store"] is False  # not stored, and the response says so
+        gone = await http.get(f"/v1/responses/{resp.json()['id']}")
+        assert gone.status_code == 404
+    await fake.close()
 
 
 async def test_a_stream_committed_before_its_first_token_then_timed_out() -> None:
     # Past --first-token-wait the stream commits to 200 (created and in_progress go out with
-    # no token yet, keep-alives fill the silence); past --stream-timeout it fails.
+    # no token yet, keep-alives fill the silence); the token is sent once the client has seen
+    # a keep-alive; past --stream-timeout of silence after it, the stream fails.
+    stream_timeout = 1.0
     gw = Gateway(
-        "--first-token-wait", "0.2", "--keepalive-interval", "0.1", "--stream-timeout", "1.5"
+        "--first-token-wait",
+        secs(0.2),
+        "--keepalive-interval",
+        secs(0.1),
+        "--stream-timeout",
+        secs(stream_timeout),
     )
     try:
         fake = await FakeRunner.connect(gw)
+        kept_alive = asyncio.Event()
 
         async def serve() -> Generate | Cancel:
             gen = await generate(fake)
-            await asyncio.sleep(0.6)
+            await asyncio.wait_for(kept_alive.wait(), 10 * UNIT)
             await fake.send(Chunk(gen.request_id, 0, "late", "", 1, Usage(3, 1)))
             return await fake.next_request()  # nothing more: the gateway gives up
 
         task = asyncio.create_task(serve())
-        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
-            resp = await http.post("/v1/responses", json=body(stream=True))
+        async with (
+            httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http,
+            http.stream("POST", "/v1/responses", json=body(stream=True)) as resp,
+        ):
+            content = b""
+            async for part in resp.aiter_raw():
+                content += part
+                if b": keep-alive\n\n" in content:
+                    kept_alive.set()
         cancel = await task
         assert resp.status_code == 200
-        assert resp.content.startswith(b"event: response.created\n")
-        assert b": keep-alive\n\n" in resp.content
-        events = events_of(resp.content)
+        assert content.startswith(b"event: response.created\n")
+        assert b": keep-alive\n\n" in content
+        events = events_of(content)
         assert [e["type"] for e in events] == [
             "response.created",
             "response.in_progress",
@@ -433,9 +452,10 @@ async def test_a_stream_committed_before_its_first_token_then_timed_out() -> Non
         ]
         assert "usage" not in events[0]["response"]
         failed = events[-1]["response"]
+        silence = secs(stream_timeout)
         assert failed["error"] == {
             "code": "server_error",
-            "message": "The runner sent nothing for 1.5 s; the request was ended.",
+            "message": f"The runner sent nothing for {silence} s; the request was ended.",
         }
         assert isinstance(cancel, Cancel)
         await fake.close()
