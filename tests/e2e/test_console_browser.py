@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
+from websockets.sync.client import connect as ws_connect
 
 from gateway.tls import certificate_fingerprint
 from tests.support import (
@@ -66,7 +68,7 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 def open_console(page: Page, base: str) -> None:
-    served = httpx.get(f"{base}/", timeout=5)
+    served = httpx.get(f"{base}/", timeout=5 * UNIT)
     kind = served.headers.get("content-type", "")
     # Otherwise Chromium downloads the page and goto() fails with "Download is starting".
     assert kind.startswith("text/html"), f"GET / is served as {kind!r}, not text/html"
@@ -276,7 +278,7 @@ def test_js_client_concurrent_requests_error_and_ping(page: Page, gateway: Gatew
 
 # A cancel sent right behind its create (a user pressing Stop at once): every request still
 # ends with exactly one `done`, whether the cancel found it queued or generating.
-CANCEL_AT_ONCE_SCRIPT = """async () => {
+CANCEL_AT_ONCE_SCRIPT = """async (waitMs) => {
   const { OrchardClient } = await import("/static/orchard.js");
   const client = new OrchardClient();
   await client.ping();  // connected, so create and cancel leave back to back
@@ -286,7 +288,7 @@ CANCEL_AT_ONCE_SCRIPT = """async () => {
       model: "orchard-demo", messages: [{ role: "user", content: "hi" }], max_tokens: 200,
     });
     completion.cancel();
-    const timeout = new Promise((resolve) => setTimeout(() => resolve("no done in 5 s"), 5000));
+    const timeout = new Promise((resolve) => setTimeout(() => resolve("no done"), waitMs));
     const ended = completion.usage.then((d) => d.finishReason, (e) => `error ${e.error.code}`);
     outcomes.push(await Promise.race([ended, timeout]));
     if (outcomes[i] !== "cancelled") break;
@@ -298,13 +300,13 @@ CANCEL_AT_ONCE_SCRIPT = """async () => {
 
 def test_js_client_cancel_right_after_create(page: Page, gateway: Gateway) -> None:
     page.goto(f"{gateway.base}{CLIENT_PAGE}")
-    assert page.evaluate(CANCEL_AT_ONCE_SCRIPT) == ["cancelled"] * 20
+    assert page.evaluate(CANCEL_AT_ONCE_SCRIPT, 5 * MS) == ["cancelled"] * 20
     wait_until(lambda: runner_state(gateway)["active"] == 0, 10, "the runner to free its slots")
 
 
 # The socket drops under a request: it fails with "connection lost", a request made while
 # disconnected waits and runs after the reconnect, and the pool subscription comes back.
-RECONNECT_SCRIPT = """async () => {
+RECONNECT_SCRIPT = """async (waitMs) => {
   const { OrchardClient } = await import("/static/orchard.js");
   const statuses = [];
   const client = new OrchardClient(undefined, { onStatus: (s) => statuses.push(s) });
@@ -321,7 +323,7 @@ RECONNECT_SCRIPT = """async () => {
   try { await long.usage; } catch (err) { lost = err.error; }
   const statesBefore = states;
   const done = await queued.usage;
-  const deadline = Date.now() + 5000;
+  const deadline = Date.now() + waitMs;
   while (states === statesBefore && Date.now() < deadline) {
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
@@ -332,7 +334,7 @@ RECONNECT_SCRIPT = """async () => {
 
 def test_js_client_reconnects(page: Page, gateway: Gateway) -> None:
     page.goto(f"{gateway.base}{CLIENT_PAGE}")
-    result = page.evaluate(RECONNECT_SCRIPT)
+    result = page.evaluate(RECONNECT_SCRIPT, 5 * MS)
     assert result["lost"]["message"] == "connection lost"
     assert result["lost"]["code"] == "connection_lost"
     assert result["done"]["finishReason"] == "length"
@@ -410,18 +412,36 @@ def test_js_client_authenticates(page: Page, keyed_gateway: Gateway) -> None:
 
 def test_console_is_served(gateway: Gateway) -> None:
     """`/` is an HTML page a browser shows (not a download), and the module is JavaScript."""
-    page = httpx.get(f"{gateway.base}/", timeout=5)
+    page = httpx.get(f"{gateway.base}/", timeout=5 * UNIT)
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
     assert "attachment" not in page.headers.get("content-disposition", "")
-    module = httpx.get(f"{gateway.base}/static/orchard.js", timeout=5)
+    module = httpx.get(f"{gateway.base}/static/orchard.js", timeout=5 * UNIT)
     assert module.headers["content-type"].startswith("text/javascript")
+
+
+def await_a_bucket_without_first_tokens(gateway: Gateway) -> None:
+    """Wait (at most a bucket's time) until the pool history's current bucket holds no first
+    token for the runner: requests sent then are the only ones in the buckets they land in,
+    whatever other tests sent before (the stack is shared)."""
+    with ws_connect(f"ws://127.0.0.1:{gateway.port}/v1/ws") as ws:
+        ws.send(orjson.dumps({"type": "pool.subscribe"}).decode())
+        deadline = time.monotonic() + 30 * UNIT
+        while time.monotonic() < deadline:
+            state = orjson.loads(ws.recv(timeout=10 * UNIT))
+            if state["type"] != "pool.state":
+                continue
+            series = state["history"]["runners"].get(RUNNER)
+            if series is None or series["ttft_p50_ms"][-1] is None:
+                return
+        raise AssertionError("the pool history's current bucket never came without a TTFT")
 
 
 def test_console_charts_the_last_minutes(page: Page, gateway: Gateway) -> None:
     open_console(page, gateway.base)
     expect(page.locator("#connection")).to_have_attribute("data-status", "open")
     # Requests while the console watches; the gateway's TTFT is within what the client saw.
+    await_a_bucket_without_first_tokens(gateway)
     slowest = 0.0
     with httpx.Client(timeout=30 * UNIT) as client:
         for i in range(3):

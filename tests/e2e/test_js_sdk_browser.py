@@ -365,7 +365,7 @@ def test_a_body_that_is_not_json_and_requests_not_carried(page: Page, gateway: G
 
 # Wraps the client's message handler to see the socket's `done` messages, then stops one
 # stream with an AbortController and leaves another by breaking out of the SDK's loop.
-ABORT_SCRIPT = """async (request) => {
+ABORT_SCRIPT = """async ([request, waitMs]) => {
   const dones = [];
   const receive = orchard.receive.bind(orchard);
   orchard.receive = (data) => {
@@ -374,7 +374,7 @@ ABORT_SCRIPT = """async (request) => {
     receive(data);
   };
   const waitForDones = async (count) => {
-    const deadline = Date.now() + 10000;
+    const deadline = Date.now() + waitMs;
     while (dones.length < count && Date.now() < deadline) {
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
@@ -406,7 +406,7 @@ ABORT_SCRIPT = """async (request) => {
 def test_an_aborted_stream_is_cancelled(page: Page, gateway: Gateway) -> None:
     before = runner_state(gateway)["tokens_generated"]
     request = {"model": MODEL, "messages": USER, "max_tokens": 1800}
-    result = page.evaluate(ABORT_SCRIPT, request)
+    result = page.evaluate(ABORT_SCRIPT, [request, 10 * MS])
     # The SDK ends its loop quietly when its own signal aborts the body, as over HTTP.
     assert result["seen"] == 3
     assert result["thrown"] is None

@@ -26,6 +26,7 @@ from tests.support import (
     page_problems,
     start_runner,
     wait_until,
+    weights_bytes,
 )
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def hub_env(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 
 def model_states(gateway: Gateway) -> dict[str, str]:
-    data = httpx.get(f"{gateway.base}/v1/models", timeout=5).json()["data"]
+    data = httpx.get(f"{gateway.base}/v1/models", timeout=5 * UNIT).json()["data"]
     return {entry["id"]: entry["state"] for entry in data}
 
 
@@ -163,13 +164,14 @@ def test_models_load_on_demand_within_the_budget(
         MISSING: "loadable",
     }
     (info,) = gateway.runners()
-    loaded = [m for m in info["models"] if m["state"] == "loaded"]
-    assert sum(m["size_bytes"] for m in loaded) <= 4_000_000
-    assert demo_size > 0
+    loaded = {m["id"]: m["size_bytes"] for m in info["models"] if m["state"] == "loaded"}
+    assert loaded == {DEMO_MODEL_ID: demo_size, copy: weights_bytes(Path(copy))}
+    assert demo_size == weights_bytes(Path(resolve_model(DEMO_MODEL_ID)))
+    assert sum(loaded.values()) <= 4_000_000
     # Ollama's /api/ps lists what is loaded now, /api/tags everything served.
-    ps = httpx.get(f"{gateway.base}/api/ps", timeout=5).json()
+    ps = httpx.get(f"{gateway.base}/api/ps", timeout=5 * UNIT).json()
     assert sorted(m["name"] for m in ps["models"]) == sorted([DEMO_MODEL_ID, copy])
-    tags = httpx.get(f"{gateway.base}/api/tags", timeout=5).json()
+    tags = httpx.get(f"{gateway.base}/api/tags", timeout=5 * UNIT).json()
     assert len(tags["models"]) == 4
 
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from runner import demo_model
-from tests.support import Gateway, Process, Stacks
+from tests.support import UNIT, Gateway, Process, Stacks
 
 MODEL = "orchard-demo"
 HI: Any = [{"role": "user", "content": "Tell me about pear trees."}]
@@ -97,7 +97,7 @@ def test_the_raw_ndjson(stack: tuple[Gateway, Process], openai_client: openai.Op
     response = httpx.post(
         f"{stack[0].base}/api/chat",
         json={"model": MODEL, "messages": HI, "options": GREEDY},
-        timeout=30,
+        timeout=30 * UNIT,
     )
     assert response.headers["content-type"] == "application/x-ndjson"
     assert response.content.endswith(b"\n")
@@ -160,7 +160,7 @@ def test_parallel_calls_stream_one_object_each(stack: tuple[Gateway, Process]) -
     # "properties", a prompt the built-in model answers with one call only.
     messages: Any = list(demo_model.TOOL_DEMO_PARALLEL_MESSAGES)
     request = {"model": MODEL, "messages": messages, "tools": TOOLS, "options": CALLS}
-    response = httpx.post(f"{stack[0].base}/api/chat", json=request, timeout=60)
+    response = httpx.post(f"{stack[0].base}/api/chat", json=request, timeout=60 * UNIT)
     parts = [ollama.ChatResponse(**orjson.loads(line)) for line in response.content.splitlines()]
     with_calls = [p for p in parts if p.message.tool_calls]
     assert [calls_of(p.message) for p in with_calls] == [[call] for call in EXPECTED_PARALLEL]
@@ -180,15 +180,22 @@ def test_parallel_calls_stream_one_object_each(stack: tuple[Gateway, Process]) -
     follow_up = httpx.post(
         f"{stack[0].base}/api/chat",
         json={**request, "messages": history, "stream": False},
-        timeout=60,
+        timeout=60 * UNIT,
     )
     assert follow_up.status_code == 200
     assert follow_up.json()["prompt_eval_count"] > whole["prompt_eval_count"]
 
 
-def test_structured_outputs(client: ollama.Client) -> None:
+def test_structured_outputs(client: ollama.Client, openai_client: openai.OpenAI) -> None:
+    def chat_answer(response_format: Any) -> str | None:
+        answer = openai_client.chat.completions.create(
+            model=MODEL, messages=HI, temperature=0, max_tokens=60, response_format=response_format
+        )
+        return answer.choices[0].message.content
+
     free = client.chat(MODEL, HI, format="json", options={"temperature": 0, "num_predict": 60})
     assert isinstance(json.loads(free.message.content or ""), dict)
+    assert free.message.content == chat_answer({"type": "json_object"})
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string"}, "count": {"type": "integer"}},
@@ -197,6 +204,9 @@ def test_structured_outputs(client: ollama.Client) -> None:
     }
     shaped = client.chat(MODEL, HI, format=schema, options={"temperature": 0, "num_predict": 60})
     jsonschema.validate(json.loads(shaped.message.content or ""), schema)
+    assert shaped.message.content == chat_answer(
+        {"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}
+    )
 
 
 def test_think_goes_through_the_chat_template(
@@ -221,8 +231,7 @@ def test_model_endpoints(client: ollama.Client, stack: tuple[Gateway, Process]) 
     assert [m.model for m in client.list().models] == [MODEL]
     (loaded,) = client.ps().models
     assert loaded.model == MODEL
-    assert loaded.context_length is not None
-    assert loaded.context_length > 0
+    assert loaded.context_length == demo_model.CONTEXT_LENGTH
     shown = client.show(MODEL)
     assert shown.modelinfo is not None
     assert shown.modelinfo["orchard.context_length"] == loaded.context_length

@@ -229,7 +229,12 @@ def test_update_and_delete(client: openai.OpenAI) -> None:
         }
 
 
-def test_what_is_not_stored(client: openai.OpenAI) -> None:
+def active(gateway: Gateway, runner: str) -> int:
+    (info,) = [r for r in gateway.runners() if r["name"] == runner]
+    return int(info["active"])
+
+
+def test_what_is_not_stored(gateway: Gateway, client: openai.OpenAI) -> None:
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.retrieve(plain.id)
@@ -245,6 +250,8 @@ def test_what_is_not_stored(client: openai.OpenAI) -> None:
     )
     completion_id = next(iter(stream)).id
     stream.close()
+    # Once the request is over on its runner (it would be stored then, if at all).
+    wait_until(lambda: active(gateway, OTHER_MODEL) == 0, 10, "the stream to be cancelled")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.retrieve(completion_id)
     assert list(client.chat.completions.list(metadata={"run": "left"})) == []
@@ -323,7 +330,7 @@ def locked() -> Iterator[Gateway]:
     runner = start_runner(gw, "--engine", "scripted", "--model", MODEL)
     try:
         wait_until(
-            lambda: httpx.get(f"{gw.base}/health", timeout=5).json()["runners"] == 1,
+            lambda: httpx.get(f"{gw.base}/health", timeout=5 * UNIT).json()["runners"] == 1,
             60,
             "the runner",
         )
