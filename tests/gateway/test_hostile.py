@@ -1,13 +1,15 @@
 """Hostile input over real sockets: nothing a runner or client sends crashes the gateway or
-touches another stream. Hypothesis generates the input; a well-behaved stream runs beside."""
+touches another stream. Hypothesis generates the input; a well-behaved stream is in flight
+beside it (its runner holds the rest of the answer until the hostile input has been dealt
+with)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import os
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,27 +21,29 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from protocol.closecodes import CloseCode
 from protocol.codec import decode_gateway_frame, encode
 from protocol.frames import PROTOCOL_VERSION, Chunk, Generate, Heartbeat, Hello, ModelInfo, Usage
 from tests.protocol.strategies import hostile_bytes, json_values, runner_frames
-from tests.support import HARDWARE, UNIT, Gateway
+from tests.support import HARDWARE, UNIT, Gateway, secs
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("ORCHARD_FUZZ_EXAMPLES", "40")),
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--handshake-timeout", "2")
+    gw = Gateway("--handshake-timeout", secs(2))
     yield gw
     gw.stop()
 
 
 class HonestRunner:
-    """A protocol-correct runner on its own thread: answers every request with "a b c"."""
+    """A protocol-correct runner on its own thread: answers every request with "a b c", each
+    word a chunk. A request whose last message `hold` named stops after its first chunk
+    until released."""
 
     def __init__(self, gateway: Gateway) -> None:
         # legacy=True: connected now, not in a `with`. No keepalive pings: websockets' sync
@@ -51,8 +55,16 @@ class HonestRunner:
         hello = Hello(PROTOCOL_VERSION, "honest", (ModelInfo("honest-model", 4096),), 8, HARDWARE)
         self.ws.send(encode(hello).decode())
         decode_gateway_frame(self.ws.recv())
+        self._held: dict[str, tuple[threading.Event, threading.Event]] = {}
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
+
+    def hold(self, text: str) -> tuple[threading.Event, threading.Event]:
+        """For the request whose last message is `text`: an event set once its first chunk is
+        sent, and one that lets the rest go."""
+        events = threading.Event(), threading.Event()
+        self._held[text] = events
+        return events
 
     def _serve(self) -> None:
         try:
@@ -66,7 +78,7 @@ class HonestRunner:
             pass
 
     def _answer(self, frame: Generate) -> None:
-        """Answer slowly, so the answer is still streaming while hostile input arrives."""
+        held = self._held.pop(frame.messages[-1].content, None) if frame.messages else None
         try:
             for seq, word in enumerate(["a ", "b ", "c"]):
                 final = seq == 2
@@ -74,8 +86,10 @@ class HonestRunner:
                     frame.request_id, seq, word, "", 1, Usage(3, seq + 1), "stop" if final else None
                 )
                 self.ws.send(encode(chunk).decode())
-                if not final:
-                    time.sleep(STEP)
+                if seq == 0 and held is not None:
+                    started, release = held
+                    started.set()
+                    release.wait(10 * UNIT)
         except ConnectionClosed:
             pass
 
@@ -90,45 +104,56 @@ def honest(gateway: Gateway) -> Iterator[HonestRunner]:
     runner.close()
 
 
-STEP = 0.1
-"""Seconds between the honest runner's chunks."""
+_honest_requests = itertools.count()
 
 
 @contextlib.contextmanager
-def honest_stream_beside(gateway: Gateway) -> Iterator[None]:
-    """An honest request streams on another thread while the block sends hostile input;
-    it must come through whole."""
+def honest_stream_beside(gateway: Gateway, honest: HonestRunner) -> Iterator[None]:
+    """An honest request is in flight (its first chunk sent, the rest held back) while the
+    block sends hostile input; then it must come through whole."""
+    text = f"honest request {next(_honest_requests)}"
+    started, release = honest.hold(text)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(honest_request_works, gateway)
-        time.sleep(STEP / 2)  # its first chunk is out, the rest is still to come
-        yield
+        answer = pool.submit(honest_request_works, gateway, text)
+        try:
+            assert started.wait(10 * UNIT), "the honest request never reached its runner"
+            yield
+        finally:
+            release.set()
         answer.result()
 
 
-def honest_request_works(gateway: Gateway) -> None:
+def honest_request_works(gateway: Gateway, text: str = "hi") -> None:
     resp = httpx.post(
         f"{gateway.base}/v1/chat/completions",
-        json={"model": "honest-model", "messages": [{"role": "user", "content": "hi"}]},
+        json={"model": "honest-model", "messages": [{"role": "user", "content": text}]},
         timeout=10 * UNIT,
     )
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["message"]["content"] == "a b c"
 
 
-def rogue_session(gateway: Gateway, payloads: Sequence[bytes | str], hello_first: bool) -> None:
-    """Send payloads as a runner; the gateway may only answer with frames or a 4xxx close."""
+END = "the end of the rogue's input"
+"""Not JSON: whatever the session's state, the gateway closes it on this one."""
+
+
+def rogue_session(
+    gateway: Gateway, payloads: Sequence[bytes | str], hello_first: bool
+) -> ConnectionClosed:
+    """Send payloads as a runner, then `END`; the gateway may only answer with frames, then a
+    4xxx close (for a payload or for `END`), which is returned."""
     closed = _rogue_session(gateway, payloads, hello_first)
-    if closed is not None:
-        assert closed.rcvd is not None
-        assert 4000 <= closed.rcvd.code <= 4999, closed.rcvd
-        assert closed.rcvd.reason
+    assert closed.rcvd is not None
+    assert 4000 <= closed.rcvd.code <= 4999, closed.rcvd
+    assert closed.rcvd.reason
+    return closed
 
 
 def _rogue_session(
     gateway: Gateway, payloads: Sequence[bytes | str], hello_first: bool
-) -> ConnectionClosed | None:
+) -> ConnectionClosed:
     with connect(
-        f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", open_timeout=5, ping_interval=None
+        f"ws://127.0.0.1:{gateway.port}/v1/runner/ws", open_timeout=5 * UNIT, ping_interval=None
     ) as ws:
         try:
             if hello_first:
@@ -139,10 +164,9 @@ def _rogue_session(
             for payload in payloads:
                 ws.send(payload if isinstance(payload, str) else payload.decode(errors="replace"))
             ws.send('{"type": "heartbeat", "sent_at": 1}')
+            ws.send(END)
             while True:
-                decode_gateway_frame(ws.recv(timeout=0.3))
-        except TimeoutError:
-            return None  # still open: everything it sent was legal
+                decode_gateway_frame(ws.recv(timeout=10 * UNIT))
         except ConnectionClosed as closed:
             return closed
 
@@ -159,7 +183,7 @@ def _rogue_session(
 def test_rogue_runner_frames(
     gateway: Gateway, honest: HonestRunner, payloads: list[bytes], hello_first: bool
 ) -> None:
-    with honest_stream_beside(gateway):
+    with honest_stream_beside(gateway, honest):
         rogue_session(gateway, payloads, hello_first)
 
 
@@ -167,10 +191,14 @@ def test_rogue_runner_writing_into_an_honest_request(
     gateway: Gateway, honest: HonestRunner
 ) -> None:
     # A rogue guessing request ids: every chunk for a request it was not given closes it.
-    for rid in ["chatcmpl-0", "", "x" * 1000]:
-        rogue_session(
-            gateway, [encode(Chunk(rid, 0, "injected", "", 1, Usage(1, 1)))], hello_first=True
-        )
+    with honest_stream_beside(gateway, honest):
+        for rid in ["chatcmpl-0", "", "x" * 1000]:
+            closed = rogue_session(
+                gateway, [encode(Chunk(rid, 0, "injected", "", 1, Usage(1, 1)))], hello_first=True
+            )
+            assert closed.rcvd is not None
+            assert closed.rcvd.code == CloseCode.ILLEGAL_STATE
+            assert closed.rcvd.reason.startswith(f"chunk for request {rid!r}"[:100])
     honest_request_works(gateway)
 
 
@@ -178,7 +206,7 @@ def test_rogue_runner_writing_into_an_honest_request(
 @given(body=json_values | st.binary(max_size=300))
 def test_hostile_http_bodies_get_4xx(gateway: Gateway, honest: HonestRunner, body: Any) -> None:
     content = body if isinstance(body, bytes) else orjson.dumps(body)
-    with honest_stream_beside(gateway):
+    with honest_stream_beside(gateway, honest):
         resp = httpx.post(
             f"{gateway.base}/v1/chat/completions",
             content=content,
@@ -204,7 +232,7 @@ chat_bodies = st.fixed_dictionaries(
 @SETTINGS
 @given(body=chat_bodies)
 def test_hostile_chat_fields_never_5xx(gateway: Gateway, honest: HonestRunner, body: Any) -> None:
-    with honest_stream_beside(gateway):
+    with honest_stream_beside(gateway, honest):
         resp = httpx.post(f"{gateway.base}/v1/chat/completions", json=body, timeout=10 * UNIT)
     assert resp.status_code < 500, resp.text
 
@@ -227,7 +255,7 @@ def client_ws(gateway: Gateway) -> Iterator[ClientConnection]:
 def test_hostile_client_messages(
     gateway: Gateway, honest: HonestRunner, client_ws: ClientConnection, message: Any
 ) -> None:
-    with honest_stream_beside(gateway):
+    with honest_stream_beside(gateway, honest):
         client_ws.send(orjson.dumps(message).decode())
         # Whatever came back, the socket still works and answers a ping.
         client_ws.send('{"type": "ping"}')
