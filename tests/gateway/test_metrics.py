@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,7 +31,15 @@ from protocol.frames import (
     ModelStatus,
     Usage,
 )
-from tests.support import UNIT, FakeRunner, Gateway, async_wait_until, start_runner
+from tests.support import (
+    UNIT,
+    FakeRunner,
+    Gateway,
+    async_wait_until,
+    secs,
+    sse_events,
+    start_runner,
+)
 
 KEY = "metrics-key-41d7"
 
@@ -129,24 +138,36 @@ async def test_completed_chat_requests_count_with_their_usage(
     assert value(after, "orchard_requests_in_flight") == 0
 
 
+GAP = 0.02
+"""Seconds at least between the gateway taking in a chunk and the fake sending the next."""
+
+
 async def test_chunks_time_and_usage_of_one_stream(
     fake: FakeRunner, http: httpx.AsyncClient
 ) -> None:
     before = await scrape(http)
+    relayed: asyncio.Queue[str] = asyncio.Queue()
 
     async def serve() -> None:
         gen = await fake.next_request()
         assert isinstance(gen, Generate)
         for seq in range(9):
-            await asyncio.sleep(0.02)
+            if seq > 0:  # the client has the last one: the gateway took it in before
+                assert await asyncio.wait_for(relayed.get(), 10 * UNIT) == f"t{seq - 1}"
+            await asyncio.sleep(GAP)
             done: FinishReason | None = "stop" if seq == 8 else None
             usage = Usage(11, seq + 1, cached_tokens=8)
             await fake.send(Chunk(gen.request_id, seq, f"t{seq}", "", 1, usage, done))
 
     task = asyncio.create_task(serve())
-    resp = await http.post("/v1/chat/completions", json=chat(stream=True))
+    async with http.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {"):
+                choices = orjson.loads(line.removeprefix("data: "))["choices"]
+                if choices and choices[0]["delta"].get("content"):
+                    relayed.put_nowait(choices[0]["delta"]["content"])
     await task
-    assert resp.status_code == 200
     after = await scrape(http)
 
     model = "fake-model"
@@ -157,13 +178,13 @@ async def test_chunks_time_and_usage_of_one_stream(
     assert delta(before, after, "orchard_completion_tokens_total", model=model) == 9
     assert delta(before, after, "orchard_time_to_first_token_seconds_count", model=model) == 1
     ttft = delta(before, after, "orchard_time_to_first_token_seconds_sum", model=model)
-    assert 0.02 <= ttft < 5 * UNIT
+    assert GAP <= ttft < 5 * UNIT
     # Sampled: the gaps before chunks 4 and 8 (GAP_EVERY), of the 8 after the first.
     assert GAP_EVERY == 4
     assert delta(before, after, "orchard_inter_token_gap_seconds_count", model=model) == 2
     gaps = delta(before, after, "orchard_inter_token_gap_seconds_sum", model=model)
-    assert 2 * 0.015 <= gaps < 5 * UNIT  # 20 ms apart as sent, give or take the timers
-    # The 5 ms bucket cannot hold a 20 ms gap; +Inf holds them all.
+    assert 2 * GAP <= gaps < 5 * UNIT  # each chunk came GAP or more after the last
+    # The 5 ms bucket cannot hold a gap of GAP or more; +Inf holds them all.
     low = "orchard_inter_token_gap_seconds_bucket"
     assert delta(before, after, low, model=model, le="0.005") == 0
     assert delta(before, after, low, model=model, le="+Inf") == 2
@@ -228,7 +249,9 @@ async def test_client_disconnect_counts_as_cancelled(
 
 
 async def test_a_silent_runner_counts_as_a_timeout() -> None:
-    gw = await asyncio.to_thread(Gateway, "--stream-timeout", "0.5", "--first-token-wait", "0.2")
+    gw = await asyncio.to_thread(
+        Gateway, "--stream-timeout", secs(0.5), "--first-token-wait", secs(0.2)
+    )
     runner = await FakeRunner.connect(gw, name="silent-runner")
     try:
         async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
@@ -238,14 +261,16 @@ async def test_a_silent_runner_counts_as_a_timeout() -> None:
                 gen = await runner.next_request()
                 assert isinstance(gen, Generate)
                 await runner.send(FakeRunner.chunk(gen.request_id, 0, "first"))
-                cancel = await runner.next_request()  # after 0.5 s of silence
+                cancel = await runner.next_request()  # after the stream timeout of silence
                 assert cancel == Cancel(gen.request_id)
                 await runner.send(Chunk(gen.request_id, 1, "", "", 0, Usage(3, 1), "cancelled"))
 
             task = asyncio.create_task(serve())
             resp = await http.post("/v1/chat/completions", json=chat(stream=True))
             await asyncio.wait_for(task, 10 * UNIT)
-            assert b'"timeout"' in resp.content
+            events = sse_events(resp.content)
+            assert events[1]["choices"][0]["delta"] == {"content": "first"}
+            assert (events[-2]["error"]["code"], events[-1]) == ("timeout", "[DONE]")
             after = await scrape(http)
     finally:
         await runner.close()
