@@ -388,7 +388,9 @@ def test_stream_events_fit_the_schema(
     events = b"".join(out).split(b"\n\n")
     assert events[-1] == b""
     data = [event.removeprefix(b"data: ") for event in events[:-1] if event != b"data: [DONE]"]
-    assert len(data) >= 7  # role, text, tool calls, finish (usage); role, text, error
+    # role, text, tool calls, finish (usage; with continuous usage, the empty chunk too, for
+    # its usage); role, text, error.
+    assert len(data) == 7 + int(include_usage) + int(include_usage and continuous)
     for event in data:
         assert event_ok(orjson.loads(event)), event
 

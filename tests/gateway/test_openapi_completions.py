@@ -209,7 +209,8 @@ def test_stream_events_fit_the_schema(
     failed.fail(server_error("boom"), out)
     events = b"".join(out).split(b"\n\n")
     data = [event.removeprefix(b"data: ") for event in events[:-1] if event != b"data: [DONE]"]
-    assert len(data) >= 6
+    # Four chunks (with echo, the second choice's prompt in one more), usage; text, error.
+    assert len(data) == 6 + int(echo) + int(include_usage)
     for event in data:
         assert event_ok(orjson.loads(event)), event
 

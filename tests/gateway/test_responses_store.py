@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.responses_store import ResponseStore
@@ -64,8 +65,12 @@ def test_the_oldest_go_first_past_the_bytes() -> None:
     store = ResponseStore(100, 300, 60, Clock())
     for n in range(3):
         assert store.keep(response(f"resp_{n}", "y" * 60), CONVERSATION)
-    assert store.nbytes <= 300
+    # Each: its JSON and the conversation's text.
+    each = len(orjson.dumps(response("resp_0", "y" * 60))) + len("hi") + len("hello")
+    assert 2 * each <= 300 < 3 * each
+    assert store.nbytes == 2 * each
     assert len(store) == 2
+    store.get("resp_1")  # the oldest went
     assert not store.keep(response("resp_big", "z" * 400), CONVERSATION)  # alone too large
     assert len(store) == 2
 
