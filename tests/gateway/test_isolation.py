@@ -44,7 +44,7 @@ class Gateway:
 
 @pytest.fixture
 async def gateway() -> AsyncIterator[Gateway]:
-    config = GatewayConfig(port=free_port(), first_token_wait=5.0)
+    config = GatewayConfig(port=free_port(), first_token_wait=5.0 * UNIT)
     server = make_server(config, "warning")
     task = asyncio.create_task(server.serve())
     await async_wait_until(lambda: _true(server.started), 10, "the gateway to start")
@@ -230,15 +230,19 @@ async def test_a_failing_client_fails_alone(
         assert (done["type"], done["finish_reason"]) == ("done", "length")
         assert done["usage"]["completion_tokens"] == TOKENS
 
+    # A victim gets some of its tokens before the fault, never the 4th or any after it: how
+    # many depends on how they were batched (a fault fails the whole write it is in, and
+    # tokens that arrive while the relay is busy are rendered in one).
+    before_the_fault = {"".join(f"tok{i} " for i in range(n)) for n in range(4)}
     server_error = {"type": "server_error", "param": None, "code": None}
     if sse_victim:
         events = sse_results[3]
-        assert text_of(events) == "tok0 tok1 tok2 "
+        assert text_of(events) in before_the_fault
         assert {k: events[-2]["error"][k] for k in server_error} == server_error
         assert events[-1] == "[DONE]"
     if ws_victim:
         text, error = ws_results["victim"]
-        assert text == "tok0 tok1 tok2 "
+        assert text in before_the_fault
         assert error["type"] == "error"
         assert {k: error["error"][k] for k in server_error} == server_error
 

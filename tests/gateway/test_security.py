@@ -190,7 +190,7 @@ def test_lan_address_without_token_needs_insecure() -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=30 * UNIT,
         check=False,
     )
     assert out.returncode == 2
