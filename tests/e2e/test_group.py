@@ -34,6 +34,7 @@ from tests.support import (
     Gateway,
     Process,
     page_problems,
+    secs,
     start_runner,
     wait_until,
 )
@@ -44,14 +45,17 @@ if TYPE_CHECKING:
 MODEL = DEMO_PIPELINE_MODEL_ID
 PROMPTS = ["Tell me about pears.", "Hello", "Why do orchards need bees?", "Say something."]
 TOKENS = 24
-LIVENESS = 3.0  # the runner's default --liveness-timeout, which is also the group's timeout
+LIVENESS = 3.0
+"""The runners' --liveness-timeout (their default) in the time unit, which is also the group's
+timeout: its members' watchdogs, and how long its supervisor waits for them after a failure."""
+RUNNER_LIVENESS = ("--liveness-timeout", secs(LIVENESS))
 
 pytestmark = pytest.mark.timeout(int(180 * UNIT))
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway()
+    gw = Gateway("--liveness-timeout", secs(2.5))  # its default, in the time unit
     yield gw
     gw.stop()
 
@@ -59,7 +63,9 @@ def gateway() -> Iterator[Gateway]:
 @pytest.fixture(scope="module")
 def group(gateway: Gateway) -> Iterator[Process]:
     proc = start_runner(
-        gateway, "--model", MODEL, "--local-group", "2", "--max-concurrent", "4", name="grp"
+        gateway,
+        *("--model", MODEL, "--local-group", "2", "--max-concurrent", "4", *RUNNER_LIVENESS),
+        name="grp",
     )
     try:
         wait_until(lambda: _listed(gateway, "grp", proc), 90, "the group to register")
@@ -153,6 +159,9 @@ async def test_greedy_output_equals_the_single_process_engine(
     client: openai.AsyncOpenAI,
     expected: dict[str, tuple[list[str], str]],
 ) -> None:
+    before = _runner(gateway, "grp")
+    assert before is not None
+
     async def ask(prompt: str) -> Any:
         return await client.chat.completions.create(
             model=MODEL,
@@ -179,7 +188,7 @@ async def test_greedy_output_equals_the_single_process_engine(
         assert answer.usage.completion_tokens == TOKENS
     info = _runner(gateway, "grp")
     assert info is not None
-    assert info["requests_served"] >= 2 * len(PROMPTS)
+    assert info["requests_served"] - before["requests_served"] == 2 * len(PROMPTS)
 
 
 async def test_usage_is_exact_streamed(
@@ -293,7 +302,9 @@ def test_console_shows_the_group_and_its_members(
 async def test_member_killed_mid_stream_ends_the_group_and_its_requests(
     gateway: Gateway, group: Process, client: openai.AsyncOpenAI
 ) -> None:
-    solo = start_runner(gateway, "--model", MODEL, "--max-concurrent", "1", name="solo")
+    solo = start_runner(
+        gateway, "--model", MODEL, "--max-concurrent", "1", *RUNNER_LIVENESS, name="solo"
+    )
     try:
         wait_until(lambda: _listed(gateway, "solo", solo), 60, "the single runner")
         members = _members(group)

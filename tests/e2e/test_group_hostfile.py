@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from runner.demo_model import DEMO_PIPELINE_MODEL_ID
-from tests.support import UNIT, Gateway, start_runner, wait_until
+from tests.support import UNIT, Gateway, secs, start_runner, wait_until
 
 pytestmark = pytest.mark.timeout(int(120 * UNIT))
 
@@ -22,11 +22,13 @@ def test_hostfile_group_starts_through_mlx_launch_and_stops_cleanly(tmp_path: Pa
     hostfile = tmp_path / "hosts.json"
     local = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}
     hostfile.write_text(json.dumps([local, local]))
-    gateway = Gateway()
+    gateway = Gateway("--liveness-timeout", secs(2.5))  # its default, in the time unit
     group = start_runner(
         gateway,
         *("--model", DEMO_PIPELINE_MODEL_ID, "--hostfile", str(hostfile), "--log-level", "info"),
         *("--max-concurrent", "1"),  # the shortest warm-up
+        # The default, in the time unit: the members' watchdogs and the supervisor's grace.
+        *("--liveness-timeout", secs(3)),
         name="hosts",
     )
     try:
