@@ -21,25 +21,32 @@ from runner.demo_model import (
     TOOL_DEMO_PARALLEL_CALLS,
     TOOL_DEMO_PARALLEL_MESSAGES,
     TOOL_DEMO_TOOLS,
-    build_demo_model,
     resolve_model,
     tool_calls_text,
 )
-from tests.support import UNIT
+from tests.runner.engines import Reference
+from tests.support import REPO, UNIT
 
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
 @pytest.fixture(scope="module")
-def loaded(demo_model_path: Path) -> tuple[Any, Any]:
-    import mlx_lm
-
-    loaded: Any = mlx_lm.load(str(demo_model_path))  # annotated as a 2- or 3-tuple
-    return loaded[0], loaded[1]
+def loaded(reference: Reference) -> tuple[Any, Any]:
+    """The built-in model and its tokenizer, as mlx-lm loads them (the session's load)."""
+    return reference.model, reference.tokenizer
 
 
 def test_build_is_deterministic(tmp_path: Path, demo_model_path: Path) -> None:
-    build_demo_model(tmp_path / "again")
+    # In a process of its own (its own hash seed, MLX state and pid), which the session's
+    # build may not have been.
+    build = "import pathlib, sys; from runner.demo_model import build_demo_model;"
+    build += " build_demo_model(pathlib.Path(sys.argv[1]))"
+    subprocess.run(
+        [sys.executable, "-c", build, str(tmp_path / "again")],
+        cwd=REPO,
+        check=True,
+        timeout=300 * UNIT,
+    )
     for name in FILES:
         assert (tmp_path / "again" / name).read_bytes() == (demo_model_path / name).read_bytes()
 
@@ -53,26 +60,54 @@ def test_resolve_model(orchard_cache: Path, demo_model_path: Path) -> None:
     assert resolve_model("/models/local") == "/models/local"
 
 
+RACER = """
+import pathlib, sys, time
+import runner.demo_model as demo
+
+me, other, *files = map(pathlib.Path, sys.argv[1:])
+
+def build(path):
+    # In the staging directory: wait until the other racer is in its own, then write.
+    me.touch()
+    deadline = time.monotonic() + 60
+    while not other.exists():
+        if time.monotonic() > deadline:
+            sys.exit("the other racer never started its build")
+        time.sleep(0.01)
+    for name in files:
+        (path / name).write_text(str(me))
+
+demo.build_demo_model = build  # the real build takes 15-50 s; the race is in resolve_model
+print(demo.resolve_model(demo.DEMO_MODEL_ID))
+"""
+"""A process that builds the built-in model into $ORCHARD_CACHE_DIR, once the other racer is
+building too; each file it writes holds its own marker's path."""
+
+
 def test_processes_racing_to_build_both_succeed(tmp_path: Path) -> None:
-    script = "from runner.demo_model import resolve_model; print(resolve_model('orchard-demo'))"
-    env = {**os.environ, "ORCHARD_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "ORCHARD_CACHE_DIR": str(tmp_path / "cache")}
+    markers = [tmp_path / "racer-0", tmp_path / "racer-1"]
     racers = [
         subprocess.Popen(
-            [sys.executable, "-c", script],
+            [sys.executable, "-c", RACER, str(me), str(other), *FILES],
             env=env,
             stdout=subprocess.PIPE,
             text=True,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=REPO,
         )
-        for _ in range(2)
+        for me, other in (markers, markers[::-1])
     ]
     outputs = [racer.communicate(timeout=60 * UNIT)[0].strip() for racer in racers]
     assert [racer.returncode for racer in racers] == [0, 0]
-    target = tmp_path / "models" / f"{DEMO_MODEL_ID}-{DEMO_MODEL_VERSION}"
+    models = tmp_path / "cache" / "models"
+    target = models / f"{DEMO_MODEL_ID}-{DEMO_MODEL_VERSION}"
     assert outputs == [str(target), str(target)]
     # Only the model directory: the loser's staging directory is gone.
-    assert [p.name for p in (tmp_path / "models").iterdir()] == [target.name]
+    assert [p.name for p in models.iterdir()] == [target.name]
     assert sorted(p.name for p in target.iterdir()) == sorted(FILES)
+    # All of it the winner's: no mix of the two builds.
+    (winner,) = {(target / name).read_text() for name in FILES}
+    assert winner in {str(marker) for marker in markers}
 
 
 def test_tokenizer(loaded: tuple[Any, Any]) -> None:
@@ -396,6 +431,7 @@ def test_the_added_part_adds_nothing_to_ordinary_text(loaded: tuple[Any, Any]) -
     assert not mx.allclose(before[1], after[1])
 
 
+@pytest.mark.timing  # a speed the other tests' durations rely on
 def test_single_stream_speed(loaded: tuple[Any, Any]) -> None:
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler

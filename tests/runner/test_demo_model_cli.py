@@ -6,26 +6,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import REPO
+from tests.runner.test_demo_model import FILES
+from tests.support import REPO, UNIT
 
 
-def test_demo_model_command_writes_a_loadable_model(tmp_path: Path) -> None:
+def test_demo_model_command_writes_a_loadable_model(tmp_path: Path, demo_model_path: Path) -> None:
+    # The session's cache holds the built model: the command copies it (a build is
+    # deterministic, test_demo_model.py), so what it writes is that model, byte for byte.
     target = tmp_path / "demo"
     out = subprocess.run(
         [sys.executable, "-m", "orchard", "demo-model", str(target)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=300 * UNIT,
         check=True,
     )
     assert f"wrote orchard-demo to {target}" in out.stdout
-    assert {p.name for p in target.iterdir()} >= {
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    }
+    assert sorted(p.name for p in target.iterdir()) == sorted(FILES)
+    for name in FILES:
+        assert (target / name).read_bytes() == (demo_model_path / name).read_bytes(), name
     # mlx-lm's own command line generates from it.
     gen = subprocess.run(
         [
@@ -42,7 +42,7 @@ def test_demo_model_command_writes_a_loadable_model(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=300 * UNIT,
         check=False,
     )
     assert gen.returncode == 0, gen.stderr[-2000:]
