@@ -228,8 +228,9 @@ class Runner:
     async def _serve(self, ws: ClientConnection) -> bool:
         """One connection, until it drops or the runner has drained. True if registered."""
         session = RunnerSession(self.hello())
-        await ws.send(encode(session.hello), text=True)
         try:
+            # In the try: a gateway that refuses the runner may close before the hello goes.
+            await ws.send(encode(session.hello), text=True)
             async with asyncio.timeout(10):
                 welcome = decode_gateway_frame(await ws.recv())
             session.receive(welcome)
