@@ -31,13 +31,17 @@ async def until_queued(http: httpx.AsyncClient, depth: int) -> None:
     await async_wait_until(queued, 10, f"{depth} request(s) in the queue")
 
 
-async def until_idle(http: httpx.AsyncClient) -> None:
-    """Until no runner holds a request (each one's `active` is 0): every slot came back."""
+async def until_idle(http: httpx.AsyncClient, name: str = "fake") -> None:
+    """Until the runner called `name` holds no request (its `active` is 0): every slot came
+    back. It must stay connected meanwhile (a runner dropped, say for missing heartbeats,
+    would free its slots by leaving)."""
 
     async def idle() -> bool:
-        return all(r["active"] == 0 for r in (await listing(http))["data"])
+        listed = [r for r in (await listing(http))["data"] if r["name"] == name]
+        assert listed, f"the runner {name!r} left"
+        return all(r["active"] == 0 for r in listed)
 
-    await async_wait_until(idle, 10, "every runner's slots to be free")
+    await async_wait_until(idle, 10, f"the slots of {name!r} to be free")
 
 
 async def until_gone(http: httpx.AsyncClient, name: str) -> None:
