@@ -1,16 +1,21 @@
-"""An engine sink for tests, and helpers to check a request's events against the contract."""
+"""An engine sink for tests, helpers to check a request's events against the contract, and
+engines started once and lent to a module's tests."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from protocol.frames import Generate
 from runner.engine.base import Engine, EngineEvent, Failure, Output
 from tests.support import UNIT
+
+if TYPE_CHECKING:
+    from runner.engine.mlx_engine import MlxEngine
 
 
 class Collector:
@@ -74,6 +79,8 @@ E = TypeVar("E", bound=Engine)
 
 def run(engine: Engine, collector: Collector, request: Generate) -> list[EngineEvent]:
     """Submit one request and wait for all its events."""
+    # A request id seen before would find that request's events.
+    assert not collector.events.get(request.request_id), f"{request.request_id} is taken"
     engine.submit(request)
     return collector.wait(request.request_id)
 
@@ -96,6 +103,76 @@ def engine_starter(make: Callable[..., E]) -> Iterator[Callable[..., tuple[E, Co
     finally:
         for engine in engines:
             engine.close()
+
+
+M = TypeVar("M", bound="MlxEngine")
+
+
+class SharedEngine(Generic[M]):
+    """A started mlx engine that a module's tests borrow one at a time, so that its load and
+    warm-up are paid once (a module-scoped fixture's, with `shared_engine`).
+
+    A borrower gets a `Collector` of its own (its request ids are its own) and leaves
+    nothing running. The engine's counters and prefix cache carry over from test to test:
+    tests read counters as differences, and one that needs them from zero, an empty prefix
+    cache or options of its own starts an engine of its own.
+    """
+
+    def __init__(self, make: Callable[[], M]) -> None:
+        self._make = make
+        self._collector = Collector()
+        self.engine = self._started()
+
+    def _started(self) -> M:
+        engine = self._make()
+        engine.start(self._forward)
+        return engine
+
+    def _forward(self, event: EngineEvent) -> None:
+        self._collector(event)
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[tuple[M, Collector]]:
+        """The engine and a new collector that gets its events until the borrower is done;
+        then the engine must be idle. One left busy (a test that failed half-way, or left a
+        request running) is replaced, so the next test gets an idle one, and that is an
+        error of this test."""
+        collector = self._collector = Collector()
+        try:
+            yield self.engine, collector
+        finally:
+            self._collector = Collector()  # what comes later is nobody's
+            running = sorted(
+                request_id
+                for request_id, events in collector.events.items()
+                if events and not is_terminal(events[-1])
+            )
+            if running or not self._idle():
+                self.engine.close()
+                self.engine = self._started()
+                raise AssertionError(f"the module's engine was left busy: {running} running")
+
+    def _idle(self) -> bool:
+        # A request's counters change at the end of the step that emitted its last event.
+        deadline = time.monotonic() + 5 * UNIT
+        while self.engine.active_requests or self.engine.waiting_requests:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+@contextlib.contextmanager
+def shared_engine(make: Callable[[], M]) -> Iterator[SharedEngine[M]]:
+    """A `SharedEngine` made with `make()`, closed on exit."""
+    shared = SharedEngine(make)
+    try:
+        yield shared
+    finally:
+        shared.close()
 
 
 def hold(

@@ -3,26 +3,46 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from protocol.frames import SamplingParams
 from runner.accounting import Piece, RequestAccounting
+from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, Failure, Output
 from runner.engine.batched import BatchedMlxEngine
 from runner.engine.generation import Generation
 from runner.engine.mlx_engine import MlxEngine
-from tests.runner.collect import Collector, engine_starter, run
+from tests.runner.collect import Collector, SharedEngine, engine_starter, run, shared_engine
 from tests.runner.engines import GREEDY, Reference, ask
 
 ENGINES = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
 
 
-@pytest.fixture(params=sorted(ENGINES))
-def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, Collector]]:
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def shared(
+    request: pytest.FixtureRequest, demo_model_path: Path
+) -> Iterator[SharedEngine[MlxEngine]]:
+    """Each mlx engine, started once for the module's tests."""
     make = ENGINES[request.param]
-    with engine_starter(lambda **options: make("orchard-demo", **options)) as start:
+    with shared_engine(lambda: make(DEMO_MODEL_ID)) as shared:
+        yield shared
+
+
+@pytest.fixture
+def engine(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[Engine, Collector]]:
+    """The module's engine, lent to this test."""
+    with shared.borrow() as lent:
+        yield lent
+
+
+@pytest.fixture
+def fresh(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[Engine, Collector]]:
+    """A new engine of the same kind, for a test that needs its state from zero."""
+    make = type(shared.engine)
+    with engine_starter(lambda: make(DEMO_MODEL_ID)) as start:
         yield start()
 
 
@@ -35,8 +55,9 @@ def by_choice(events: list[Any]) -> dict[int, str]:
 
 
 def test_greedy_choices_are_one_prefill_and_n_rows(
-    engine: tuple[Engine, Collector], reference: Reference, monkeypatch: pytest.MonkeyPatch
+    fresh: tuple[Engine, Collector], reference: Reference, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # An engine of its own: with a prefix cache holding other prompts, less is prefilled.
     prefilled: list[int] = []
     real = Generation._prefill
 
@@ -45,7 +66,7 @@ def test_greedy_choices_are_one_prefill_and_n_rows(
         real(self, cache, tokens)
 
     monkeypatch.setattr(Generation, "_prefill", prefill)
-    eng, collector = engine
+    eng, collector = fresh
     request = ask("r1", "A question about plums?", max_tokens=5, sampling=GREEDY, n=3)
     events = run(eng, collector, request)
     prompt = len(reference.prompt(request))

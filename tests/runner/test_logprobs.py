@@ -4,26 +4,44 @@ each value is the log-softmax of the logits the token was sampled from (after lo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import pytest
 
 from protocol.frames import LogitBias, SamplingParams, TokenLogprob
+from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, Output
 from runner.engine.batched import BatchedMlxEngine
 from runner.engine.mlx_engine import MlxEngine
-from tests.runner.collect import Collector, engine_starter, outputs, run
+from tests.runner.collect import (
+    Collector,
+    SharedEngine,
+    outputs,
+    run,
+    shared_engine,
+)
 from tests.runner.engines import GREEDY, Reference, ask
 
 ENGINES = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
 
 
-@pytest.fixture(params=sorted(ENGINES))
-def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, Collector]]:
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def shared(
+    request: pytest.FixtureRequest, demo_model_path: Path
+) -> Iterator[SharedEngine[MlxEngine]]:
+    """Each mlx engine, started once for the module's tests."""
     make = ENGINES[request.param]
-    with engine_starter(lambda **options: make("orchard-demo", **options)) as start:
-        yield start()
+    with shared_engine(lambda: make(DEMO_MODEL_ID)) as shared:
+        yield shared
+
+
+@pytest.fixture
+def engine(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[Engine, Collector]]:
+    """The module's engine, lent to this test."""
+    with shared.borrow() as lent:
+        yield lent
 
 
 def expected_logprobs(
@@ -56,7 +74,7 @@ def test_logprobs_are_the_models_own(
     events = run(eng, collector, request)
     entries = token_entries(events)
     assert isinstance(eng, MlxEngine)  # BatchedMlxEngine is one too
-    tokens = [t for rid, ts in eng.recent_tokens if rid == "r1" for t in ts]
+    tokens = list(dict(eng.recent_tokens)["r1"])  # the last r1 to finish: this one
     assert len(entries) == len(tokens) == 8
     expected = expected_logprobs(reference, reference.prompt(request), tokens, bias)
     for entry, token, vector in zip(entries, tokens, expected, strict=True):

@@ -5,6 +5,7 @@ the prompt's logprobs checked against the model run in-process; max_tokens 0."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -16,18 +17,34 @@ from runner.engine.base import Engine, Failure, Output
 from runner.engine.batched import BatchedMlxEngine
 from runner.engine.generation import ECHO_PIECE_CHARS, ECHO_PIECE_TOKENS, split_echo
 from runner.engine.mlx_engine import MlxEngine
-from tests.runner.collect import Collector, engine_starter, outputs, run
+from tests.runner.collect import (
+    Collector,
+    SharedEngine,
+    outputs,
+    run,
+    shared_engine,
+)
 from tests.runner.engines import GREEDY, Reference
 
 ENGINES = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
 TEXT = "Once upon a time, in an orchard"
 
 
-@pytest.fixture(params=sorted(ENGINES))
-def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, Collector]]:
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def shared(
+    request: pytest.FixtureRequest, demo_model_path: Path
+) -> Iterator[SharedEngine[MlxEngine]]:
+    """Each mlx engine, started once for the module's tests."""
     make = ENGINES[request.param]
-    with engine_starter(lambda **options: make("orchard-demo", **options)) as start:
-        yield start()
+    with shared_engine(lambda: make(DEMO_MODEL_ID)) as shared:
+        yield shared
+
+
+@pytest.fixture
+def engine(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[Engine, Collector]]:
+    """The module's engine, lent to this test."""
+    with shared.borrow() as lent:
+        yield lent
 
 
 def raw(request_id: str, prompt: str | list[int], **fields: Any) -> Generate:
@@ -139,10 +156,11 @@ def test_echo_sends_the_prompt_with_each_choices_first_output(
 ) -> None:
     eng, collector = engine
     tokens: list[int] = reference.tokenizer.encode(TEXT)
-    for prompt, text in ((TEXT, TEXT), (tokens, reference.tokenizer.decode(tokens))):
-        events = outputs(
-            run(eng, collector, raw("echo", prompt, max_tokens=3, sampling=GREEDY, n=2, echo=True))
-        )
+    for i, (prompt, text) in enumerate(
+        ((TEXT, TEXT), (tokens, reference.tokenizer.decode(tokens)))
+    ):
+        request = raw(f"echo{i}", prompt, max_tokens=3, sampling=GREEDY, n=2, echo=True)
+        events = outputs(run(eng, collector, request))
         firsts: dict[int, Output] = {}
         for event in events:
             firsts.setdefault(event.index, event)
