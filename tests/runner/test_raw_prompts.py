@@ -156,10 +156,12 @@ def test_echo_sends_the_prompt_with_each_choices_first_output(
 ) -> None:
     eng, collector = engine
     tokens: list[int] = reference.tokenizer.encode(TEXT)
-    for i, (prompt, text) in enumerate(
-        ((TEXT, TEXT), (tokens, reference.tokenizer.decode(tokens)))
-    ):
-        request = raw(f"echo{i}", prompt, max_tokens=3, sampling=GREEDY, n=2, echo=True)
+    cases: list[tuple[str, str | list[int], str]] = [
+        ("text", TEXT, TEXT),
+        ("tokens", tokens, reference.tokenizer.decode(tokens)),
+    ]
+    for request_id, prompt, text in cases:
+        request = raw(request_id, prompt, max_tokens=3, sampling=GREEDY, n=2, echo=True)
         events = outputs(run(eng, collector, request))
         firsts: dict[int, Output] = {}
         for event in events:
