@@ -1039,12 +1039,22 @@ FLOOD_BYTES = BIG_CHUNKS * 65536
 """8 MiB: more than the kernel's socket buffers hold (checked) and the transport's."""
 
 
-async def _firehose(
-    fake: FakeRunner, flooded: asyncio.Event, tail_sent: asyncio.Event, sibling: Reply
-) -> None:
-    """Serve the fake runner's requests: the flooded one (see FLOOD_TOKENS), whose tail
-    ends with `tail_sent`; any other in lock step with `sibling`'s client: each token sent
-    once the client has the one before."""
+@dataclasses.dataclass
+class Stalled:
+    """The flooded request's progress on the firehose runner."""
+
+    flooded: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Its 8 MiB are sent; its paced tail begins."""
+    release: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Its last token may go: until then it stays in flight on the runner's socket."""
+    ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Its last token is sent."""
+
+
+async def _firehose(fake: FakeRunner, stalled: Stalled, sibling: Reply) -> None:
+    """Serve the fake runner's requests: the flooded one (see FLOOD_TOKENS and `Stalled`);
+    any other in lock step with `sibling`'s client: each token sent once the client has the
+    one before."""
     handlers: set[asyncio.Task[None]] = set()
 
     async def token(rid: str, seq: int, i: int) -> None:
@@ -1056,11 +1066,13 @@ async def _firehose(
         text = "x" * 65536
         for seq in range(BIG_CHUNKS):
             await fake.send(Chunk(rid, seq, text, "", 1, Usage(PROMPT_TOKENS, seq + 1), None))
-        flooded.set()
+        stalled.flooded.set()
         for i in range(PACED_TOKENS):
+            if i == PACED_TOKENS - 1:
+                await stalled.release.wait()
             await asyncio.sleep(0.01)
             await token(rid, BIG_CHUNKS + i, i)
-        tail_sent.set()
+        stalled.ended.set()
 
     async def lock_step(rid: str) -> None:
         for i in range(PACED_TOKENS):
@@ -1088,30 +1100,34 @@ async def test_stalled_client_holds_up_no_one(
     fake = await FakeRunner.connect(gw, models=("firehose",), name="firehose")
     tasks.closing(fake.close)
     tasks.start(_heartbeats(fake))
-    flooded, tail_sent, sibling = asyncio.Event(), asyncio.Event(), Reply()
-    tasks.start(_firehose(fake, flooded, tail_sent, sibling))
+    stalled, sibling = Stalled(), Reply()
+    tasks.start(_firehose(fake, stalled, sibling))
 
     # A client that reads nothing: the firehose runner sends it 8 MiB at once, then a paced
-    # tail. The kernel holds at most the gateway's send buffer and the client's receive
-    # buffer of it: the gateway holds the rest.
+    # tail, all but its last token. The kernel holds at most the gateway's send buffer and
+    # the client's receive buffer of it: the gateway holds the rest.
     sock = _stalled_request(gw, body(FLOOD_TOKENS, model="firehose"))
     try:
         held = _send_buffer_max() + sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         assert held < FLOOD_BYTES, f"the kernel could hold the flood here ({held} bytes)"
         async with asyncio.timeout(10 * UNIT):
-            await flooded.wait()
+            await stalled.flooded.wait()
         # Meanwhile, another request on the same runner: its tokens come behind the flood
         # on the runner's socket, each sent only once its client has the one before. And
-        # 20 requests on other runners. All complete while the stalled client reads nothing.
+        # 20 requests on other runners. All complete while the stalled client reads nothing
+        # and its request is still in flight.
         tasks.start(stream_chat(gw, http, body(PACED_TOKENS, model="firehose"), sibling))
         await first_tokens([sibling], 5)
         others = tasks.streams(gw, http, body(100, model=BULK), 20)
-        await ended([sibling, *others], 30)
+        # (100 round trips take a second or two, even on a busy machine: the bound fails a
+        # link that holds each frame back a tenth of a second.)
+        await ended([sibling, *others], 10)
         sibling.assert_complete(PACED_TOKENS)
         for reply in others:
             reply.assert_complete(100)
+        stalled.release.set()
         async with asyncio.timeout(10 * UNIT):
-            await tail_sent.wait()
+            await stalled.ended.wait()
         raw = await asyncio.to_thread(_read_to_end, sock, 30 * UNIT)
     finally:
         sock.close()
