@@ -458,6 +458,12 @@ def test_console_charts_the_last_minutes(page: Page, gateway: Gateway) -> None:
                 slowest = max(slowest, time.perf_counter() - started)
                 for _ in lines:
                     pass
+    # Charted from a pool.state sent after the requests: one that counts their tokens (the
+    # table and the charts are drawn from the same message).
+    row = page.locator(f'#runners tbody tr[data-runner-name="{RUNNER}"]')
+    expect(row.locator("[data-col=tokens-generated]")).to_have_text(
+        f"{runner_state(gateway)['tokens_generated']:,}"
+    )
     tps = page.locator(f'#chart-tps polyline[data-series="{RUNNER}:tokens_per_second"]')
     expect(tps).to_have_count(1)
     p50 = page.locator(f'#chart-ttft polyline[data-series="{RUNNER}:ttft_p50_ms"]')

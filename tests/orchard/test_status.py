@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from gateway.tls import certificate_fingerprint
 from orchard import cli
 from orchard.status import human_bytes, human_duration, render
-from tests.support import FakeRunner, Gateway, TlsGateway, free_port
+from tests.support import UNIT, FakeRunner, Gateway, TlsGateway, free_port
 
 # As the gateway answers it (gateway/admin.py: runner_info), three runners in three states.
 RUNNERS: dict[str, Any] = {
@@ -272,7 +272,7 @@ def test_a_gateway_certificate_not_trusted_yet_gets_its_fingerprint_and_the_line
         assert f"SHA-256 fingerprint {shown}." in result.output
         line = result.output.split("trust it: ", 1)[1].strip()
         # The line works: it saves the certificate, and status then trusts it.
-        subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True, timeout=30)
+        subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True, timeout=30 * UNIT)
         monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "gateway.pem"))
         trusted = status("--gateway", gateway.base)
         assert trusted.exit_code == 0, trusted.output
