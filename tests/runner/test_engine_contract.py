@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import attrs
 import pytest
@@ -25,12 +26,14 @@ from runner.engine.scripted import ScriptedEngine
 from runner.errors import EngineStateError
 from tests.runner.collect import (
     Collector,
+    SharedEngine,
     engine_starter,
     final,
     hold,
     is_terminal,
     outputs,
     run,
+    shared_engine,
     text_of,
 )
 from tests.runner.engines import ENGINE_NAMES, GREEDY, PROMPTS, EngineCase, ask, engine_case
@@ -39,15 +42,40 @@ from tests.support import UNIT, wait_until
 StartEngine = Callable[..., tuple[Engine, Collector]]
 
 
-@pytest.fixture(params=ENGINE_NAMES)
+@pytest.fixture(scope="module", params=ENGINE_NAMES)
 def case(request: pytest.FixtureRequest) -> EngineCase:
     return engine_case(request.param, lambda: request.getfixturevalue("reference"))
 
 
 @pytest.fixture
 def start(case: EngineCase) -> Iterator[StartEngine]:
+    """Engines of the test's own."""
     with engine_starter(case.make) as start:
         yield start
+
+
+@pytest.fixture(scope="module")
+def shared(case: EngineCase) -> Iterator[SharedEngine[MlxEngine] | None]:
+    """An mlx engine started once for the module's tests (None for the scripted one)."""
+    if not case.has_model:
+        yield None
+        return
+    with shared_engine(lambda: cast("MlxEngine", case.make())) as shared:
+        yield shared
+
+
+@pytest.fixture
+def lent(
+    shared: SharedEngine[MlxEngine] | None, start: StartEngine
+) -> Iterator[tuple[Engine, Collector]]:
+    """An engine for a test that needs no options: the module's, lent to it (its counters go
+    on from the tests before: read them as differences), or a new scripted one (it costs
+    nothing to make)."""
+    if shared is None:
+        yield start()
+        return
+    with shared.borrow() as engine:
+        yield engine
 
 
 def counted(engine: Engine) -> MlxEngine | ScriptedEngine:
@@ -63,8 +91,8 @@ def started_outputs(collector: Collector, request_id: str) -> list[Output]:
     return [e for e in events if isinstance(e, Output)]
 
 
-def test_models_and_an_idle_engine_sleeps(start: StartEngine) -> None:
-    engine, _ = start()
+def test_models_and_an_idle_engine_sleeps(lent: tuple[Engine, Collector]) -> None:
+    engine, _ = lent
     (info,) = engine.models
     assert (info.id, info.context_length) == (DEMO_MODEL_ID, 2048)
     if isinstance(engine, MlxEngine):
@@ -144,8 +172,10 @@ def test_more_requests_than_slots_wait_their_turn(start: StartEngine) -> None:
     assert counters.tokens_generated == 1 + 40  # the gate's token, then 5 x 8
 
 
-def test_cancel_mid_generation(case: EngineCase, start: StartEngine) -> None:
-    engine, collector = start()
+def test_cancel_mid_generation(case: EngineCase, lent: tuple[Engine, Collector]) -> None:
+    engine, collector = lent
+    counters = counted(engine)
+    generated, finished = counters.tokens_generated, counters.requests_finished
 
     def cancel_after_five(event: EngineEvent) -> None:
         if isinstance(event, Output) and event.usage.completion_tokens == 5:
@@ -159,15 +189,14 @@ def test_cancel_mid_generation(case: EngineCase, start: StartEngine) -> None:
     emitted = sum(o.tokens for o in outputs(events))
     # The cancel lands between two steps: nothing is generated after it.
     assert last.usage.completion_tokens == emitted == 5
-    counters = counted(engine)
-    assert (counters.tokens_generated, counters.active_requests) == (5, 0)
+    assert (counters.tokens_generated - generated, counters.active_requests) == (5, 0)
     # Finished or unknown ids are ignored.
     engine.cancel("r1")
     engine.cancel("never-seen")
     assert final(run(engine, collector, ask("r2", max_tokens=3))).finish_reason == "length"
     assert collector.events["r1"] == events
     assert "never-seen" not in collector.events
-    assert counters.requests_finished == 2
+    assert counters.requests_finished - finished == 2
 
 
 def test_cancel_frees_the_slot(case: EngineCase, start: StartEngine) -> None:
@@ -214,8 +243,8 @@ def test_cancel_of_a_queued_request(case: EngineCase, start: StartEngine) -> Non
     assert final(collector.wait("long")).finish_reason == "cancelled"
 
 
-def test_stop_string(case: EngineCase, start: StartEngine) -> None:
-    engine, collector = start()
+def test_stop_string(case: EngineCase, lent: tuple[Engine, Collector]) -> None:
+    engine, collector = lent
     plain = ask("r1", "Tell me about apples.", max_tokens=40, sampling=GREEDY)
     texts = case.texts(plain)
     full = "".join(texts)
@@ -256,15 +285,16 @@ def test_end_of_sequence_ends_with_stop(case: EngineCase, start: StartEngine) ->
     assert event.usage.completion_tokens == 1
 
 
-def test_invalid_requests_fail_at_once(start: StartEngine) -> None:
-    engine, collector = start()
+def test_invalid_requests_fail_at_once(lent: tuple[Engine, Collector]) -> None:
+    engine, collector = lent
+    finished = counted(engine).requests_finished
     (event,) = run(engine, collector, attrs.evolve(ask("r1"), model="other-model"))
     assert isinstance(event, Failure)
     assert event.code == "model_not_found"
     (event,) = run(engine, collector, ask("r2", "apple " * 3000))
     assert isinstance(event, Failure)
     assert event.code == "context_length_exceeded"
-    assert counted(engine).requests_finished == 2
+    assert counted(engine).requests_finished - finished == 2
 
 
 def test_a_failing_request_ends_alone(
