@@ -6,7 +6,6 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -50,6 +49,19 @@ def gateway() -> Iterator[Gateway]:
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
+FILE_KEYS = ("from-file-1", "from-file-2")
+ENV_KEYS = ("env-a", "env-b")
+
+
+@pytest.fixture(scope="module")
+def tokenless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """No runner token (loopback runners only); client API keys from a file and from
+    ORCHARD_API_KEYS."""
+    key_file = tmp_path_factory.mktemp("keys") / "keys"
+    key_file.write_text(f"{FILE_KEYS[0]}\n\n{FILE_KEYS[1]}\n")
+    gw = Gateway("--api-key-file", str(key_file), env={"ORCHARD_API_KEYS": ", ".join(ENV_KEYS)})
+    yield gw
+    gw.stop()
 
 
 # --- pure helpers ---------------------------------------------------------------------------
@@ -164,24 +176,29 @@ def test_tokens_never_in_logs(gateway: Gateway) -> None:
     assert KEY not in runner_log
 
 
-def test_loopback_only_without_a_token() -> None:
-    gw = Gateway()
+def test_loopback_only_without_a_token(tokenless: Gateway) -> None:
+    config = GatewayConfig()
+    from gateway.runner_link import _refusal
+
+    class Sock:
+        headers: ClassVar[dict[str, str]] = {}
+
+    assert _refusal(Sock(), "192.168.1.7", config) is not None  # type: ignore[arg-type]
+    assert _refusal(Sock(), "127.0.0.1", config) is None  # type: ignore[arg-type]
+    insecure = GatewayConfig(insecure=True)
+    assert _refusal(Sock(), "192.168.1.7", insecure) is None  # type: ignore[arg-type]
+    runner = start_runner(tokenless, "--engine", "scripted", "--model", "m")
+    headers = {"Authorization": f"Bearer {ENV_KEYS[0]}"}
     try:
-        config = GatewayConfig()
-        from gateway.runner_link import _refusal
-
-        class Sock:
-            headers: ClassVar[dict[str, str]] = {}
-
-        assert _refusal(Sock(), "192.168.1.7", config) is not None  # type: ignore[arg-type]
-        assert _refusal(Sock(), "127.0.0.1", config) is None  # type: ignore[arg-type]
-        insecure = GatewayConfig(insecure=True)
-        assert _refusal(Sock(), "192.168.1.7", insecure) is None  # type: ignore[arg-type]
-        runner = start_runner(gw, "--engine", "scripted", "--model", "m")
-        gw.wait_for_runners(1, 20)
-        runner.stop()
+        wait_until(
+            lambda: (
+                len(httpx.get(f"{tokenless.base}/v1/runners", headers=headers).json()["data"]) == 1
+            ),
+            20,
+            "the loopback runner to register",
+        )
     finally:
-        gw.stop()
+        runner.stop()
 
 
 def test_lan_address_without_token_needs_insecure() -> None:
@@ -331,14 +348,8 @@ async def test_websocket_without_a_valid_key_is_closed(
     assert closed.value.rcvd.reason == reason
 
 
-def test_api_keys_from_env_and_file(tmp_path: Path) -> None:
-    key_file = tmp_path / "keys"
-    key_file.write_text("from-file-1\n\nfrom-file-2\n")
-    gw = Gateway("--api-key-file", str(key_file), env={"ORCHARD_API_KEYS": "env-a, env-b"})
-    try:
-        for key in ("from-file-1", "from-file-2", "env-a", "env-b"):
-            resp = httpx.get(f"{gw.base}/v1/models", headers={"Authorization": f"Bearer {key}"})
-            assert resp.status_code == 200, key
-        assert httpx.get(f"{gw.base}/v1/models").status_code == 401
-    finally:
-        gw.stop()
+def test_api_keys_from_env_and_file(tokenless: Gateway) -> None:
+    for key in (*FILE_KEYS, *ENV_KEYS):
+        resp = httpx.get(f"{tokenless.base}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert resp.status_code == 200, key
+    assert httpx.get(f"{tokenless.base}/v1/models").status_code == 401
