@@ -3,8 +3,9 @@ MODE OUT`, started twice with the ring environment (`runner.group.launch.local_m
 Each rank writes what it saw as JSON to OUT.rank<N>.
 
 - exchange: share bytes, a step message and a gather across the ranks, then exit;
-- hang: load the group engine on orchard-demo-qwen2 (timeout 1.5 s), rank 0 starts a long
-  request and, at its first token, stops rank 1 with SIGSTOP: rank 0's watchdog must end it;
+- hang: load the group engine on orchard-demo-qwen2 (timeout 1.5 s in the time unit), rank 0
+  starts a long request and, at its first token, stops rank 1 with SIGSTOP: rank 0's watchdog
+  must end it;
 - tensor: the group engine on the model directory in $GROUP_TENSOR_MODEL split by tensor;
   rank 0 answers `PROMPTS` greedily one at a time and writes each one's tokens and logprobs.
 """
@@ -28,8 +29,10 @@ from runner.demo_model import DEMO_PIPELINE_MODEL_ID
 from runner.engine.base import EngineEvent, Output
 from runner.group.exchange import Exchange, StepMessage
 from runner.group.member import GroupMember
+from tests.support import UNIT
 
-TIMEOUT = 1.5
+TIMEOUT = 1.5 * UNIT
+"""The group timeout of the hang mode's members (their watchdogs')."""
 PROMPTS = ("Tell me about pears.", "Hello", "Why do orchards need bees?")
 TOKENS = 16
 
@@ -56,7 +59,7 @@ def answer(engine: Any, model: str) -> list[list[tuple[str, float]]]:
                 sampling=SamplingParams(temperature=0.0), logprobs=True,
             )
         )  # fmt: skip
-        assert done.wait(60)
+        assert done.wait(60 * UNIT)
         answers.append(got)
     return answers
 

@@ -57,11 +57,12 @@ def test_share_step_and_gather_reach_every_rank(tmp_path: Path) -> None:
         }
 
 
+@pytest.mark.usefixtures("demo_model_path")  # in the session's cache: the members build none
 def test_a_hung_member_ends_rank_0_within_the_timeout_and_nothing_is_left(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     started = time.monotonic()
-    supervisor, outs = _run("hang", tmp_path, grace=1.0)
+    supervisor, outs = _run("hang", tmp_path, grace=1.0 * UNIT)
     leader, follower = supervisor._procs
     assert leader.returncode == EXIT_GROUP_LOST
     assert follower.returncode == -signal.SIGKILL  # stopped: only SIGKILL ends it
