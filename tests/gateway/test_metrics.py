@@ -42,6 +42,7 @@ from tests.support import (
 )
 
 KEY = "metrics-key-41d7"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -56,6 +57,15 @@ def gateway() -> Iterator[Gateway]:
     finally:
         runner.stop()
         gw.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[Gateway]:
+    """Wants an API key (for /metrics too); ends a stream after half a second of silence from
+    its runner. Its tests leave it without runners."""
+    gw = Gateway("--api-key", KEY, "--stream-timeout", secs(0.5), "--first-token-wait", secs(0.2))
+    yield gw
+    gw.stop()
 
 
 @pytest.fixture
@@ -248,13 +258,10 @@ async def test_client_disconnect_counts_as_cancelled(
     assert delta(before, after, "orchard_completion_tokens_total", model=model) == 3
 
 
-async def test_a_silent_runner_counts_as_a_timeout() -> None:
-    gw = await asyncio.to_thread(
-        Gateway, "--stream-timeout", secs(0.5), "--first-token-wait", secs(0.2)
-    )
-    runner = await FakeRunner.connect(gw, name="silent-runner")
-    try:
-        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
+async def test_a_silent_runner_counts_as_a_timeout(keyed: Gateway) -> None:
+    runner = await FakeRunner.connect(keyed, name="silent-runner")
+    async with httpx.AsyncClient(base_url=keyed.base, timeout=10 * UNIT, headers=AUTH) as http:
+        try:
             before = await scrape(http)
 
             async def serve() -> None:
@@ -272,9 +279,13 @@ async def test_a_silent_runner_counts_as_a_timeout() -> None:
             assert events[1]["choices"][0]["delta"] == {"content": "first"}
             assert (events[-2]["error"]["code"], events[-1]) == ("timeout", "[DONE]")
             after = await scrape(http)
-    finally:
-        await runner.close()
-        await asyncio.to_thread(gw.stop)
+        finally:
+            await runner.close()
+
+        async def left() -> bool:
+            return value(await scrape(http), "orchard_runners_connected") == 0
+
+        await async_wait_until(left, 10, "the silent runner to leave")
     labels = {"model": "fake-model", "dialect": "chat"}
     assert delta(before, after, "orchard_requests_total", **labels, outcome="timeout") == 1
     assert delta(before, after, "orchard_requests_total", **labels, outcome="cancelled") == 0
@@ -409,17 +420,13 @@ async def test_process_figures_and_no_openapi_entry(http: httpx.AsyncClient) -> 
     assert "/metrics" not in paths
 
 
-def test_metrics_need_the_api_key_when_one_is_set() -> None:
-    gw = Gateway("--api-key", KEY)
-    try:
-        assert httpx.get(f"{gw.base}/metrics").status_code == 401
-        wrong = httpx.get(f"{gw.base}/metrics", headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401
-        good = httpx.get(f"{gw.base}/metrics", headers={"Authorization": f"Bearer {KEY}"})
-        assert good.status_code == 200
-        assert "orchard_runners_connected 0.0" in good.text
-    finally:
-        gw.stop()
+def test_metrics_need_the_api_key_when_one_is_set(keyed: Gateway) -> None:
+    assert httpx.get(f"{keyed.base}/metrics").status_code == 401
+    wrong = httpx.get(f"{keyed.base}/metrics", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    good = httpx.get(f"{keyed.base}/metrics", headers=AUTH)
+    assert good.status_code == 200
+    assert "orchard_runners_connected 0.0" in good.text
 
 
 def test_metrics_open_leaves_only_metrics_open() -> None:

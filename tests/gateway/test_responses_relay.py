@@ -29,10 +29,30 @@ def gateway() -> Iterator[Gateway]:
     gw.stop()
 
 
+STREAM_TIMEOUT = 1.0
+"""The `small` gateway's --stream-timeout, in the tests' time unit."""
+
+
 @pytest.fixture(scope="module")
 def small() -> Iterator[Gateway]:
-    """Stores no response, queues one request per model for a second."""
-    gw = Gateway("--store-max-completions", "0", "--queue-size", "1", "--queue-timeout", secs(1))
+    """Stores no response, queues one request per model for a second, commits a silent
+    stream after 0.2 s, keeps it alive every 0.1 s and ends it after STREAM_TIMEOUT of
+    silence (a request the queue test holds, unanswered, times out so; its slot stays taken
+    until its runner confirms the cancel)."""
+    gw = Gateway(
+        "--store-max-completions",
+        "0",
+        "--queue-size",
+        "1",
+        "--queue-timeout",
+        secs(1),
+        "--first-token-wait",
+        secs(0.2),
+        "--keepalive-interval",
+        secs(0.1),
+        "--stream-timeout",
+        secs(STREAM_TIMEOUT),
+    )
     yield gw
     gw.stop()
 
@@ -404,21 +424,12 @@ async def test_a_gateway_that_stores_nothing_says_so(small: Gateway) -> None:
     await fake.close()
 
 
-async def test_a_stream_committed_before_its_first_token_then_timed_out() -> None:
+async def test_a_stream_committed_before_its_first_token_then_timed_out(small: Gateway) -> None:
     # Past --first-token-wait the stream commits to 200 (created and in_progress go out with
     # no token yet, keep-alives fill the silence); the token is sent once the client has seen
     # a keep-alive; past --stream-timeout of silence after it, the stream fails.
-    stream_timeout = 1.0
-    gw = Gateway(
-        "--first-token-wait",
-        secs(0.2),
-        "--keepalive-interval",
-        secs(0.1),
-        "--stream-timeout",
-        secs(stream_timeout),
-    )
+    fake = await FakeRunner.connect(small, models=("late",))
     try:
-        fake = await FakeRunner.connect(gw)
         kept_alive = asyncio.Event()
 
         async def serve() -> Generate | Cancel:
@@ -429,8 +440,8 @@ async def test_a_stream_committed_before_its_first_token_then_timed_out() -> Non
 
         task = asyncio.create_task(serve())
         async with (
-            httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http,
-            http.stream("POST", "/v1/responses", json=body(stream=True)) as resp,
+            httpx.AsyncClient(base_url=small.base, timeout=10 * UNIT) as http,
+            http.stream("POST", "/v1/responses", json=body(stream=True, model="late")) as resp,
         ):
             content = b""
             async for part in resp.aiter_raw():
@@ -452,12 +463,11 @@ async def test_a_stream_committed_before_its_first_token_then_timed_out() -> Non
         ]
         assert "usage" not in events[0]["response"]
         failed = events[-1]["response"]
-        silence = secs(stream_timeout)
+        silence = secs(STREAM_TIMEOUT)
         assert failed["error"] == {
             "code": "server_error",
             "message": f"The runner sent nothing for {silence} s; the request was ended.",
         }
         assert isinstance(cancel, Cancel)
-        await fake.close()
     finally:
-        gw.stop()
+        await fake.close()
