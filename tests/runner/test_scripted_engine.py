@@ -14,7 +14,7 @@ from protocol.frames import Generate, Message, ModelInfo, Usage
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.scripted import ScriptedEngine, scripted_prompt_tokens
 from tests.runner.collect import Collector, final, hold, is_terminal, outputs, run, text_of
-from tests.support import UNIT
+from tests.support import UNIT, wait_until
 
 MESSAGES = (Message("system", "Be brief."), Message("user", "Hello there, engine"))
 
@@ -93,6 +93,7 @@ def test_stop_strings(engines: list[ScriptedEngine], collector: Collector) -> No
     assert final(events).usage.completion_tokens == 4
 
 
+@pytest.mark.timing  # a pace
 def test_cancel_takes_effect_before_the_next_paced_token(
     engines: list[ScriptedEngine], collector: Collector
 ) -> None:
@@ -115,19 +116,24 @@ def test_cancel_takes_effect_before_the_next_paced_token(
 
 def test_queue_and_cancel_while_queued(engines: list[ScriptedEngine], collector: Collector) -> None:
     engine = start(engines, collector, tokens_per_second=50, max_concurrent=2)
-    for i in range(4):
+    for i in range(2):  # they hold both slots until cancelled
+        engine.submit(ask(f"long{i}", max_tokens=10**6))
+    for i in range(2):
         engine.submit(ask(f"r{i}", max_tokens=10))
     engine.submit(ask("queued", max_tokens=10))
     engine.cancel("queued")
     last = final(collector.wait("queued"))
-    # Cancelled in its waiting place, not when a slot came free (r0 takes 0.2 s).
-    assert not any(is_terminal(event) for event in collector.events["r0"])
+    # Cancelled in its waiting place: no slot came free meanwhile.
+    assert not any(is_terminal(e) for i in range(2) for e in collector.events[f"long{i}"])
     assert last.finish_reason == "cancelled"
     assert last.usage == Usage(prompt_tokens=7, completion_tokens=0)
-    for i in range(4):
+    for i in range(2):
+        engine.cancel(f"long{i}")
+    held = sum(final(collector.wait(f"long{i}")).usage.completion_tokens for i in range(2))
+    for i in range(2):
         assert final(collector.wait(f"r{i}")).usage.completion_tokens == 10
     assert engine.peak_active_requests == 2
-    assert engine.tokens_generated == 40
+    assert engine.tokens_generated == held + 20
     assert engine.requests_finished == 5
     assert engine.active_requests == 0
 
@@ -166,6 +172,7 @@ def test_one_thread_serves_every_request(
     assert threading.get_ident() not in senders
 
 
+@pytest.mark.timing  # a pace
 def test_paced_requests_share_rounds(engines: list[ScriptedEngine], collector: Collector) -> None:
     rate, tokens, count = 100, 20, 50
     engine = start(engines, collector, tokens_per_second=rate)
@@ -187,6 +194,7 @@ def test_paced_requests_share_rounds(engines: list[ScriptedEngine], collector: C
     assert len(set(seen)) <= tokens
 
 
+@pytest.mark.timing  # a pace
 def test_min_step_batches_rounds(engines: list[ScriptedEngine], collector: Collector) -> None:
     rate, min_step = 100, 0.05
     engine = start(engines, collector, tokens_per_second=rate, min_step=min_step)
@@ -204,6 +212,7 @@ def test_min_step_batches_rounds(engines: list[ScriptedEngine], collector: Colle
     assert len({seen for _, seen in arrivals}) <= 3
 
 
+@pytest.mark.timing  # a pace
 def test_pacing(engines: list[ScriptedEngine], collector: Collector) -> None:
     engine = start(engines, collector, tokens_per_second=100)
     started = time.monotonic()
@@ -257,7 +266,7 @@ def test_close_while_paced_drops_running_requests(
 ) -> None:
     engine = start(engines, collector, tokens_per_second=100)
     engine.submit(ask("r1", max_tokens=1000))
-    time.sleep(0.05)
+    wait_until(lambda: bool(collector.events["r1"]), 10, "a first token")
     closing = time.monotonic()
     engine.close()
     assert time.monotonic() - closing < 0.5 * UNIT
@@ -273,7 +282,7 @@ def test_close_under_unpaced_load(engines: list[ScriptedEngine], collector: Coll
     engine = start(engines, collector, max_concurrent=8)
     for i in range(50):
         engine.submit(ask(f"r{i}", max_tokens=100_000))
-    time.sleep(0.05)
+    wait_until(lambda: bool(collector.events["r0"]), 10, "a first token")
     closing = time.monotonic()
     engine.close()
     assert time.monotonic() - closing < 0.5 * UNIT
