@@ -421,7 +421,7 @@ def test_a_long_lone_prompt_hands_over_between_chunks(
 
     monkeypatch.setattr(SoloDecoder, "hand_over", noted)
     engine, collector = start_engine(max_concurrent=8)
-    words = " ".join(f"apple{i % 50} pear" for i in range(400))
+    words = " ".join(f"apple{i % 50} pear" for i in range(300))  # 1,130 tokens: three chunks
     long = ask("long", words, max_tokens=6, sampling=GREEDY)
     short = ask("short", PROMPTS[1], max_tokens=6, sampling=GREEDY)
     assert len(reference.prompt(long)) > 2 * PREFILL_CHUNK
