@@ -61,7 +61,8 @@ def test_auto_tool_call_not_streamed(client: openai.OpenAI) -> None:
         assert call.id.startswith("call_")
 
 
-def test_auto_tool_call_streams_as_it_is_generated(client: openai.OpenAI) -> None:
+def streamed_call(client: openai.OpenAI) -> tuple[list[Any], list[Any]]:
+    """The chunks of the auto tool call, streamed, and the pieces of its call (index 0)."""
     chunks = list(
         client.chat.completions.create(
             model=MODEL,
@@ -72,23 +73,34 @@ def test_auto_tool_call_streams_as_it_is_generated(client: openai.OpenAI) -> Non
             stream=True,
         )
     )
+    pieces = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    return chunks, [p for p in pieces if p.index == 0]
+
+
+def test_auto_tool_call_streams_as_it_is_generated(client: openai.OpenAI) -> None:
+    chunks, (first, *rest) = streamed_call(client)
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert deltas[0].role == "assistant"
-    pieces = [call for d in deltas for call in d.tool_calls or []]
-    first = pieces[0]
-    # The first piece names the call, with empty arguments; the arguments follow in pieces.
+    # The first piece names the call, with empty arguments; the arguments follow in pieces
+    # (how many: test_tool_call_arguments_come_in_pieces).
     assert (first.index, first.type) == (0, "function")
     assert first.id is not None
     assert first.id.startswith("call_")
     assert first.function is not None
     assert (first.function.name, first.function.arguments) == (EXPECTED[0][0], "")
-    rest = [p for p in pieces[1:] if p.index == 0]
-    assert len(rest) > 3  # streamed, not the whole call at the end
+    assert rest
     assert all(p.id is None and p.function is not None and p.function.name is None for p in rest)
     arguments = "".join(p.function.arguments or "" for p in rest if p.function is not None)
     assert json.loads(arguments) == EXPECTED[0][1]
     assert all(d.content in (None, "") for d in deltas)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.timing  # a pace: tokens that pile up in a busy runner go out as one chunk
+def test_tool_call_arguments_come_in_pieces(client: openai.OpenAI) -> None:
+    """Streamed as generated, not the whole call at the end."""
+    _, (_, *rest) = streamed_call(client)
+    assert len(rest) > 3
 
 
 def test_parallel_calls_get_indexes(client: openai.OpenAI) -> None:
@@ -110,7 +122,8 @@ def test_parallel_calls_get_indexes(client: openai.OpenAI) -> None:
     assert sorted(set(indexes)) == list(range(len(EXPECTED_PARALLEL)))
 
 
-def test_the_sdk_stream_helper_emits_argument_deltas(client: openai.OpenAI) -> None:
+def helper_events(client: openai.OpenAI) -> tuple[list[str], Any]:
+    """The SDK stream helper's event types for the auto tool call, and its final completion."""
     kinds: list[str] = []
     with client.chat.completions.stream(
         model=MODEL, messages=CALL_MESSAGES, tools=TOOLS, temperature=0, max_tokens=80
@@ -118,9 +131,23 @@ def test_the_sdk_stream_helper_emits_argument_deltas(client: openai.OpenAI) -> N
         for event in stream:
             kinds.append(event.type)
         final = stream.get_final_completion()
-    assert kinds.count("tool_calls.function.arguments.delta") > 3
+    return kinds, final
+
+
+def test_the_sdk_stream_helper_emits_argument_deltas(client: openai.OpenAI) -> None:
+    kinds, final = helper_events(client)
+    assert "tool_calls.function.arguments.delta" in kinds
     assert "tool_calls.function.arguments.done" in kinds
+    assert kinds.index("tool_calls.function.arguments.delta") < kinds.index(
+        "tool_calls.function.arguments.done"
+    )
     assert calls_of(final.choices[0].message) == EXPECTED
+
+
+@pytest.mark.timing  # a pace, as test_tool_call_arguments_come_in_pieces
+def test_the_sdk_stream_helper_emits_several_argument_deltas(client: openai.OpenAI) -> None:
+    kinds, _ = helper_events(client)
+    assert kinds.count("tool_calls.function.arguments.delta") > 3
 
 
 def test_the_conversation_goes_on_with_the_tool_result(client: openai.OpenAI) -> None:
