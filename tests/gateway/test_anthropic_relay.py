@@ -23,10 +23,8 @@ HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", secs(5))
-    yield gw
-    gw.stop()
+def gateway(patient_gateway: Gateway) -> Gateway:
+    return patient_gateway  # shared with other modules (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ error event, then [DONE]), several prompts, and a client that leaves cancelling 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,14 +12,12 @@ import pytest
 
 from protocol.frames import Cancel, Chunk, Echo, Error, Generate, Usage
 from tests.gateway.waits import until_idle
-from tests.support import UNIT, FakeRunner, Gateway, secs, sse_events
+from tests.support import UNIT, FakeRunner, Gateway, sse_events
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", secs(5))
-    yield gw
-    gw.stop()
+def gateway(patient_gateway: Gateway) -> Gateway:
+    return patient_gateway  # shared with other modules (conftest.py)
 
 
 def body(**extra: Any) -> dict[str, Any]:

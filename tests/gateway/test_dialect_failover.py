@@ -6,7 +6,7 @@ streamed and not."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from protocol.frames import Generate
-from tests.support import FakeRunner, Gateway, secs, sse_events
+from tests.support import FakeRunner, Gateway, sse_events
 
 MODEL = "moving-model"
 USER = [{"role": "user", "content": "hi"}]
@@ -76,10 +76,8 @@ DIALECTS: dict[str, Callable[[bool], tuple[str, dict[str, Any]]]] = {
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", secs(5))
-    yield gw
-    gw.stop()
+def gateway(patient_gateway: Gateway) -> Gateway:
+    return patient_gateway  # shared with other modules (conftest.py)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])

@@ -26,11 +26,8 @@ QUEUE_TIMEOUT = 1.0
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[Gateway]:
-    """Waits long for a first token: a runner's error before it is always an HTTP error."""
-    gw = Gateway("--first-token-wait", secs(5))
-    yield gw
-    gw.stop()
+def gateway(patient_gateway: Gateway) -> Gateway:
+    return patient_gateway  # shared with other modules (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -537,28 +534,25 @@ async def test_non_streaming_client_disconnect_sends_cancel(
     assert not await reader.read()  # nothing was ever sent back
 
 
-async def test_timeout_before_the_first_token_is_504_and_cancels() -> None:
+async def test_timeout_before_the_first_token_is_504_and_cancels(
+    short_timeout_gateway: Gateway,
+) -> None:
     # --stream-timeout below --first-token-wait: nothing was sent, so the client gets a 504,
     # and the runner, still holding the request, is told to stop.
-    gw = Gateway("--stream-timeout", secs(0.5), "--first-token-wait", secs(5))
+    gw = short_timeout_gateway
+    fake = await FakeRunner.connect(gw)
     try:
-        fake = await FakeRunner.connect(gw)
-        try:
-            async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
-                post = asyncio.ensure_future(
-                    http.post("/v1/chat/completions", json=body(stream=True))
-                )
-                gen = await asyncio.wait_for(fake.next_request(), 5 * UNIT)
-                assert isinstance(gen, Generate)
-                resp = await post
-                assert resp.status_code == 504
-                assert resp.json()["error"]["code"] == "timeout"
-                frame = await asyncio.wait_for(fake.next_request(), 5 * UNIT)
-                assert frame == Cancel(gen.request_id)
-        finally:
-            await fake.close()
+        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
+            post = asyncio.ensure_future(http.post("/v1/chat/completions", json=body(stream=True)))
+            gen = await asyncio.wait_for(fake.next_request(), 5 * UNIT)
+            assert isinstance(gen, Generate)
+            resp = await post
+            assert resp.status_code == 504
+            assert resp.json()["error"]["code"] == "timeout"
+            frame = await asyncio.wait_for(fake.next_request(), 5 * UNIT)
+            assert frame == Cancel(gen.request_id)
     finally:
-        gw.stop()
+        await fake.close()
 
 
 async def test_an_error_without_request_id_closes_that_runner_and_its_requests_move_or_fail(
