@@ -5,7 +5,7 @@ the stream timeout while a model loads. The real runner: tests/e2e/test_models_o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -14,18 +14,33 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol.closecodes import CloseCode
 from protocol.frames import Chunk, Download, Generate, ModelInfo, ModelStatus, Usage
+from tests.gateway.gateways import SHORT_STREAM_TIMEOUT
 from tests.gateway.waits import until_model_state, until_queued
 from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, secs, sse_events
 
 STREAM_TIMEOUT = 0.6
-"""The module gateway's --stream-timeout, in the tests' time unit."""
+"""`timing_out`'s --stream-timeout, in the tests' time unit."""
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[Gateway]:
+def gateway(patient_gateway: Gateway) -> Gateway:
+    """For routing and states: no timeout while a test holds a request."""
+    return patient_gateway  # shared with other modules (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def timing_out() -> Iterator[Gateway]:
+    """Ends a request after STREAM_TIMEOUT without a frame from its runner; commits a stream
+    before that."""
     gw = Gateway("--stream-timeout", secs(STREAM_TIMEOUT), "--first-token-wait", secs(0.2))
     yield gw
     gw.stop()
+
+
+@pytest.fixture
+async def timing_out_http(timing_out: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=timing_out.base, timeout=10 * UNIT) as client:
+        yield client
 
 
 def body(model: str, **extra: Any) -> dict[str, Any]:
@@ -124,23 +139,30 @@ async def test_models_and_runners_show_each_models_state(
 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_silence_while_the_model_loads_is_not_a_timeout(
-    gateway: Gateway, http: httpx.AsyncClient, stream: bool
+    timing_out: Gateway, timing_out_http: httpx.AsyncClient, stream: bool
 ) -> None:
     model = f"slow-load-{stream}"
+    http = timing_out_http
     runner = await FakeRunner.connect(
-        gateway, name="loader", infos=(ModelInfo(model, None, state="loadable"),)
+        timing_out, name="loader", infos=(ModelInfo(model, None, state="loadable"),)
     )
     try:
+        # The load is under way when the request comes (had it begun with the request, the
+        # status would have to beat the stream timeout to the gateway).
+        await runner.send(ModelStatus(ModelInfo(model, None, state="loading")))
+        await until_model_state(http, "loader", model, "loading")
         post = asyncio.create_task(
             http.post("/v1/chat/completions", json=body(model, stream=stream))
         )
         gen = await generate(runner)
-        await runner.send(ModelStatus(ModelInfo(model, None, state="loading")))
         # Twice the stream timeout with nothing for the request: it is loading.
         await asyncio.sleep(2 * STREAM_TIMEOUT * UNIT)
         assert not post.done()
-        await runner.send(ModelStatus(ModelInfo(model, 2048, state="loaded")))
+        # The answer comes while the model still shows as loading: the silence it ends was
+        # all in the load (a status "loaded" first would leave the gateway a moment in which
+        # the silence, counted from before the load ended, is a timeout).
         await answer(runner, gen, "loaded at last")
+        await runner.send(ModelStatus(ModelInfo(model, 2048, state="loaded")))
         resp = await post
         assert resp.status_code == 200
         if stream:
@@ -157,11 +179,13 @@ async def test_silence_while_the_model_loads_is_not_a_timeout(
 
 
 async def test_silence_once_loaded_times_out_as_before(
-    gateway: Gateway, http: httpx.AsyncClient
+    timing_out: Gateway, timing_out_http: httpx.AsyncClient
 ) -> None:
-    runner = await FakeRunner.connect(gateway, name="mute", infos=(ModelInfo("mute-m", 2048),))
+    runner = await FakeRunner.connect(timing_out, name="mute", infos=(ModelInfo("mute-m", 2048),))
     try:
-        post = asyncio.create_task(http.post("/v1/chat/completions", json=body("mute-m")))
+        post = asyncio.create_task(
+            timing_out_http.post("/v1/chat/completions", json=body("mute-m"))
+        )
         await generate(runner)
         resp = await asyncio.wait_for(post, 10 * UNIT)
         assert resp.status_code == 504
@@ -182,38 +206,37 @@ async def test_a_status_for_a_model_the_hello_did_not_list_closes_that_runner(
     assert "model_status for 'not-mine'" in closed.value.rcvd.reason
 
 
-async def test_a_first_token_wait_past_the_stream_timeout_waits_for_a_loading_model() -> None:
+async def test_a_first_token_wait_past_the_stream_timeout_waits_for_a_loading_model(
+    short_timeout_gateway: Gateway,
+) -> None:
     # Here a streaming request waits for its first token longer than the stream timeout (a
     # runner silent that long is an HTTP error before any answer) unless its model is loading.
-    stream_timeout = 0.5
-    gw = await asyncio.to_thread(
-        Gateway, "--stream-timeout", secs(stream_timeout), "--first-token-wait", secs(5)
+    stream_timeout = SHORT_STREAM_TIMEOUT
+    gw = short_timeout_gateway
+    runner = await FakeRunner.connect(
+        gw, name="loader", infos=(ModelInfo("m", None, state="loadable"),)
     )
     try:
-        runner = await FakeRunner.connect(
-            gw, name="loader", infos=(ModelInfo("m", None, state="loadable"),)
-        )
-        try:
-            async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
-                post = asyncio.create_task(
-                    http.post("/v1/chat/completions", json=body("m", stream=True))
-                )
-                gen = await generate(runner)
-                await runner.send(ModelStatus(ModelInfo("m", None, state="loading")))
-                await asyncio.sleep(2 * stream_timeout * UNIT)  # silent, but loading
-                assert not post.done()
-                await runner.send(ModelStatus(ModelInfo("m", 2048, state="loaded")))
-                await answer(runner, gen, "here")
-                resp = await post
-                assert resp.status_code == 200, resp.text
-                events = [e for e in sse_events(resp.content) if e != "[DONE]"]
-                # The role's chunk, the text, the finish.
-                assert [e["choices"][0]["delta"].get("content") for e in events] == [
-                    "",
-                    "here",
-                    None,
-                ]
-        finally:
-            await runner.close()
+        async with httpx.AsyncClient(base_url=gw.base, timeout=10 * UNIT) as http:
+            # The load is under way when the request comes (see the test above).
+            await runner.send(ModelStatus(ModelInfo("m", None, state="loading")))
+            await until_model_state(http, "loader", "m", "loading")
+            post = asyncio.create_task(
+                http.post("/v1/chat/completions", json=body("m", stream=True))
+            )
+            gen = await generate(runner)
+            await asyncio.sleep(2 * stream_timeout * UNIT)  # silent, but loading
+            assert not post.done()
+            await answer(runner, gen, "here")  # still loading, as above
+            await runner.send(ModelStatus(ModelInfo("m", 2048, state="loaded")))
+            resp = await post
+            assert resp.status_code == 200, resp.text
+            events = [e for e in sse_events(resp.content) if e != "[DONE]"]
+            # The role's chunk, the text, the finish.
+            assert [e["choices"][0]["delta"].get("content") for e in events] == [
+                "",
+                "here",
+                None,
+            ]
     finally:
-        await asyncio.to_thread(gw.stop)
+        await runner.close()
