@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from gateway.eager import run_eagerly
+from tests.support import UNIT
 
 
 async def test_a_coroutine_that_never_waits_finishes_here() -> None:
@@ -36,7 +37,7 @@ async def test_a_coroutine_that_waits_is_finished_by_awaiting_the_rest() -> None
     await asyncio.sleep(0)
     assert not task.done()
     gate.set_result("resumed")
-    await asyncio.wait_for(task, 1)
+    await asyncio.wait_for(task, 1 * UNIT)
     assert steps == ["written", "resumed", "drained"]
 
 
