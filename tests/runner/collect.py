@@ -37,13 +37,15 @@ class Collector:
         events = self.events.get(request_id)
         return events is not None and bool(events) and is_terminal(events[-1])
 
-    def wait(self, request_id: str, timeout: float = 20) -> list[EngineEvent]:
+    def wait(self, request_id: str, timeout: float = 60) -> list[EngineEvent]:
+        """Wait for the end of a request; its events. The timeout is for a hang: a long
+        prompt takes 20 s of a busy CPU here."""
         with self._changed:
             if not self._changed.wait_for(lambda: self._finished(request_id), timeout * UNIT):
                 raise AssertionError(f"{request_id} did not finish: {self.events[request_id]}")
             return list(self.events[request_id])
 
-    def wait_for_outputs(self, request_id: str, count: int, timeout: float = 20) -> None:
+    def wait_for_outputs(self, request_id: str, count: int, timeout: float = 60) -> None:
         """Wait until `count` events of a request have come."""
         with self._changed:
             if not self._changed.wait_for(
