@@ -1199,7 +1199,7 @@ async def test_sigterm_gateway_drains_then_runners_move_on(
     (in_flight,) = tasks.streams(gw, http, body(tokens), 1)
     await first_tokens([in_flight], 5)
     gw.process.proc.send_signal(signal.SIGTERM)
-    await eventually(lambda: _turning_away(gw), 1, "the gateway to drain")
+    await eventually(lambda: _turning_away(gw), 5, "the gateway to drain")
 
     # A new request (on a new connection) is refused: 503 shutting_down, or no connection.
     async with httpx.AsyncClient(timeout=5 * UNIT) as fresh:
