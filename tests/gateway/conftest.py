@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from tests.gateway.gateways import SHORT_STREAM_TIMEOUT, Gateways
+from tests.gateway.gateways import FAKE_RUNNERS, SHORT_STREAM_TIMEOUT, Gateways
 from tests.support import UNIT, FakeRunner, Gateway, secs
 
 
@@ -24,7 +24,7 @@ def gateways() -> Iterator[Gateways]:
 def patient_gateway(gateways: Gateways) -> Gateway:
     """Waits long for a first token (5 s): a runner's error before it is always an HTTP
     error."""
-    return gateways.get("--first-token-wait", secs(5))
+    return gateways.get("--first-token-wait", secs(5), *FAKE_RUNNERS)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def short_timeout_gateway(gateways: Gateways) -> Gateway:
     """Ends a request after SHORT_STREAM_TIMEOUT without a frame from its runner, well before
     its first-token wait: silence before the first token is a 504, not a committed stream."""
     return gateways.get(
-        "--stream-timeout", secs(SHORT_STREAM_TIMEOUT), "--first-token-wait", secs(5)
+        "--stream-timeout", secs(SHORT_STREAM_TIMEOUT), "--first-token-wait", secs(5), *FAKE_RUNNERS
     )
 
 

@@ -4,10 +4,15 @@ start gateways by their options too."""
 
 from __future__ import annotations
 
-from tests.support import Gateway, wait_until
+from tests.support import Gateway, secs, wait_until
 
 SHORT_STREAM_TIMEOUT = 0.5
 """`short_timeout_gateway`'s --stream-timeout, in the tests' time unit."""
+
+FAKE_RUNNERS = ("--liveness-timeout", secs(30))
+"""For a gateway that fake runners connect to. A FakeRunner answers the gateway's heartbeats
+only while its test reads from it (`next_request`): with the default 2.5 s of silence a
+busy machine had one dropped while its test was doing something else."""
 
 
 class Gateways:

@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema_rs
 
 from gateway.app import create_app
+from tests.gateway.gateways import FAKE_RUNNERS
 from tests.support import Gateway, secs
 
 Check = Callable[[Any], bool]
@@ -47,4 +48,5 @@ def limited_gateway(api_key: str) -> Gateway:
         "1",
         "--queue-timeout",
         secs(0.5),
+        *FAKE_RUNNERS,
     )

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from protocol.frames import Cancel, Chunk, Error, Generate, ToolCallDelta, Usage
+from tests.gateway.gateways import FAKE_RUNNERS
 from tests.gateway.waits import until_gone, until_idle, until_queued
 from tests.support import UNIT, FakeRunner, Gateway, secs
 
@@ -42,6 +43,7 @@ def keyed() -> Iterator[Gateway]:
         secs(1),
         "--api-key",
         KEY,
+        *FAKE_RUNNERS,
     )
     yield gw
     gw.stop()

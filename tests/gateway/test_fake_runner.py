@@ -17,6 +17,7 @@ from gateway.pool import ORCHARD_VERSION
 from protocol.closecodes import CloseCode
 from protocol.frames import Cancel, Chunk, Drain, Error, Generate, Usage
 from protocol.openai.response import system_fingerprint
+from tests.gateway.gateways import FAKE_RUNNERS
 from tests.gateway.waits import until_idle, until_queued
 from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, secs, sse_events
 
@@ -45,6 +46,7 @@ def committing() -> Iterator[Gateway]:
         secs(QUEUE_TIMEOUT),
         "--max-client-sockets",
         "2",
+        *FAKE_RUNNERS,
     )
     yield gw
     gw.stop()

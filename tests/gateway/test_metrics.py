@@ -31,6 +31,7 @@ from protocol.frames import (
     ModelStatus,
     Usage,
 )
+from tests.gateway.gateways import FAKE_RUNNERS
 from tests.support import (
     UNIT,
     FakeRunner,
@@ -49,7 +50,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway()
+    gw = Gateway(*FAKE_RUNNERS)
     runner = start_runner(gw, "--engine", "scripted", "--model", "scripted", name="scripted-runner")
     try:
         gw.wait_for_runners(1)
@@ -63,7 +64,15 @@ def gateway() -> Iterator[Gateway]:
 def keyed() -> Iterator[Gateway]:
     """Wants an API key (for /metrics too); ends a stream after half a second of silence from
     its runner. Its tests leave it without runners."""
-    gw = Gateway("--api-key", KEY, "--stream-timeout", secs(0.5), "--first-token-wait", secs(0.2))
+    gw = Gateway(
+        "--api-key",
+        KEY,
+        "--stream-timeout",
+        secs(0.5),
+        "--first-token-wait",
+        secs(0.2),
+        *FAKE_RUNNERS,
+    )
     yield gw
     gw.stop()
 

@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol.closecodes import CloseCode
 from protocol.frames import Chunk, Download, Generate, ModelInfo, ModelStatus, Usage
-from tests.gateway.gateways import SHORT_STREAM_TIMEOUT
+from tests.gateway.gateways import FAKE_RUNNERS, SHORT_STREAM_TIMEOUT
 from tests.gateway.waits import until_model_state, until_queued
 from tests.support import UNIT, FakeRunner, Gateway, recv_until_closed, secs, sse_events
 
@@ -32,7 +32,9 @@ def gateway(patient_gateway: Gateway) -> Gateway:
 def timing_out() -> Iterator[Gateway]:
     """Ends a request after STREAM_TIMEOUT without a frame from its runner; commits a stream
     before that."""
-    gw = Gateway("--stream-timeout", secs(STREAM_TIMEOUT), "--first-token-wait", secs(0.2))
+    gw = Gateway(
+        "--stream-timeout", secs(STREAM_TIMEOUT), "--first-token-wait", secs(0.2), *FAKE_RUNNERS
+    )
     yield gw
     gw.stop()
 

@@ -24,6 +24,7 @@ from protocol.frames import (
     SamplingParams,
     Usage,
 )
+from tests.gateway.gateways import FAKE_RUNNERS
 from tests.gateway.waits import until_gone, until_queued
 from tests.support import UNIT, FakeRunner, Gateway, secs
 
@@ -43,6 +44,7 @@ def gateway() -> Iterator[Gateway]:
         "1",
         "--queue-timeout",
         secs(1),
+        *FAKE_RUNNERS,
     )
     yield gw
     gw.stop()

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from protocol.frames import Cancel, Chunk, Error, Generate, Message, ToolCallDelta, Usage
+from tests.gateway.gateways import FAKE_RUNNERS
 from tests.gateway.waits import until_gone, until_queued
 from tests.support import UNIT, FakeRunner, Gateway, secs
 
@@ -24,7 +25,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
-    gw = Gateway("--first-token-wait", secs(5), "--api-key", KEY)
+    gw = Gateway("--first-token-wait", secs(5), "--api-key", KEY, *FAKE_RUNNERS)
     yield gw
     gw.stop()
 
@@ -52,6 +53,7 @@ def small() -> Iterator[Gateway]:
         secs(0.1),
         "--stream-timeout",
         secs(STREAM_TIMEOUT),
+        *FAKE_RUNNERS,
     )
     yield gw
     gw.stop()
