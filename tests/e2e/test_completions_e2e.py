@@ -222,10 +222,13 @@ def test_echo_with_logprobs_scores_the_prompt(
     assert (values[0], tops[0]) == (None, None)  # nothing precedes the first token
     rows = reference.log_softmax(everything[:-1])
     for position, token in enumerate(everything[1:]):
-        assert values[position + 1] == pytest.approx(rows[position][token].item(), abs=1e-3)
-        top = tops[position + 1]
-        assert top is not None
-        assert reference.decode(token) in top
+        row = rows[position]
+        assert values[position + 1] == pytest.approx(row[token].item(), abs=1e-3)
+        # The most likely token there, and the one the prompt has (often not the same).
+        best: int = mx.argmax(row).item()  # type: ignore[assignment]  # an index
+        assert tops[position + 1] == pytest.approx(
+            {reference.decode(i): row[i].item() for i in (best, token)}, abs=1e-3
+        )
     assert logprobs.text_offset == [
         len("".join(logprobs.tokens[:i])) for i in range(len(everything))
     ]
