@@ -145,7 +145,7 @@ class Gateway:
             ["gateway", "--port", str(self.port), "--log-level", "warning", *extra], env=env
         )
         try:
-            wait_until(self._healthy, 20, "the gateway to start")
+            wait_until(self._healthy, 60, "the gateway to start")
         except BaseException:
             self.process.stop()  # never leave an orphan behind
             raise
@@ -417,7 +417,7 @@ class TlsGateway:
             env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(tls_dir)},
         )
         try:
-            wait_until(self._healthy, 20, "the TLS gateway to start")
+            wait_until(self._healthy, 60, "the TLS gateway to start")
         except BaseException:
             self.process.stop()
             raise
