@@ -32,6 +32,8 @@ from tests.support import (
 FIRST_TOKEN_WAIT = 0.3
 KEEPALIVE = 0.5
 QUEUE_TIMEOUT = 1.0
+"""The `committing` gateway's --first-token-wait, --keepalive-interval and --queue-timeout,
+in the tests' time unit."""
 
 
 @pytest.fixture(scope="module")
