@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -62,9 +61,7 @@ def gateway() -> Iterator[Gateway]:
 
 
 @pytest.fixture(scope="module")
-def group(gateway: Gateway, demo_model_path: Path) -> Iterator[Process]:
-    """The group, on the session's copy of the built-in model (its two-stage variant is made
-    from it at once; the supervisor would build the model itself otherwise)."""
+def group(gateway: Gateway) -> Iterator[Process]:
     proc = start_runner(
         gateway,
         *("--model", MODEL, "--local-group", "2", "--max-concurrent", "4", *RUNNER_LIVENESS),

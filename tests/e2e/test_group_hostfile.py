@@ -18,11 +18,7 @@ from tests.support import UNIT, Gateway, secs, start_runner, wait_until
 pytestmark = pytest.mark.timeout(int(120 * UNIT))
 
 
-def test_hostfile_group_starts_through_mlx_launch_and_stops_cleanly(
-    tmp_path: Path, demo_model_path: Path
-) -> None:
-    # demo_model_path: the session's copy of the built-in model, from which its two-stage
-    # variant is made at once (the members would build the model itself otherwise).
+def test_hostfile_group_starts_through_mlx_launch_and_stops_cleanly(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts.json"
     local = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}
     hostfile.write_text(json.dumps([local, local]))
