@@ -87,3 +87,19 @@ def demo_model_path(orchard_cache: Path) -> Path:
         shutil.copytree(built, staging)
         staging.rename(target)
     return Path(resolve_model(DEMO_MODEL_ID))
+
+
+FIRST = ("e2e", "runner", "gateway")
+"""The packages whose modules take longest (real processes and engines), in that order."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first, so that `just test`'s processes (xdist hands out modules in
+    this order, each to the first process free) end together instead of one waiting on the
+    other's last long module. Each module's tests keep their order."""
+
+    def rank(item: pytest.Item) -> int:
+        parts = item.path.relative_to(REPO / "tests").parts
+        return FIRST.index(parts[0]) if parts[0] in FIRST else len(FIRST)
+
+    items.sort(key=rank)
