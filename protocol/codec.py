@@ -19,6 +19,7 @@ from protocol.errors import FrameError
 from protocol.frames import (
     TAGS,
     Batch,
+    CacheHeld,
     Chunk,
     Echo,
     Error,
@@ -26,7 +27,9 @@ from protocol.frames import (
     Frame,
     GatewayFrame,
     Generate,
+    GenerationStats,
     Hardware,
+    Heartbeat,
     Hello,
     Message,
     ModelInfo,
@@ -44,6 +47,7 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     Message: ("name", "tool_calls", "tool_call_id"),
     PromptToken: ("logprob", "top_logprobs"),
     Echo: ("tokens",),
+    GenerationStats: ("cached_disk_tokens",),  # before Chunk, which holds it
     Chunk: ("tool_calls", "logprobs", "index", "choice_finish", "echo", "matched_stop"),
     Generate: (
         "tools",
@@ -60,11 +64,14 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
         "prompt_tokens",
         "echo",
         "prompt_logprobs",
+        "prefix",
     ),
     Error: ("param",),
     ModelInfo: ("engine", "state", "size_bytes", "download", "error"),
     Hardware: ("accelerator", "gpu_cores", "accelerator_memory_bytes", "accelerator_limit_bytes"),
     Hello: ("memory_budget_bytes", "members"),  # after ModelInfo and Hardware, which it holds
+    Heartbeat: ("kv_prefix_bytes", "kv_disk_bytes", "kv_disk_limit_bytes"),
+    CacheHeld: ("added", "removed", "reset"),
 }
 """Fields left off the wire while they hold their default: a plain chunk is as small (and
 takes the decoder's fast path) whatever features other requests use."""

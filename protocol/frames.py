@@ -14,6 +14,8 @@ the class (see `protocol.codec`). A connection goes:
     runner  → gateway   Drain          (take no new requests; in-flight ones finish)
     runner  → gateway   Batch          (several chunks, of any requests, in one message)
     runner  → gateway   ModelStatus    (a model it serves was loaded, is loading or was unloaded)
+    runner  → gateway   CacheHeld      (prefixes of conversations its KV caches now hold, or
+                                        no longer hold: what the gateway routes by)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Literal
 
 import attrs
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped on any change a peer of the previous version could not handle."""
 
 RUNNER_PATH = "/v1/runner/ws"
@@ -237,6 +239,9 @@ class Generate:
     prompt_logprobs: bool = False
     """With echo: also each prompt token's log-probability given the ones before it (and the
     `top_logprobs` most likely tokens there)."""
+    prefix: tuple[str, ...] = ()
+    """The gateway's hashes of the request's prefixes (`protocol.prefix`): the runner tags
+    the KV cache it keeps of this request with them, and reports them held (`CacheHeld`)."""
 
 
 @attrs.frozen
@@ -269,6 +274,9 @@ class GenerationStats:
     peak_memory_bytes: int
     time_to_first_token: float
     """Seconds from the runner receiving Generate to the first token being ready."""
+    cached_disk_tokens: int = 0
+    """Of `Usage.cached_tokens`, those read back from the runner's disk cache for this
+    request (the others were in memory)."""
 
 
 @attrs.frozen
@@ -380,6 +388,11 @@ class Heartbeat:
     sent_at: float
     kv_bytes: int | None = None
     kv_limit_bytes: int | None = None
+    kv_prefix_bytes: int | None = None
+    """Of `kv_bytes`, those of kept prompt caches (the prefix cache's memory tier)."""
+    kv_disk_bytes: int | None = None
+    """What the prefix cache's files take on disk, and may take at most."""
+    kv_disk_limit_bytes: int | None = None
 
 
 @attrs.frozen
@@ -406,14 +419,37 @@ class ModelStatus:
     model: ModelInfo
 
 
-RunnerFrame = Hello | Chunk | Error | Heartbeat | Drain | Batch | ModelStatus
+@attrs.frozen
+class CacheHeld:
+    """The prefix hashes (`Generate.prefix`) of `model` the runner's caches started to hold
+    (`added`) and stopped holding in any tier (`removed`). The first of a connection for a
+    model has `reset`: its `added` is all the runner holds then (a restarted runner's disk
+    cache included), and replaces what the gateway knew."""
+
+    model: str
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    reset: bool = False
+
+
+RunnerFrame = Hello | Chunk | Error | Heartbeat | Drain | Batch | ModelStatus | CacheHeld
 """Frames a runner sends."""
 
 GatewayFrame = Welcome | Generate | Cancel | Heartbeat
 """Frames the gateway sends."""
 
 Frame = (
-    Hello | Welcome | Generate | Cancel | Chunk | Error | Heartbeat | Drain | Batch | ModelStatus
+    Hello
+    | Welcome
+    | Generate
+    | Cancel
+    | Chunk
+    | Error
+    | Heartbeat
+    | Drain
+    | Batch
+    | ModelStatus
+    | CacheHeld
 )
 
 TAGS: dict[type, str] = {
@@ -427,5 +463,6 @@ TAGS: dict[type, str] = {
     Drain: "drain",
     Batch: "batch",
     ModelStatus: "model_status",
+    CacheHeld: "cache_held",
 }
 """The `type` value of each frame on the wire."""

@@ -13,6 +13,7 @@ Every rule about which frame may come when lives here (h11's "one place" rule):
         Error with no request id: the runner gives up the connection (RunnerFailed).
         ModelStatus: a model of its hello changed state (ModelChanged); `model_infos` holds
               the latest word on each of its models.
+        CacheHeld: prefixes its caches hold of one of its models (CacheReported), for routing.
 
     RunnerSession (the runner's view of its gateway)
         AWAIT_WELCOME --Welcome--> OPEN --drain()--> DRAINING --close()--> CLOSED
@@ -38,6 +39,7 @@ from protocol.errors import ProtocolError, StateError
 from protocol.frames import (
     PROTOCOL_VERSION,
     Batch,
+    CacheHeld,
     Cancel,
     Chunk,
     Drain,
@@ -127,6 +129,14 @@ class ModelChanged:
     """What the gateway knew of it before."""
 
 
+@attrs.frozen
+class CacheReported:
+    """The runner's caches started or stopped holding prefixes of one of its models (the
+    frame as it came: `protocol.frames.CacheHeld`)."""
+
+    held: CacheHeld
+
+
 GatewayEvent = (
     Delivered[H]
     | RequestFailed[H]
@@ -135,6 +145,7 @@ GatewayEvent = (
     | Draining
     | RunnerFailed
     | ModelChanged
+    | CacheReported
 )
 
 
@@ -175,6 +186,10 @@ class GatewaySession(Generic[H]):
         self.kv_bytes: int | None = None
         """KV-cache memory from the runner's last heartbeat (None: not reported)."""
         self.kv_limit_bytes: int | None = None
+        self.kv_prefix_bytes: int | None = None
+        """Of `kv_bytes`, kept prompts' (the prefix cache's memory tier)."""
+        self.kv_disk_bytes: int | None = None
+        self.kv_disk_limit_bytes: int | None = None
 
     # --- what the pool reads ---------------------------------------------------------------
 
@@ -224,6 +239,9 @@ class GatewaySession(Generic[H]):
                 return [self._chunk(chunk) for chunk in chunks]
             case Heartbeat():
                 self.kv_bytes, self.kv_limit_bytes = frame.kv_bytes, frame.kv_limit_bytes
+                self.kv_prefix_bytes = frame.kv_prefix_bytes
+                self.kv_disk_bytes = frame.kv_disk_bytes
+                self.kv_disk_limit_bytes = frame.kv_disk_limit_bytes
                 return []
             case Error(request_id=None, message=message):
                 return [RunnerFailed(message)]
@@ -242,6 +260,10 @@ class GatewaySession(Generic[H]):
                     raise StateError(f"model_status for {info.id!r}, which the hello did not list")
                 self.model_infos[info.id] = info
                 return [ModelChanged(info, previous)]
+            case CacheHeld(model=model):
+                if model not in self._models:
+                    raise StateError(f"cache_held for {model!r}, which the hello did not list")
+                return [CacheReported(frame)]
             case Hello():
                 raise StateError("hello sent twice")
         raise StateError(f"unexpected {type(frame).__name__.lower()} frame")

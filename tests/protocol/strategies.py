@@ -16,6 +16,7 @@ import orjson
 from protocol.codec import converter
 from protocol.frames import (
     Batch,
+    CacheHeld,
     Cancel,
     Chunk,
     Download,
@@ -150,6 +151,7 @@ generates = st.builds(
     prompt_tokens=st.none() | _tuples(ints),
     echo=st.booleans(),
     prompt_logprobs=st.booleans(),
+    prefix=_tuples(text),
 )
 cancels = st.builds(Cancel, request_id=text)
 usages = st.builds(
@@ -161,6 +163,7 @@ generation_stats = st.builds(
     generation_tps=floats,
     peak_memory_bytes=ints,
     time_to_first_token=floats,
+    cached_disk_tokens=ints,
 )
 _bytes = _tuples(st.integers(0, 255))
 top_logprobs = st.builds(TopLogprob, token=text, logprob=floats, bytes=_bytes)
@@ -197,11 +200,20 @@ echo_chunks = st.builds(
 """A choice's first chunk of a request with echo (off the decoder's fast path)."""
 errors = st.builds(Error, request_id=optional_text, code=error_codes, message=text)
 heartbeats = st.builds(
-    Heartbeat, sent_at=floats, kv_bytes=st.none() | ints, kv_limit_bytes=st.none() | ints
+    Heartbeat,
+    sent_at=floats,
+    kv_bytes=st.none() | ints,
+    kv_limit_bytes=st.none() | ints,
+    kv_prefix_bytes=st.none() | ints,
+    kv_disk_bytes=st.none() | ints,
+    kv_disk_limit_bytes=st.none() | ints,
 )
 drains = st.builds(Drain, reason=text)
 batches = st.builds(Batch, frames=_tuples(chunks))
 model_statuses = st.builds(ModelStatus, model=model_infos)
+cache_helds = st.builds(
+    CacheHeld, model=text, added=_tuples(text), removed=_tuples(text), reset=st.booleans()
+)
 
 FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Hello: hellos,
@@ -214,11 +226,12 @@ FRAME_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Drain: drains,
     Batch: batches,
     ModelStatus: model_statuses,
+    CacheHeld: cache_helds,
 }
 """One strategy per frame class, to parametrize tests over every frame type."""
 
 runner_frames: st.SearchStrategy[RunnerFrame] = st.one_of(
-    hellos, chunks, errors, heartbeats, drains, batches, model_statuses
+    hellos, chunks, errors, heartbeats, drains, batches, model_statuses, cache_helds
 )
 gateway_frames: st.SearchStrategy[GatewayFrame] = st.one_of(
     welcomes, generates, cancels, heartbeats

@@ -25,6 +25,7 @@ from protocol.errors import FrameError, ProtocolError
 from protocol.frames import (
     TAGS,
     Batch,
+    CacheHeld,
     Cancel,
     Chunk,
     Drain,
@@ -76,6 +77,7 @@ def test_unions_and_tags() -> None:
         Drain,
         Batch,
         ModelStatus,
+        CacheHeld,
     }
     assert set(get_args(GatewayFrame)) == {Welcome, Generate, Cancel, Heartbeat}
     assert dict(TAGS) == {
@@ -89,6 +91,7 @@ def test_unions_and_tags() -> None:
         Drain: "drain",
         Batch: "batch",
         ModelStatus: "model_status",
+        CacheHeld: "cache_held",
     }
     assert set(FRAME_STRATEGIES) == set(TAGS)
 
