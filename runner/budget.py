@@ -30,6 +30,15 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*|%)\s*$", re.IGNORECASE)
 
 
+PREFIX_SHARE = 0.1
+"""Of the same base: what kept prompt caches may take in memory without `--max-kv-bytes`."""
+
+
+def default_prefix_bytes(hardware: Hardware) -> int:
+    """`PREFIX_SHARE` of what the models can live in."""
+    return int(PREFIX_SHARE * (hardware.accelerator_limit_bytes or hardware.memory_bytes))
+
+
 def default_budget(hardware: Hardware) -> int:
     """`DEFAULT_SHARE` of what the models can live in."""
     return int(DEFAULT_SHARE * (hardware.accelerator_limit_bytes or hardware.memory_bytes))
@@ -38,6 +47,12 @@ def default_budget(hardware: Hardware) -> int:
 def parse_size(text: str, hardware: Hardware) -> int:
     """ "24GB", "20 GiB", "512MB", "80%" (of the default's base), or bytes. Raises ValueError
     with what is wrong."""
+    return parse_bytes(text, hardware.accelerator_limit_bytes or hardware.memory_bytes)
+
+
+def parse_bytes(text: str, whole: int, *, zero: bool = False) -> int:
+    """ "24GB", "20 GiB", "512MB", "80%" (of `whole`), or bytes; with `zero`, 0 is allowed.
+    Raises ValueError with what is wrong."""
     match = _SIZE.match(text)
     if match is None:
         raise ValueError(f"{text!r} is not a size: say e.g. 24GB, 20GiB, 70% or a byte count")
@@ -45,10 +60,10 @@ def parse_size(text: str, hardware: Hardware) -> int:
     if unit == "%":
         if not 0 < number <= 100:
             raise ValueError(f"{text!r}: a share is more than 0% and at most 100%")
-        return int(number / 100 * (hardware.accelerator_limit_bytes or hardware.memory_bytes))
+        return int(number / 100 * whole)
     if unit not in _UNITS:
         raise ValueError(f"{text!r}: unknown unit {match[2]!r} (B, KB, MB, GB, TB, KiB ... TiB)")
     size = int(number * _UNITS[unit])
-    if size <= 0:
+    if size <= 0 and not (zero and number == 0):
         raise ValueError(f"{text!r}: the budget must be more than 0 bytes")
     return size

@@ -1,11 +1,14 @@
 """The runner's transport: one persistent WebSocket to the gateway, forever.
 
 Connects, says hello, waits for welcome, then serves Generate/Cancel frames through the
-engine and streams its output back as numbered chunks. When the connection drops, every
-request it carried is cancelled in the engine (no orphan generation) and the runner
-reconnects with exponential backoff and jitter, saying hello again each time. A gateway
-silent for the liveness timeout counts as gone. `stop()` (SIGTERM) drains: a Drain frame,
-in-flight requests finish (up to the drain timeout), then the socket closes normally.
+engine and streams its output back as numbered chunks. It tells the gateway which prefixes
+of conversations its KV caches hold (`CacheHeld`: all of them after each welcome, then every
+change, in order with the chunks: a request's cache before its last chunk). When the
+connection drops, every request it carried is cancelled in the engine (no orphan generation)
+and the runner reconnects with exponential backoff and jitter, saying hello again each
+time. A gateway silent for the liveness timeout counts as gone. `stop()` (SIGTERM) drains: a
+Drain frame, in-flight requests finish (up to the drain timeout), then the socket closes
+normally.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from protocol.frames import (
     PROTOCOL_VERSION,
     RUNNER_PATH,
     Batch,
+    CacheHeld,
     Cancel,
     Chunk,
     Generate,
@@ -41,7 +45,7 @@ from protocol.frames import (
     Welcome,
 )
 from protocol.session import RunnerSession
-from runner.engine.base import Engine, EngineEvent, Failure, Output
+from runner.engine.base import CacheChange, Engine, EngineEvent, Failure, Output
 from runner.errors import GatewaySilent, Unauthorized
 from runner.pinning import pinned_context
 
@@ -120,7 +124,7 @@ class Runner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: RunnerSession | None = None
         self._outbox: list[bytes] = []
-        self._events: collections.deque[EngineEvent] = collections.deque()
+        self._events: collections.deque[EngineEvent | CacheChange] = collections.deque()
         self._chunks: list[Chunk] = []
         self._drain_scheduled = False
         self._wake = asyncio.Event()
@@ -147,13 +151,14 @@ class Runner:
             self.engine.models,
             self.max_concurrent,
             self.hardware,
-            getattr(self.engine, "max_memory", None),
+            self.engine.memory_budget(),
         )
 
     async def run(self) -> None:
         """Start the engine, then serve gateways until `stop()` (SIGTERM) has drained."""
         self._loop = asyncio.get_running_loop()
         self.engine.watch_models(self._on_model_change)
+        self.engine.watch_cache(self._on_engine_event)
         await asyncio.to_thread(self.engine.start, self._on_engine_event)
         log.info("engine ready: %s", ", ".join(m.id for m in self.engine.models))
         delay = BACKOFF_MIN
@@ -252,6 +257,8 @@ class Runner:
         for now, said in zip(self.engine.models, session.hello.models, strict=False):
             if now != said:
                 self._queue(encode(ModelStatus(now)))
+        for model, held in self.engine.cache_held().items():
+            self._queue(encode(CacheHeld(model, held, reset=True)))
         tasks = [
             asyncio.create_task(self._receive_loop(ws, session)),
             asyncio.create_task(self._send_loop(ws)),
@@ -331,12 +338,16 @@ class Runner:
     async def _heartbeat_loop(self, interval: float) -> None:
         """Send heartbeats; give up on a gateway that has gone silent (frozen, cut off)."""
         while True:
+            kv = self.engine.kv_usage()
             self._queue(
                 encode(
                     Heartbeat(
                         time.time(),
-                        getattr(self.engine, "kv_bytes", None),
-                        getattr(self.engine, "max_kv_bytes", None),
+                        kv.bytes,
+                        kv.limit_bytes,
+                        kv.prefix_bytes,
+                        kv.disk_bytes,
+                        kv.disk_limit_bytes,
                     )
                 )
             )
@@ -349,8 +360,9 @@ class Runner:
         self._outbox.append(data)
         self._wake.set()
 
-    def _on_engine_event(self, event: EngineEvent) -> None:
-        """Called on the engine's thread: queue the event and wake the loop once per burst."""
+    def _on_engine_event(self, event: EngineEvent | CacheChange) -> None:
+        """Called on the engine's thread: queue the event (an output, a failure or a change
+        of the prefixes held, in the order they happened) and wake the loop once per burst."""
         self._events.append(event)
         if self._drain_scheduled:
             return
@@ -391,6 +403,9 @@ class Runner:
         pending: dict[str, list[Output]] = {}
         while self._events:
             event = self._events.popleft()
+            if isinstance(event, CacheChange):
+                self._cache_held(event)
+                continue
             rid = event.request_id
             if isinstance(event, Output):
                 pending.setdefault(rid, []).append(event)
@@ -402,6 +417,13 @@ class Runner:
             for merged in _merged(piled):
                 self._emit(merged)
         self._flush_chunks()
+
+    def _cache_held(self, change: CacheChange) -> None:
+        """Tell the gateway, ahead of the outputs that came after the change."""
+        if self._session is None:
+            return  # the next connection starts with all that is held
+        self._flush_chunks()
+        self._queue(encode(CacheHeld(change.model, change.added, change.removed, change.reset)))
 
     def _flush_chunks(self) -> None:
         """Chunks of one wake-up, of any requests, go out as one message."""

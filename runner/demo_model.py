@@ -55,6 +55,12 @@ DEMO_PIPELINE_MODEL_ID = "orchard-demo-qwen2"
 """The same model in Qwen2's layout (zero q/k/v biases): mlx-lm's Llama cannot be split into
 pipeline stages, its Qwen2 can, so runner groups and their tests split this one."""
 
+DEMO_LONG_MODEL_ID = "orchard-demo-32k"
+"""The same model with a 32,768-token context (`LONG_CONTEXT`): the same weights, only its
+config's `max_position_embeddings` differs. For the long-context benchmarks (`just bench
+agent`): the built-in model's 2,048 tokens hold no agent session."""
+LONG_CONTEXT = 32_768
+
 CACHE_DIR_ENV = "ORCHARD_CACHE_DIR"
 
 ENDOFTEXT = "<|endoftext|>"
@@ -266,11 +272,11 @@ def cache_dir() -> Path:
 def resolve_model(name: str) -> str:
     """What to pass to `mlx_lm.load` for a model name.
 
-    `DEMO_MODEL_ID` and `DEMO_PIPELINE_MODEL_ID` become their directories in the cache, built
-    on first use; any other name (a local MLX directory or a Hugging Face id) is returned
-    unchanged.
+    `DEMO_MODEL_ID`, `DEMO_PIPELINE_MODEL_ID` and `DEMO_LONG_MODEL_ID` become their
+    directories in the cache, built on first use; any other name (a local MLX directory or a
+    Hugging Face id) is returned unchanged.
     """
-    if name not in (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID):
+    if name not in (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID, DEMO_LONG_MODEL_ID):
         return name
     target = cache_dir() / "models" / f"{DEMO_MODEL_ID}-{DEMO_MODEL_VERSION}"
     if not target.is_dir():
@@ -280,6 +286,11 @@ def resolve_model(name: str) -> str:
         target = cache_dir() / "models" / f"{DEMO_PIPELINE_MODEL_ID}-{DEMO_MODEL_VERSION}"
         if not target.is_dir():
             _build_atomically(target, lambda path: build_qwen2_variant(source, path))
+    elif name == DEMO_LONG_MODEL_ID:
+        source = target
+        target = cache_dir() / "models" / f"{DEMO_LONG_MODEL_ID}-{DEMO_MODEL_VERSION}"
+        if not target.is_dir():
+            _build_atomically(target, lambda path: build_long_variant(source, path))
     return str(target)
 
 
@@ -338,6 +349,14 @@ def build_demo_model(path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     mx.eval(weights)
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+def build_long_variant(source: Path, path: Path) -> None:
+    """Write the demo model at `source` into `path` with a `LONG_CONTEXT`-token context."""
+    shutil.copytree(source, path, dirs_exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    config["max_position_embeddings"] = LONG_CONTEXT
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def build_qwen2_variant(source: Path, path: Path) -> None:

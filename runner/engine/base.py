@@ -71,6 +71,36 @@ class Failure:
 EngineEvent = Output | Failure
 Sink = Callable[[EngineEvent], None]
 
+
+@attrs.frozen
+class CacheChange:
+    """Prefix hashes (`protocol.frames.Generate.prefix`) of `model` that the engine's KV
+    caches started to hold (`added`) or stopped holding in any tier (`removed`). With
+    `reset`, `added` is all it holds now (nothing, for a model unloaded)."""
+
+    model: str
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    reset: bool = False
+
+
+CacheWatcher = Callable[[CacheChange], None]
+
+
+@attrs.frozen
+class KvUsage:
+    """What an engine's KV caches take, for heartbeats (None: not known or not bounded)."""
+
+    bytes: int | None = None
+    """Running requests' and kept prompts' caches in memory."""
+    limit_bytes: int | None = None
+    prefix_bytes: int | None = None
+    """Of `bytes`, the kept prompts' (the prefix cache's memory tier)."""
+    disk_bytes: int | None = None
+    """The prefix cache's files."""
+    disk_limit_bytes: int | None = None
+
+
 log = logging.getLogger("runner.engine")
 
 
@@ -106,6 +136,25 @@ class Engine(abc.ABC):
 
         Unknown or finished ids are ignored.
         """
+
+    def watch_cache(self, watcher: CacheWatcher) -> None:
+        """Have `watcher` told, from the engine's thread, of every change to the prefix hashes
+        its caches hold, in order with the events of the sink: a request's cache is reported
+        before its last output. Engines that keep no prefix cache never call it."""
+        del watcher
+
+    def cache_held(self) -> dict[str, tuple[str, ...]]:
+        """The prefix hashes held now, by model (thread-safe: for a new connection)."""
+        return {}
+
+    def kv_usage(self) -> KvUsage:
+        """What the KV caches take now (thread-safe: for heartbeats)."""
+        return KvUsage()
+
+    def memory_budget(self) -> int | None:
+        """What the loaded models may take together, for an engine that loads models on
+        demand (`Hello.memory_budget_bytes`); None otherwise."""
+        return None
 
     def watch_models(self, watcher: Callable[[ModelInfo], None]) -> None:
         """Have `watcher` told of every change of a model's state (loading with download

@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from protocol.frames import SamplingParams
 from runner.engine.constraint import BatchConstraints, ConstraintProcessor
@@ -274,6 +275,23 @@ class BatchDecoder:
         self._batch = self._new_batch()
         for request in failed:
             self._generation.fail(request, exc)
+
+    def snapshot(self, request: Request) -> list[Any] | None:
+        row = self._rows.get(request.request_id)
+        if row is None:
+            return None
+        try:
+            # A copy of the row's part of the batch's caches (mlx-lm's extract copies).
+            cache, _ = self._batch.extract_cache([row.uid])[row.uid]
+        except Exception:
+            log.exception("copying the prompt cache of %s", request.request_id)
+            return None
+        extra = (getattr(cache[0], "offset", 0) if cache else 0) - len(request.prompt)
+        if extra < 0 or not can_trim_prompt_cache(cache):
+            return None
+        if extra:
+            trim_prompt_cache(cache, extra)
+        return list(cache)
 
     def release(self, request: Request) -> None:
         """Take a request's row out of the batch (if still there), keeping its KV cache."""

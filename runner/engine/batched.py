@@ -64,6 +64,8 @@ class BatchedMlxEngine(MlxEngine, BatchTally):
         prefill_share: float | None = 3.0,
         **options: Any,
     ) -> None:
+        # Kept prompts take from the same budget as running requests (`_fits` makes room).
+        options.setdefault("prefix_cache_bytes", max_kv_bytes)
         super().__init__(model, max_concurrent, **options)
         self.max_kv_bytes = max_kv_bytes
         self.prefill_batch_size = prefill_batch_size
@@ -74,6 +76,12 @@ class BatchedMlxEngine(MlxEngine, BatchTally):
         # prompt tokens (None: no bound but the two above).
         self.prefill_share = prefill_share
         BatchTally.__init__(self)
+
+    def _kv_bytes_now(self, prefix: int | None) -> int | None:
+        return self.kv_bytes
+
+    def _kv_limit(self) -> int | None:
+        return self.max_kv_bytes
 
     def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
         return BatchedStepping(
@@ -220,9 +228,7 @@ class BatchedStepping:
         )
         if need > limit:
             return False
-        prefix = self._generation.prefix_cache
-        while len(prefix) and need + prefix.nbytes > limit:
-            prefix.evict_oldest()
+        self._generation.prefix_cache.make_room(limit - need)
         return True
 
 

@@ -13,6 +13,18 @@ A strategy places each admitted request on a `Decoder`, which feeds its tokens b
 `Generation.token`. When a request ends, for whatever reason, `Generation` calls its decoder's
 `release`, which stops running it and leaves its KV cache in `Request.cache`.
 
+Prompt reuse (`prefix_cache`): a request starts from the longest prefix of its prompt the
+prefix cache holds. Before it starts, it may wait (others behind it go ahead):
+
+- for an entry that is on disk only, while the store reads it back (off this thread);
+- for a running request that is still prefilling a prefix they share, longer than what the
+  cache holds for it by `SHARE_MIN` tokens: that request keeps its prompt's cache as soon as
+  its first token is out (`Decoder.snapshot`), and those waiting start from it. Requests that
+  arrive together with one long system prompt prefill it once, not once each.
+
+A request's KV cache is kept before its last output goes out, so that the runner has told the
+gateway what it holds by the time the client can send its next turn.
+
 Everything here runs on the generation thread and is not thread-safe.
 """
 
@@ -40,7 +52,7 @@ from runner.accounting import Piece
 from runner.engine.base import Failure, Output, Sink, emit
 from runner.engine.logprobs import prompt_entries
 from runner.engine.mlx_model import ChoiceGroup, MlxModel, Request
-from runner.engine.prefix_cache import PrefixCache
+from runner.engine.prefix_cache import BLOCK, Entry, PrefixCache, common_prefix
 from runner.errors import RequestError
 
 log = logging.getLogger("runner.engine")
@@ -48,6 +60,12 @@ log = logging.getLogger("runner.engine")
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass when the generation thread prefills by itself (the one
 prefill of a request with several choices)."""
+SHARE_MIN = 4 * BLOCK
+"""A waiting request waits for a running one's prefill when they share this many more prompt
+tokens than the prefix cache holds for it (fewer: it prefills them itself)."""
+DISK_MIN = BLOCK
+"""A waiting request waits for an entry to be read back from disk when it would reuse this
+many more tokens than it can from memory."""
 ECHO_PIECE_TOKENS = 256
 ECHO_PIECE_CHARS = 64 * 1024
 """An echo goes out in pieces of at most this many prompt tokens and text characters (a
@@ -98,6 +116,10 @@ class Decoder(Protocol):
         """Stop running `request`, leaving its KV cache (if it can be kept) in
         `request.cache`. Called once the request has ended; unknown requests are ignored."""
 
+    def snapshot(self, request: Request) -> list[Any] | None:
+        """A copy of what a running request's KV cache holds of its prompt (called at its
+        first token), or None when it cannot be copied so."""
+
 
 class Stepping(Protocol):
     """A decoding strategy: where admitted requests run and how they advance."""
@@ -138,8 +160,20 @@ class Generation:
 
     @property
     def busy(self) -> bool:
-        """Requests are running or waiting for a slot: keep stepping."""
-        return bool(self.active or self.waiting)
+        """Requests are running, or waiting for a slot and not for a read from disk: keep
+        stepping. (A read that ends wakes the engine.)"""
+        if self.active:
+            return True
+        return any(not isinstance(r.waits_for, Entry) for r in self.waiting)
+
+    def poll(self) -> None:
+        """Take in what the prefix cache's disk store finished; requests that waited for a
+        read go on."""
+        if self.prefix_cache.poll():
+            for request in self.waiting:
+                entry = request.waits_for
+                if isinstance(entry, Entry) and not entry.loading:
+                    request.waits_for = None
 
     def is_running(self, request: Request) -> bool:
         return self.active.get(request.request_id) is request
@@ -185,18 +219,22 @@ class Generation:
 
     def admit(self, place: Callable[[Request], Decoder | None]) -> None:
         """Start waiting requests, in order, while slots are free and `place` finds them a
-        decoder."""
+        decoder; a request waiting to reuse more of its prompt (module docstring) is passed
+        over meanwhile."""
         counters = self._counters
-        while self.waiting and len(self.active) < self.max_concurrent:
-            request = self.waiting[0]
+        for request in list(self.waiting):
+            if len(self.active) >= self.max_concurrent:
+                break
             if request.max_tokens == 0:
-                self.waiting.popleft()
+                self.waiting.remove(request)
                 self._end_at_once(request)
+                continue
+            if self._must_wait(request):
                 continue
             decoder = place(request)
             if decoder is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self.active[request.request_id] = request
             request.decoder = decoder
             try:
@@ -206,6 +244,44 @@ class Generation:
         counters.waiting_requests = len(self.waiting)
         counters.active_requests = len(self.active)
         counters.peak_active_requests = max(counters.peak_active_requests, len(self.active))
+
+    def _must_wait(self, request: Request) -> bool:
+        """Whether `request` should wait before it starts: for a read from disk, or for a
+        running request's prefill (module docstring). Decided once per thing waited for."""
+        waited = request.waits_for
+        if waited is not None:
+            if isinstance(waited, Entry):
+                return waited.loading
+            if self.is_running(waited) and waited.first_token_at is None:
+                return True
+            request.waits_for = None  # that prefill is done (or ended): look again
+        if request.wants_prompt_logprobs or (
+            request.group is not None and request.group.shared is not None
+        ):
+            return False  # these do not start from the prefix cache
+        prompt, prefix = request.prompt, self.prefix_cache
+        in_memory = prefix.match(prompt, memory_only=True)
+        reusable = in_memory.length if in_memory is not None else 0
+        found = prefix.match(prompt)
+        if (
+            found is not None
+            and not found.entry.in_memory
+            and found.length - reusable >= DISK_MIN
+            and prefix.load(found.entry)
+        ):
+            request.waits_for = found.entry
+            request.disk_tokens = found.length
+            return True
+        limit = len(prompt) - 1
+        for other in self.active.values():
+            if other.first_token_at is not None or other.wants_prompt_logprobs:
+                continue
+            shared = min(common_prefix(other.prompt, prompt), limit)
+            if shared - reusable >= SHARE_MIN:
+                request.waits_for = other
+                other.followers += 1
+                return True
+        return False
 
     def take_cache(self, request: Request) -> tuple[list[Any], int]:
         """The KV cache to start `request` from: the prefix cache's longest match for its
@@ -238,11 +314,13 @@ class Generation:
                 group.started += 1
                 group.shared = (copy.deepcopy(fresh), held)
             return fresh, held
-        cache, reused = self.prefix_cache.take(request.prompt)
+        cache, reused = self.prefix_cache.take(request.prompt, request.generate.prefix)
         if cache is None:
             cache = make_prompt_cache(self.model.model)
         else:
             self._counters.prefix_cache_hits += 1
+        if request.disk_tokens:
+            request.disk_tokens = min(request.disk_tokens, reused)
         request.accounting.cached_tokens = reused
         request.prefill_tokens = len(request.prompt) - reused
         if group is not None:
@@ -336,6 +414,8 @@ class Generation:
         """One generated token of a running request and its text: emit it, or end the
         request (stop string, end of sequence, length). `logprobs`: the step's
         log-probabilities, used when the request asked for them. The hot path: keep it lean."""
+        if request.followers and not request.tokens:
+            self._keep_prompt(request)
         request.tokens.append(token)
         self._counters.tokens_generated += 1
         piece = request.accounting.feed(token, text)
@@ -372,6 +452,18 @@ class Generation:
                 ),
             )
 
+    def _keep_prompt(self, request: Request) -> None:
+        """Keep a copy of `request`'s prompt cache now, for the requests waiting for its
+        prefill; they go on (from it, or prefilling if it could not be copied)."""
+        request.followers = 0
+        decoder = request.decoder
+        snapshot = decoder.snapshot(request) if decoder is not None else None
+        if snapshot is not None:
+            self.prefix_cache.put(request.prompt, snapshot, request.generate.prefix)
+        for waiting in self.waiting:
+            if waiting.waits_for is request:
+                waiting.waits_for = None
+
     def finish(
         self,
         request: Request,
@@ -395,6 +487,16 @@ class Generation:
             group.open -= 1
             last = group.open == 0
         echo = self._send_echo(request) if request.echo is not None else None
+        stats = self._stats(request, now) if last else None
+        # Kept before the last output goes out: the runner tells the gateway what it holds
+        # before the client can send its next turn.
+        self._release(request)
+        self._release_followers(request)
+        if request.cache is not None:
+            self.prefix_cache.put(
+                request.prompt + request.tokens, request.cache, request.generate.prefix
+            )
+            request.cache = None
         emit(
             self._sink,
             Output(
@@ -404,7 +506,7 @@ class Generation:
                 tokens,
                 request.usage(),
                 finish_reason=reason if last else None,
-                stats=self._stats(request, now) if last else None,
+                stats=stats,
                 tool_calls=piece.tool_calls,
                 logprobs=logprobs,
                 index=request.index,
@@ -413,10 +515,14 @@ class Generation:
                 matched_stop=request.accounting.matched_stop if reason == "stop" else None,
             ),
         )
-        self._release(request)
-        if request.cache is not None:
-            self.prefix_cache.put(request.prompt + request.tokens, request.cache)
-            request.cache = None
+
+    def _release_followers(self, request: Request) -> None:
+        """`request` ended: those waiting for its prefill wait no more."""
+        if request.followers:
+            request.followers = 0
+            for waiting in self.waiting:
+                if waiting.waits_for is request:
+                    waiting.waits_for = None
 
     def fail(self, request: Request, exc: Exception) -> None:
         """End a request with a Failure "internal_error"; its KV cache is dropped."""
@@ -427,6 +533,7 @@ class Generation:
             Failure(request.generate.request_id, "internal_error", f"{type(exc).__name__}: {exc}"),
         )
         self._release(request)
+        self._release_followers(request)
         request.cache = None  # its state is unknown after an error
         if request.group is not None:
             self._drop_choices(request.group)
@@ -464,7 +571,9 @@ class Generation:
         """Speeds of this request; zeros for what did not happen (no token, one token)."""
         first = request.first_token_at
         if first is None or request.first_step_at is None:
-            return GenerationStats(0.0, 0.0, int(mx.get_peak_memory()), 0.0)
+            return GenerationStats(
+                0.0, 0.0, int(mx.get_peak_memory()), 0.0, cached_disk_tokens=request.disk_tokens
+            )
         prompt_time = first - request.first_step_at
         decode_time = now - first
         decoded = request.accounting.completion_tokens - 1
@@ -473,4 +582,5 @@ class Generation:
             generation_tps=decoded / decode_time if decoded > 0 and decode_time > 0 else 0.0,
             peak_memory_bytes=int(mx.get_peak_memory()),
             time_to_first_token=first - request.submitted_at,
+            cached_disk_tokens=request.disk_tokens,
         )

@@ -22,6 +22,7 @@ from mlx_lm.generate import stream_generate
 from runner.engine.constraint import ConstraintProcessor
 from runner.engine.generation import Decoder, Generation
 from runner.engine.mlx_model import Request
+from runner.engine.prefix_cache import compact
 from runner.engine.sampling import make_logits_processors, make_sampler_for
 
 log = logging.getLogger("runner.engine")
@@ -113,6 +114,9 @@ class InterleavedDecoder:
         self._generation.token(
             request, int(response.token), response.text, response.finish_reason, response.logprobs
         )
+
+    def snapshot(self, request: Request) -> list[Any] | None:
+        return None if request.cache is None else compact(request.cache, len(request.prompt))
 
     def release(self, request: Request) -> None:
         self._guards.pop(request.request_id, None)

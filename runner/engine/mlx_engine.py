@@ -12,7 +12,9 @@ one is as fast as the hundredth). For each request the generation thread:
 3. advances every running request by one token per step, routes each token through
    `runner.accounting.RequestAccounting` and emits one `Output` per token
    (`generation.Generation`);
-4. at the end keeps the request's KV cache in the prefix cache for the requests after it.
+4. at the end keeps the request's KV cache in the prefix cache for the requests after it
+   (shared by every later request that starts with it, bounded by `prefix_cache_bytes`, and
+   written to the runner's disk cache, `kv_store`, when it has one).
 
 `MlxEngine` decodes interleaved (`interleaved.InterleavedDecoder`: one `stream_generate` per
 request, round robin); `batched.BatchedMlxEngine` swaps in batched decoding.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from importlib.metadata import version
 from typing import Any
@@ -30,11 +33,12 @@ import attrs
 import mlx.core as mx
 
 from protocol.frames import Generate, Message, ModelInfo, SamplingParams
-from runner.engine.base import EngineEvent
+from runner.engine.base import CacheChange, CacheWatcher, EngineEvent, KvUsage
 from runner.engine.generation import Generation, Stepping
 from runner.engine.interleaved import InterleavedDecoder
+from runner.engine.kv_store import KvStore, model_identity
 from runner.engine.mlx_model import MlxModel
-from runner.engine.prefix_cache import PrefixCache
+from runner.engine.prefix_cache import MAX_ENTRIES, PrefixCache
 from runner.engine.threaded import AT_ONCE, Submit, ThreadedEngine
 
 log = logging.getLogger("runner.engine")
@@ -87,7 +91,9 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         model: str,
         max_concurrent: int = 4,
         *,
-        prefix_cache_size: int = 8,
+        prefix_cache_size: int = MAX_ENTRIES,
+        prefix_cache_bytes: int | None = None,
+        kv_store: KvStore | None = None,
         context_length: int | None = None,
         close_timeout: float = 30.0,
         path: str | None = None,
@@ -101,7 +107,18 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         downloads first, then loads from the Hub's cache)."""
         self.max_concurrent = max_concurrent
         self.prefix_cache_size = prefix_cache_size
+        """Kept prompt caches at most (entries)."""
+        self.prefix_cache_bytes = prefix_cache_bytes
+        """What kept prompt caches may take in memory (None: no bound but the entries')."""
+        self.kv_store = kv_store
+        """The runner's disk cache, shared by its models (None: memory only)."""
         self._context_length = context_length
+        self._cache_watcher: CacheWatcher | None = None
+        self._woken = False
+        """The disk store finished something: step once to take it in (under the lock)."""
+        self._prefixes_lock = threading.Lock()
+        self._prefixes: set[str] = set()
+        """The prefix hashes the prefix cache holds (a copy, for other threads)."""
         # The generation thread's own state, made by _load.
         self._generation: Generation | None = None
         self._stepping: Stepping | None = None
@@ -110,6 +127,60 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         self.warm_up_seconds = 0.0
         self.weights_bytes = 0
         """The loaded model's parameters, in bytes."""
+
+    def watch_cache(self, watcher: CacheWatcher) -> None:
+        self._cache_watcher = watcher
+
+    def cache_held(self) -> dict[str, tuple[str, ...]]:
+        with self._prefixes_lock:
+            return {self.model_name: tuple(self._prefixes)} if self._prefixes else {}
+
+    def kv_usage(self) -> KvUsage:
+        generation = self._generation
+        prefix = generation.prefix_cache.nbytes if generation is not None else None
+        store = self.kv_store
+        disk = store.nbytes if store is not None and store.enabled else None
+        return KvUsage(
+            bytes=self._kv_bytes_now(prefix),
+            limit_bytes=self._kv_limit(),
+            prefix_bytes=prefix,
+            disk_bytes=disk,
+            disk_limit_bytes=store.max_bytes if disk is not None and store is not None else None,
+        )
+
+    def _kv_bytes_now(self, prefix: int | None) -> int | None:
+        """Every KV cache in memory now; the interleaved engine counts only kept prompts'."""
+        return prefix
+
+    def _kv_limit(self) -> int | None:
+        return self.prefix_cache_bytes
+
+    def _cache_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
+        """The prefix cache's word (generation thread): keep the copy, tell the watcher."""
+        with self._prefixes_lock:
+            self._prefixes.update(added)
+            self._prefixes.difference_update(removed)
+        watcher = self._cache_watcher
+        if watcher is not None:
+            watcher(CacheChange(self.model_name, added, removed))
+
+    def _wake(self) -> None:
+        """Step soon (the disk store finished something); from any thread."""
+        with self._lock:
+            self._woken = True
+            self._lock.notify()
+
+    def _make_prefix_cache(self, model: MlxModel) -> PrefixCache:
+        store = None
+        if self.kv_store is not None and self.kv_store.enabled and model.directory is not None:
+            identity = model_identity(self.model_name, model.directory)
+            store = self.kv_store.for_model(identity, wake=self._wake)
+        return PrefixCache(
+            self.prefix_cache_bytes,
+            max_entries=self.prefix_cache_size,
+            store=store,
+            on_change=self._cache_changed,
+        )
 
     def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
         """The decoding strategy, made on the generation thread once the model is loaded;
@@ -149,7 +220,7 @@ class MlxEngine(ThreadedEngine, GenerationTally):
             sink=self._sink,
             counters=self,
             max_concurrent=self.max_concurrent,
-            prefix_cache=PrefixCache(self.prefix_cache_size),
+            prefix_cache=self._make_prefix_cache(model),
         )
         self._stepping = self._make_stepping(generation, self)
         self._generation = generation
@@ -168,7 +239,7 @@ class MlxEngine(ThreadedEngine, GenerationTally):
             sink=_discard,
             counters=tally,
             max_concurrent=self.max_concurrent,
-            prefix_cache=PrefixCache(0),
+            prefix_cache=PrefixCache(max_entries=0),
         )
         stepping = self._make_stepping(generation, tally)
         try:
@@ -187,7 +258,8 @@ class MlxEngine(ThreadedEngine, GenerationTally):
 
     def _next_step_at(self, pending: bool) -> float | None:
         assert self._generation is not None
-        return AT_ONCE if pending or self._generation.busy else None
+        woken, self._woken = self._woken, False
+        return AT_ONCE if pending or woken or self._generation.busy else None
 
     def _step(self, now: float, submits: list[Submit], cancels: list[str]) -> None:
         generation, stepping = self._generation, self._stepping
@@ -197,6 +269,7 @@ class MlxEngine(ThreadedEngine, GenerationTally):
             generation.intake(request, submitted_at, stepping.check)
         for request_id in cancels:
             generation.cancel(request_id)
+        generation.poll()
         generation.admit(stepping.place)
         stepping.step()
 

@@ -76,6 +76,15 @@ class Request:
     echo_skip: int = 0
     """Leading prompt tokens that are not part of that text (a beginning-of-text token the
     tokenizer added): the echo's logprobs leave them out."""
+    waits_for: Any = None
+    """While waiting: what it waits for before it can start, to reuse more of its prompt: a
+    prefix-cache entry being read back from disk, or a running request still prefilling a
+    prefix they share (`generation.Generation.admit`)."""
+    followers: int = 0
+    """Waiting requests that wait for this one's prefill (it keeps its prompt's cache for
+    them as soon as its first token is out)."""
+    disk_tokens: int = 0
+    """Prompt tokens reused from a prefix read back from disk for it."""
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -151,6 +160,8 @@ class MlxModel:
             config.get("vocab_size") or text_config.get("vocab_size") or len(tokenizer)
         )
         self.eos_token_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
+        self.directory: str | None = None
+        """Where its files are (set by `load`): what its disk cache is keyed by."""
         self._think_start_id, self._think_end_id = _think_ids(tokenizer)
         self._token_bytes: TokenBytes | None = None
         self._continuation_tokenizer: Any = None
@@ -169,7 +180,9 @@ class MlxModel:
         # mlx-lm annotates load() as returning a 2- or 3-tuple; return_config picks the 3.
         loaded: Any = mlx_lm.load(source, return_config=True)
         model, tokenizer, config = loaded
-        return cls(name, model, tokenizer, config, context_length=context_length)
+        made = cls(name, model, tokenizer, config, context_length=context_length)
+        made.directory = source
+        return made
 
     def weights_bytes(self) -> int:
         """What the model's parameters take in memory."""

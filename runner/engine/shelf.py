@@ -16,6 +16,10 @@ Every change of a model's state (loading, with download progress; loaded; loadab
 goes to the watcher `watch_models` installed, which the runner turns into `ModelStatus`
 frames. Loads run one at a time on the shelf's loader thread; `submit` and `cancel` never
 block on them.
+
+Each loaded engine keeps its own prefix cache; what they hold goes to the watcher
+`watch_cache` installed. An unloaded model holds nothing in memory (its disk cache, under the
+runner's `kv_store`, is found again when it is loaded).
 """
 
 from __future__ import annotations
@@ -32,7 +36,17 @@ import attrs
 import mlx.core as mx
 
 from protocol.frames import Download, Generate, ModelInfo, Usage
-from runner.engine.base import Engine, EngineEvent, Failure, Output, Sink, emit
+from runner.engine.base import (
+    CacheChange,
+    CacheWatcher,
+    Engine,
+    EngineEvent,
+    Failure,
+    KvUsage,
+    Output,
+    Sink,
+    emit,
+)
 from runner.errors import EngineStateError, ModelLoadError
 
 log = logging.getLogger("runner.engine")
@@ -107,6 +121,7 @@ class ModelShelf(Engine):
         }
         self._sink: Sink | None = None
         self._watcher: ModelWatcher | None = None
+        self._cache_watcher: CacheWatcher | None = None
         self._lock = threading.Condition()
         self._where: dict[str, _Model] = {}
         """Running requests by id."""
@@ -130,23 +145,41 @@ class ModelShelf(Engine):
         with self._lock:
             return self._used()
 
-    @property
-    def kv_bytes(self) -> int | None:
-        """The loaded engines' KV caches together (for heartbeats), None if none reports."""
-        return self._engines_sum("kv_bytes")
-
-    @property
-    def max_kv_bytes(self) -> int | None:
-        return self._engines_sum("max_kv_bytes")
-
-    def _engines_sum(self, name: str) -> int | None:
+    def kv_usage(self) -> KvUsage:
+        """The loaded engines' KV caches together (for heartbeats); the disk cache is the
+        runner's, shared: one engine's figure."""
         with self._lock:
-            values = [getattr(m.engine, name, None) for m in self._models.values()]
-        known = [v for v in values if isinstance(v, int)]
-        return sum(known) if known else None
+            usages = [m.engine.kv_usage() for m in self._models.values() if m.engine is not None]
+
+        def total(values: list[int | None]) -> int | None:
+            known = [v for v in values if v is not None]
+            return sum(known) if known else None
+
+        disk = next((u for u in usages if u.disk_bytes is not None), KvUsage())
+        return KvUsage(
+            bytes=total([u.bytes for u in usages]),
+            limit_bytes=total([u.limit_bytes for u in usages]),
+            prefix_bytes=total([u.prefix_bytes for u in usages]),
+            disk_bytes=disk.disk_bytes,
+            disk_limit_bytes=disk.disk_limit_bytes,
+        )
+
+    def memory_budget(self) -> int | None:
+        return self.max_memory
 
     def watch_models(self, watcher: ModelWatcher) -> None:
         self._watcher = watcher
+
+    def watch_cache(self, watcher: CacheWatcher) -> None:
+        self._cache_watcher = watcher
+
+    def cache_held(self) -> dict[str, tuple[str, ...]]:
+        with self._lock:
+            engines = [m.engine for m in self._models.values() if m.engine is not None]
+        held: dict[str, tuple[str, ...]] = {}
+        for engine in engines:
+            held.update(engine.cache_held())
+        return held
 
     # --- the Engine interface -------------------------------------------------------------
 
@@ -285,6 +318,8 @@ class ModelShelf(Engine):
             "loading %s (%s of %s in use)", name, _gib(self.loaded_bytes), _gib(self.max_memory)
         )
         engine = self._make_engine(name, path)
+        if self._cache_watcher is not None:
+            engine.watch_cache(self._cache_watcher)
         try:
             engine.start(self._relay(model))
         except Exception as exc:
@@ -344,6 +379,8 @@ class ModelShelf(Engine):
             log.info("unloading %s to make room for %s", victim.name, model.name)
             assert engine is not None
             engine.close()
+            if self._cache_watcher is not None:
+                self._cache_watcher(CacheChange(victim.name, reset=True))
             gc.collect()
             _clear_accelerator_cache()
 

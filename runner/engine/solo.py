@@ -38,6 +38,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from runner.engine.constraint import ConstraintProcessor
 from runner.engine.generation import PREFILL_CHUNK, Generation
 from runner.engine.mlx_model import Request
+from runner.engine.prefix_cache import compact
 from runner.engine.sampling import make_logits_processors, make_sampler_for
 
 log = logging.getLogger("runner.engine")
@@ -195,6 +196,9 @@ class SoloDecoder:
         if guard is not None and guard.error is None and guard.started:
             guard.matcher.rollback(1)
         return HandOver(request, cache, prompt + tokens[:-1], tokens[-1:], lone.detokenizer, guard)
+
+    def snapshot(self, request: Request) -> list[Any] | None:
+        return None if request.cache is None else compact(request.cache, len(request.prompt))
 
     def release(self, request: Request) -> None:
         lone = self._lone

@@ -16,6 +16,7 @@ from runner.engine import interleaved
 from runner.engine.base import Failure, Output
 from runner.engine.batched import BatchedMlxEngine
 from runner.engine.mlx_engine import MlxEngine, engine_version
+from runner.engine.prefix_cache import common_prefix
 from runner.errors import ModelLoadError
 from tests.runner.collect import (
     Collector,
@@ -59,14 +60,6 @@ def start_engine(engine_class: type[MlxEngine], demo_model_path: Path) -> Iterat
     """Engines of this kind of the test's own."""
     with engine_starter(lambda **options: engine_class(DEMO_MODEL_ID, **options)) as start:
         yield start
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens `a` and `b` start with in common."""
-    length = 0
-    while length < min(len(a), len(b)) and a[length] == b[length]:
-        length += 1
-    return length
 
 
 def test_greedy_equals_stream_generate(
@@ -123,28 +116,32 @@ def test_prefix_cache_reuses_a_shared_prefix(
         max_tokens=16,
         sampling=GREEDY,
     )
-    # Alongside another request (which comes second: it would take the cache entry too).
+    # Alongside another request, which reuses the same entry at once (its prompt shares the
+    # template's first tokens with it): an entry serves every request that starts with it.
+    other = ask("other", "Hello", max_tokens=30, sampling=GREEDY)
     engine.submit(follow_up)
-    engine.submit(ask("other", "Hello", max_tokens=30, sampling=GREEDY))
+    engine.submit(other)
     events = collector.wait("r2")
     usage = final(events).usage
     prompt = reference.prompt(follow_up)
     assert usage.prompt_tokens == len(prompt)
     # What of the first request's prompt and answer the follow-up starts with (the answer's
-    # text, templated, need not be its tokens): at least all of the first prompt.
+    # text, templated, need not be its tokens; its last token never ran through the model):
+    # at least all of the first prompt.
     answer = list(dict(engine.recent_tokens)["r1"])
-    common = shared_prefix(reference.prompt(first) + answer, prompt)
-    assert usage.cached_tokens == common >= len(reference.prompt(first))
-    assert engine.prefix_cache_hits == 1
+    kept = reference.prompt(first) + answer[:-1]
+    assert usage.cached_tokens == common_prefix(kept, prompt) >= len(reference.prompt(first))
     # The reused cache holds the right keys and values: same output as a fresh run.
     assert [o.text for o in outputs(events)] == reference.greedy(follow_up)[1]
-    collector.wait("other")
+    other_usage = final(collector.wait("other")).usage
+    assert other_usage.cached_tokens == common_prefix(kept, reference.prompt(other)) > 0
+    assert engine.prefix_cache_hits == 2
 
     again = Generate("r3", DEMO_MODEL_ID, follow_up.messages, max_tokens=4, sampling=GREEDY)
     usage = final(run(engine, collector, again)).usage
     # Everything but the last prompt token, whose logits start generation.
     assert usage.cached_tokens == usage.prompt_tokens - 1
-    assert engine.prefix_cache_hits == 2
+    assert engine.prefix_cache_hits == 3
 
 
 def test_seeded_sampling_is_reproducible(lent: tuple[MlxEngine, Collector]) -> None:
