@@ -30,6 +30,7 @@ from runner.demo_model import DEMO_MODEL_ID
 if TYPE_CHECKING:
     from protocol.frames import Hardware
     from runner.engine.base import Engine
+    from runner.engine.kv_store import KvStore
 
 if TYPE_CHECKING:
     from runner.group.member import GroupMember
@@ -408,7 +409,20 @@ async def _drain_and_exit(server: Any) -> None:
     "--max-kv-bytes",
     type=int,
     default=None,
-    help="mlx-batched only: KV-cache budget in bytes (default: unbounded).",
+    help="KV-cache memory budget in bytes. mlx-batched: what running requests and kept "
+    "prompts take together (a request starts when its worst case fits, kept prompts "
+    "evicted first); mlx: what kept prompts take. Default: running requests unbounded, "
+    "kept prompts 10% of the memory.",
+)
+@click.option(
+    "--kv-disk",
+    "kv_disk",
+    metavar="SIZE",
+    default=None,
+    help="What the disk cache of kept prompts may take under ~/.cache/orchard/kv (or "
+    "$ORCHARD_CACHE_DIR/kv), e.g. 20GB, 50GiB, 10% (of the free disk) or bytes; 0 turns it "
+    "off. They outlive a restart and a model's unload. Default: 10% of the free disk, at "
+    "most 64 GiB.",
 )
 @click.option(
     "--tokens-per-second",
@@ -493,6 +507,7 @@ def runner(
     liveness_timeout: float,
     token: str | None,
     max_kv_bytes: int | None,
+    kv_disk: str | None,
     log_level: str,
     hostfile: Path | None,
     local_group: int | None,
@@ -520,6 +535,9 @@ def runner(
     every layer) suits JACCL; auto picks. See docs/distributed.md.
     """
     _setup_logging(log_level)
+    if max_kv_bytes is not None and max_kv_bytes <= 0:
+        raise click.BadParameter("must be more than 0 bytes", param_hint="--max-kv-bytes")
+    disk = _kv_disk(kv_disk)
     member = None
     if hostfile is not None or local_group is not None or group_member:
         member = _runner_group(models, engine, max_kv_bytes, liveness_timeout, split, group_member)
@@ -539,8 +557,56 @@ def runner(
             gather_ms / 1000,
             max_memory,
             group=member,
+            kv_disk=None if member is not None else disk,
         )
     )
+
+
+def _mlx_engines(
+    kind: str,
+    max_concurrent: int,
+    max_kv_bytes: int | None,
+    hardware: Hardware,
+    store: KvStore | None,
+) -> Callable[..., Engine]:
+    """What makes the runner's engine for a model (and its files' directory, if known)."""
+    from runner.budget import default_prefix_bytes
+
+    kept = max_kv_bytes if max_kv_bytes is not None else default_prefix_bytes(hardware)
+
+    def make(model: str, path: str | None = None) -> Engine:
+        if kind == "mlx-batched":
+            from runner.engine.batched import BatchedMlxEngine
+
+            return BatchedMlxEngine(
+                model,
+                max_concurrent=max_concurrent,
+                max_kv_bytes=max_kv_bytes,
+                prefix_cache_bytes=kept,
+                kv_store=store,
+                path=path,
+            )
+        from runner.engine.mlx_engine import MlxEngine
+
+        return MlxEngine(
+            model, max_concurrent=max_concurrent, prefix_cache_bytes=kept, kv_store=store, path=path
+        )
+
+    return make
+
+
+def _kv_disk(size: str | None) -> tuple[Path, int]:
+    """Where the disk cache goes and what it may take (0: off); a bad size is a usage error."""
+    from runner.demo_model import cache_dir
+    from runner.engine.kv_store import default_budget, parse_disk_size
+
+    root = cache_dir() / "kv"
+    if size is None:
+        return root, default_budget(root)
+    try:
+        return root, parse_disk_size(size, root)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kv-disk") from exc
 
 
 async def _run_runner(
@@ -558,6 +624,7 @@ async def _run_runner(
     gather: float = GATHER_S,
     max_memory: str | None = None,
     group: GroupMember | None = None,
+    kv_disk: tuple[Path, int] | None = None,
 ) -> None:
     from runner.client import Runner
     from runner.discovery import find_gateway
@@ -591,19 +658,13 @@ async def _run_runner(
     else:
         backend = mlx_backend()
     hardware = detect(backend)
+    store = None
     if engine_kind != "scripted":
+        from runner.engine.kv_store import KvStore
 
-        def make(model: str, path: str | None = None) -> Engine:
-            if engine_kind == "mlx-batched":
-                from runner.engine.batched import BatchedMlxEngine
-
-                return BatchedMlxEngine(
-                    model, max_concurrent=max_concurrent, max_kv_bytes=max_kv_bytes, path=path
-                )
-            from runner.engine.mlx_engine import MlxEngine
-
-            return MlxEngine(model, max_concurrent=max_concurrent, path=path)
-
+        if kv_disk is not None and kv_disk[1] > 0:
+            store = KvStore(*kv_disk)
+        make = _mlx_engines(engine_kind, max_concurrent, max_kv_bytes, hardware, store)
         eng = make(models[0]) if len(models) == 1 else _shelf(models, make, max_memory, hardware)
     if group is not None:
         eng = group.engine
@@ -635,6 +696,9 @@ async def _run_runner(
     except (AmbiguousGateway, UntrustedGateway) as exc:
         logging.getLogger("runner").error("%s", exc)
         sys.exit(2)
+    finally:
+        if store is not None:
+            await asyncio.to_thread(store.close)  # the writes queued still reach the disk
 
 
 def _shelf(

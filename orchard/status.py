@@ -120,10 +120,18 @@ def _group(members: list[dict[str, Any]]) -> str:
 
 
 def _kv_cache(kv: dict[str, Any] | None) -> str:
+    """Memory held / its budget, then the kept prompts: in memory (of the first figure) and
+    on disk."""
     if not kv or kv.get("bytes") is None:
         return "-"
     limit = kv.get("limit_bytes")
-    return f"{human_bytes(kv['bytes'])} / {human_bytes(limit) if limit else 'unbounded'}"
+    text = f"{human_bytes(kv['bytes'])} / {human_bytes(limit) if limit else 'unbounded'}"
+    kept = []
+    if kv.get("prefix_bytes") is not None:
+        kept.append(f"{human_bytes(kv['prefix_bytes'])} kept")
+    if kv.get("disk_bytes") is not None:
+        kept.append(f"disk {human_bytes(kv['disk_bytes'])}")
+    return f"{text} ({', '.join(kept)})" if kept else text
 
 
 def _model(model: dict[str, Any]) -> str:
