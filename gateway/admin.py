@@ -64,7 +64,16 @@ def runner_info(conn: RunnerConn) -> dict[str, Any]:
         "tokens_generated": session.tokens_generated,
         "requests_served": session.requests_served,
         "tokens_after_cancel": session.tokens_after_cancel,
-        "kv_cache": {"bytes": session.kv_bytes, "limit_bytes": session.kv_limit_bytes},
+        "kv_cache": {
+            "bytes": session.kv_bytes,
+            "limit_bytes": session.kv_limit_bytes,
+            # Kept prompts, in memory (part of `bytes`) and on disk, and the prefixes of
+            # conversations they hold (what requests are routed by).
+            "prefix_bytes": session.kv_prefix_bytes,
+            "disk_bytes": session.kv_disk_bytes,
+            "disk_limit_bytes": session.kv_disk_limit_bytes,
+            "prefixes": sum(len(held) for held in conn.holdings.held.values()),
+        },
     }
 
 

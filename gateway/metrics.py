@@ -114,6 +114,21 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.prompt_tokens_by_source = Counter(
+            "orchard_prompt_tokens_by_source",
+            "Prompt tokens of finished requests by where they came from: a runner's prefix "
+            "cache in memory, its disk cache, or prefilled.",
+            ["runner", "model", "source"],
+            registry=r,
+        )
+        self.routing = Counter(
+            "orchard_routing_decisions",
+            "Where requests went: to the runner holding the longest prefix of them "
+            '("affinity"), to another one because that runner was full or had more prefill '
+            'waiting ("load"), or with no runner holding any of it ("miss").',
+            ["model", "decision"],
+            registry=r,
+        )
         self.completion_tokens = Counter(
             "orchard_completion_tokens",
             "Completion tokens, from the usage each request ended with.",
@@ -181,6 +196,18 @@ class Metrics:
     def watch(self, pool: Pool) -> None:
         """Report `pool`'s state at every scrape."""
         self.registry.register(PoolCollector(pool))
+
+    def prompt_sources(self, runner: str, model: str, chunk: Chunk) -> None:
+        """Count a finished request's prompt tokens by where they came from."""
+        usage = chunk.usage
+        disk = chunk.stats.cached_disk_tokens if chunk.stats is not None else 0
+        disk = min(disk, usage.cached_tokens)
+        by_source = self.prompt_tokens_by_source
+        by_source.labels(runner, model, "memory").inc(usage.cached_tokens - disk)
+        by_source.labels(runner, model, "disk").inc(disk)
+        by_source.labels(runner, model, "prefilled").inc(
+            max(usage.prompt_tokens - usage.cached_tokens, 0)
+        )
 
     def meter(self, model: str, dialect: Dialect) -> Meter:
         return Meter(self, model, dialect)
@@ -311,6 +338,29 @@ class PoolCollector(Collector):
             "orchard_runner_kv_cache_limit_bytes",
             "The KV-cache budget a runner reports, from its last heartbeat.",
             [([c.name, c.id], _number(c.session.kv_limit_bytes)) for c in limited],
+            ["runner", "runner_id"],
+        )
+        tiers = [
+            ([c.name, c.id, tier], _number(value))
+            for c in runners
+            for tier, value in (
+                ("memory", c.session.kv_prefix_bytes),
+                ("disk", c.session.kv_disk_bytes),
+            )
+            if value is not None
+        ]
+        yield _gauge(
+            "orchard_runner_prefix_cache_bytes",
+            "What a runner's kept prompt caches take, by tier (memory, disk), from its last "
+            "heartbeat.",
+            tiers,
+            ["runner", "runner_id", "tier"],
+        )
+        disk_limited = [c for c in runners if c.session.kv_disk_limit_bytes is not None]
+        yield _gauge(
+            "orchard_runner_prefix_cache_disk_limit_bytes",
+            "The most a runner's disk cache may take (--kv-disk).",
+            [([c.name, c.id], _number(c.session.kv_disk_limit_bytes)) for c in disk_limited],
             ["runner", "runner_id"],
         )
         yield from _model_gauges(runners)

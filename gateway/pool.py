@@ -3,10 +3,13 @@
 The pool routes and queues; what each runner connection carries (its requests, free slots,
 drain state, counters) is its `GatewaySession`, and the pool keeps no copy of it.
 
-A request goes to the runner serving its model with the most free slots (ties spread at
-random); draining runners have none. When every such runner is full the request waits in the
-model's bounded FIFO queue; a slot frees when the runner ends a request, and the oldest
-waiter that runner can serve takes it. A runner is never given more than its max_concurrent.
+A request goes to a runner serving its model with a free slot (draining runners have none),
+chosen by `gateway.affinity`: the one whose KV caches hold the longest prefix of it, unless
+another would start it sooner for the prefill it has waiting (conversations that share
+nothing spread over the most free slots, ties at random). When every such runner is full the
+request waits in the model's bounded FIFO queue; a slot frees when the runner ends a request,
+and the oldest waiter that runner can serve takes it. A runner is never given more than its
+max_concurrent.
 
 Failover: a request that ends on its runner before its first token (the session's
 `Unstarted`: refused because the runner began draining, or its runner lost) moves once to
@@ -20,7 +23,6 @@ import asyncio
 import collections
 import itertools
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -28,6 +30,7 @@ from typing import Final
 
 import attrs
 
+from gateway.affinity import Choice, Holdings, Rates, choose
 from gateway.config import GatewayConfig
 from gateway.errors import (
     GatewayError,
@@ -45,7 +48,9 @@ from protocol.closecodes import CloseCode
 from protocol.codec import encode
 from protocol.frames import Chunk, Generate, ModelInfo
 from protocol.openai.response import system_fingerprint
+from protocol.prefix import prefix_chain
 from protocol.session import (
+    CacheReported,
     Delivered,
     Draining,
     GatewayEvent,
@@ -91,6 +96,9 @@ class RunnerConn:
         self.send = send
         self.close = close
         self.connected_at = time.time()
+        self.holdings = Holdings()
+        """The prefixes its caches hold, its requests' waiting prefill, its measured rates
+        (`gateway.affinity`)."""
 
     @property
     def name(self) -> str:
@@ -141,6 +149,8 @@ class Pool:
             collections.deque
         )
         self._last_served: dict[str, float] = {}
+        self.rates = Rates()
+        """What routing has measured (`gateway.affinity`)."""
         self._seq = itertools.count()
         self._runner_ids = itertools.count(1)
         self._background: set[asyncio.Future[None]] = set()
@@ -241,7 +251,8 @@ class Pool:
             self.metrics.refused(self.model_label(model), dialect, "shutting_down")
             raise ShuttingDown
         meter = self.metrics.meter(self.model_label(model), dialect)
-        stream = RequestStream(generate, meter)
+        chain = prefix_chain(generate)
+        stream = RequestStream(attrs.evolve(generate, prefix=chain.hashes), meter, chain)
         try:
             await self._place(stream)
         except GatewayError as exc:
@@ -257,7 +268,7 @@ class Pool:
         """Find a runner for the stream (queueing if needed) and send it the request."""
         model = stream.generate.model
         self.check_model(model)
-        conn = self._pick(model)
+        conn = self._pick(stream)
         if conn is None:
             queued = time.perf_counter()
             conn = await self._wait(stream)
@@ -269,14 +280,24 @@ class Pool:
             self._assign(conn, stream)
         await conn.send(encode(stream.generate))
 
-    def _pick(self, model: str) -> RunnerConn | None:
-        """The runner serving `model` with the most free slots (ties at random), among those
-        that hold it in memory when any does (`_eligible`)."""
+    def _pick(self, stream: RequestStream) -> RunnerConn | None:
+        """The runner to start `stream` on now (`gateway.affinity.choose`), among those with
+        a free slot that hold its model in memory when any does (`_eligible`); None when
+        none has a free slot."""
+        model = stream.generate.model
         serving = [c for c in self.runners.values() if self._eligible(c, model)]
-        best = max((c.session.free for c in serving), default=0)
-        if best <= 0:
+        free = [c for c in serving if c.session.free > 0]
+        if not free:
             return None
-        return random.choice([c for c in serving if c.session.free == best])
+        busy = [c.holdings for c in serving if c.session.free <= 0]
+        choice = choose(
+            model, stream.prefix, [(c.holdings, c.session.free) for c in free], self.rates, busy
+        )
+        self._count(model, choice)
+        return free[choice.index]
+
+    def _count(self, model: str, choice: Choice) -> None:
+        self.metrics.routing.labels(self.model_label(model), choice.decision).inc()
 
     def _eligible(self, conn: RunnerConn, model: str) -> bool:
         """Whether `conn` may be given a request for `model`: it serves it and either holds
@@ -291,6 +312,10 @@ class Pool:
 
     def _assign(self, conn: RunnerConn, stream: RequestStream) -> None:
         conn.session.assign(stream.generate, stream)
+        model, chain = stream.generate.model, stream.prefix
+        conn.holdings.start(
+            stream.request_id, model, chain, self.rates.prefill(conn.holdings, model, chain)
+        )
         self.trimmer.busy(self.in_flight())
         stream.runner = conn
         if stream.meter is not None:
@@ -338,9 +363,15 @@ class Pool:
             if not heads:
                 return
             waiter = min(heads, key=lambda w: w.seq)
-            self._waiters[waiter.stream.generate.model].popleft()
+            model = waiter.stream.generate.model
+            self._waiters[model].popleft()
             if waiter.future.done():
                 continue
+            others = [
+                c.holdings for c in self.runners.values() if c is not conn and model in c.models
+            ]
+            choice = choose(model, waiter.stream.prefix, [(conn.holdings, 1)], self.rates, others)
+            self._count(model, choice)
             self._assign(conn, waiter.stream)
             waiter.future.set_result(conn)
 
@@ -363,9 +394,19 @@ class Pool:
     def deliver(self, conn: RunnerConn, stream: RequestStream, chunk: Chunk) -> None:
         """A chunk for a request (the per-token path); a final one frees its slot."""
         stream.push(chunk)
+        if chunk.seq == 0:
+            conn.holdings.first_token(stream.request_id)
         if chunk.finish_reason is not None:
+            model = stream.generate.model
+            self.rates.learn(conn.holdings, model, stream.prefix, chunk)
+            conn.holdings.end(stream.request_id, model, stream.prefix)
+            self.metrics.prompt_sources(conn.name, self.model_label(model), chunk)
             self._dispatch(conn)
             self._check_idle()
+
+    def _ended(self, conn: RunnerConn, stream: RequestStream) -> None:
+        """`stream` ended on `conn` without a final chunk."""
+        conn.holdings.end(stream.request_id, stream.generate.model, stream.prefix)
 
     def on_event(self, conn: RunnerConn, event: GatewayEvent[RequestStream]) -> None:
         """Act on what the runner's session says happened (see protocol.session)."""
@@ -374,8 +415,10 @@ class Pool:
                 self.deliver(conn, stream, chunk)
                 return
             case RequestFailed(handle=stream, error=error):
+                self._ended(conn, stream)
                 stream.push(error)
             case Unstarted(handle=stream, reason=reason):
+                self._ended(conn, stream)
                 log.info(
                     "runner %s (%s) did not start %s: %s",
                     conn.id,
@@ -385,7 +428,11 @@ class Pool:
                 )
                 self._fail_over(stream, RunnerLost(conn.name))
             case Lost(handle=stream):
+                self._ended(conn, stream)
                 stream.push(Failed(RunnerLost(conn.name)))
+            case CacheReported(held=held):
+                conn.holdings.report(held)
+                return
             case Draining(reason=reason):
                 log.info("runner %s (%s) is draining: %s", conn.id, conn.name, reason)
                 return

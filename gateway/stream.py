@@ -19,6 +19,7 @@ import attrs
 
 from gateway.errors import GatewayError
 from protocol.frames import Chunk, Echo, Error, Generate
+from protocol.prefix import PrefixChain
 
 if TYPE_CHECKING:
     from gateway.metrics import Meter
@@ -94,13 +95,18 @@ class RequestStream:
         "generate",
         "merged",
         "meter",
+        "prefix",
         "runner",
         "sink",
     )
 
-    def __init__(self, generate: Generate, meter: Meter | None = None) -> None:
+    def __init__(
+        self, generate: Generate, meter: Meter | None = None, prefix: PrefixChain | None = None
+    ) -> None:
         self.generate = generate
         self.meter = meter
+        self.prefix = prefix if prefix is not None else PrefixChain((), ())
+        """Its prefix hashes and the prompt characters each covers (`gateway.affinity`)."""
         """Counts the request in the gateway's metrics (gateway.metrics)."""
         self.runner: RunnerConn | None = None
         self.attempts = 0

@@ -60,6 +60,18 @@ function gib(bytes) {
   return `${Math.round(bytes / 2 ** 30)} GiB`;
 }
 
+/** @param {number} bytes as people read it: 512 KiB, 3.2 MiB, 1.5 GiB */
+function humanBytes(bytes) {
+  const units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${value} bytes` : `${oneDecimal.format(value)} ${units[unit]}`;
+}
+
 /** @param {number} since unix seconds */
 function uptime(since) {
   let s = Math.max(0, Math.floor(Date.now() / 1000 - since));
@@ -124,6 +136,29 @@ function modelChip(m) {
   }, label);
 }
 
+/**
+ * A runner's KV caches: what they hold in memory (of it, the kept prompts) and on disk; the
+ * title says what each figure is and the prefixes of conversations held.
+ * @param {Record<string, any> | undefined} kv
+ */
+function kvCell(kv) {
+  if (!kv || kv.bytes == null) return el("td", { "data-col": "kv-cache", class: "num" }, "–");
+  const parts = [humanBytes(kv.bytes)];
+  const facts = [`${integer.format(kv.bytes)} bytes of KV cache in memory`
+    + (kv.limit_bytes ? ` (budget ${integer.format(kv.limit_bytes)})` : "")];
+  if (kv.prefix_bytes != null) {
+    parts.push(`kept ${humanBytes(kv.prefix_bytes)}`);
+    facts.push(`${integer.format(kv.prefix_bytes)} of them kept prompts`);
+  }
+  if (kv.disk_bytes != null) {
+    parts.push(`disk ${humanBytes(kv.disk_bytes)}`);
+    facts.push(`${integer.format(kv.disk_bytes)} bytes on disk`
+      + (kv.disk_limit_bytes ? ` (of ${integer.format(kv.disk_limit_bytes)})` : ""));
+  }
+  if (kv.prefixes != null) facts.push(`${integer.format(kv.prefixes)} conversation prefixes held`);
+  return el("td", { "data-col": "kv-cache", class: "num", title: facts.join("; ") }, parts.join(" · "));
+}
+
 /** @param {Record<string, any>} runner */
 function runnerRow(runner) {
   const hw = runner.hardware;
@@ -143,6 +178,7 @@ function runnerRow(runner) {
     el("td", { "data-col": "requests-served", class: "num" }, integer.format(runner.requests_served)),
     el("td", { "data-col": "tokens-generated", class: "num" }, integer.format(runner.tokens_generated)),
     el("td", { "data-col": "tokens-per-second", class: "num" }, oneDecimal.format(runner.tokens_per_second)),
+    kvCell(runner.kv_cache),
     el("td", { "data-col": "uptime", class: "num" }, uptime(runner.connected_since)),
   );
 }
