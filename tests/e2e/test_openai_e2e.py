@@ -566,19 +566,25 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
     assert info["hardware"]["backend"] == "cpu"
     assert {key: info["hardware"][key] for key in accelerator} == dict.fromkeys(accelerator)
     assert info["hardware"]["memory_bytes"] == psutil.virtual_memory().total
-    if "mlx-batched" in stack[1].args:  # the batched engine accounts for its KV cache
-        # A finished request leaves its KV in the prefix cache.
-        httpx.post(
-            f"{gateway.base}/v1/chat/completions",
-            json={"model": MODEL, "messages": user("fill the cache"), "max_tokens": 4},
-            timeout=30 * UNIT,
-        ).raise_for_status()
-        wait_until(lambda: (gateway.runners()[0]["kv_cache"]["bytes"] or 0) > 0, 3, "a KV report")
-        kv = gateway.runners()[0]["kv_cache"]
+    # A finished request leaves its KV in the prefix cache, which both engines account for.
+    httpx.post(
+        f"{gateway.base}/v1/chat/completions",
+        json={"model": MODEL, "messages": user("fill the cache"), "max_tokens": 4},
+        timeout=30 * UNIT,
+    ).raise_for_status()
+    wait_until(
+        lambda: (gateway.runners()[0]["kv_cache"]["prefix_bytes"] or 0) > 0, 3, "a KV report"
+    )
+    kv = gateway.runners()[0]["kv_cache"]
+    if "mlx-batched" in stack[1].args:  # --max-kv-bytes bounds every KV cache
         assert kv["limit_bytes"] == KV_LIMIT
-        assert 0 < kv["bytes"] <= KV_LIMIT
-    else:
-        assert info["kv_cache"] == {"bytes": None, "limit_bytes": None}
+    else:  # kept prompts only, in 10 % of the memory by default
+        assert kv["limit_bytes"] == int(0.1 * psutil.virtual_memory().total)
+    assert 0 < kv["prefix_bytes"] <= kv["bytes"] <= kv["limit_bytes"]
+    assert kv["prefixes"] >= 1  # the conversations' hashes the runner told the gateway of
+    # The disk tier, on by default: a budget, and what is written so far.
+    assert kv["disk_limit_bytes"] > 0
+    assert 0 <= kv["disk_bytes"] <= kv["disk_limit_bytes"]
 
     health = httpx.get(f"{gateway.base}/health").json()
     assert health == {"status": "ok", "runners": 1, "models": [MODEL]}
