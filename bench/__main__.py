@@ -6,12 +6,14 @@ import argparse
 import sys
 
 from bench import (
+    agent,
     concurrency,
     discovery,
     distributed,
     engine,
     metrics,
     paced,
+    prefix_cache,
     relay,
     single_stream,
     structured,
@@ -29,6 +31,8 @@ SCENARIOS = {
     "discovery": discovery.main,  # a runner's start to its first token: mDNS vs --gateway URL
     "metrics": metrics.main,  # relay tok/s at 256 streams with and without scraping /metrics
     "distributed": distributed.main,  # a 2-process runner group vs one process, step overhead
+    "prefix-cache": prefix_cache.main,  # 9: the prefix cache's lookup and sharing vs mlx-lm's
+    "agent": agent.main,  # 11: prompt reuse in agent sessions, 1 and 3 runners vs mlx_lm.server
 }
 
 
@@ -37,7 +41,9 @@ def main() -> int:
     parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)}; default: all")
     parser.add_argument("--runs", type=int, default=5, help="repetitions per figure (median)")
     parser.add_argument("--tokens", type=int, default=256, help="completion tokens per run")
+    parser.add_argument("--turns", type=int, default=agent.TURNS, help="agent: turns per replay")
     args = parser.parse_args()
+    agent.TURNS = args.turns
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
