@@ -14,9 +14,11 @@ from typing import Any
 
 import anthropic
 import httpx
+import ollama
 import openai
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from runner.demo_model import DEMO_MODEL_ID
@@ -230,6 +232,34 @@ def test_every_dialect_reports_the_reuse_in_its_own_field(
 
     usage = asyncio.run(over_the_socket())
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+
+    # Ollama: prompt_eval_count is the whole prompt, as Ollama documents it (no cached
+    # count in its shape); the reuse shows in the gateway's prompt tokens by source.
+    with ollama.Client(host=base) as llama:
+        options = {"num_predict": 4, "temperature": 0}
+        turn = [{"role": "system", "content": system}, {"role": "user", "content": "Ollama here"}]
+        first_chat = llama.chat(model=MODEL, messages=turn, options=options)
+        before = reused_tokens(base)
+        answer = {"role": "assistant", "content": first_chat.message.content or "ok"}
+        llama.chat(
+            model=MODEL,
+            messages=[*turn, answer, {"role": "user", "content": "And?"}],
+            options=options,
+        )
+    assert first_chat.prompt_eval_count is not None
+    assert reused_tokens(base) - before >= first_chat.prompt_eval_count
+
+
+def reused_tokens(base: str) -> float:
+    """Prompt tokens the pool's runners took from a cache (memory or disk), so far."""
+    text = httpx.get(f"{base}/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "orchard_prompt_tokens_by_source"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["source"] in ("memory", "disk")
+    )
 
 
 def test_a_restarted_runner_brings_its_conversation_back_from_disk(
