@@ -109,6 +109,8 @@ def stream_chat(
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = orjson.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"the stream ended with an error: {event['error']}")
             if event.get("usage"):
                 usage = event["usage"]
             for choice in event.get("choices") or ():
@@ -155,7 +157,14 @@ class Pool:
         self.base = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.gateway = self._spawn(
-            ["gateway", "--port", str(self.port), "--log-level", "warning"], None
+            [
+                *("gateway", "--port", str(self.port), "--log-level", "warning"),
+                # Prefill of long prompts on a CPU, several conversations queued on one
+                # runner: minutes, not the defaults' seconds.
+                *("--stream-timeout", "900", "--queue-timeout", "900"),
+                *("--liveness-timeout", "30"),
+            ],
+            None,
         )
         _wait(lambda: httpx.get(f"{self.base}/health", timeout=1).status_code == 200, 30)
         for i in range(runners):
@@ -365,24 +374,20 @@ def ideal(agent: Agent, turns: list[Turn]) -> list[float]:
     loaded: Any = mlx_lm.load(resolve_model(MODEL))
     model = loaded[0]
     del agent
+    # One cache, grown turn by turn: each turn's new tokens are prefilled (and timed) onto
+    # exactly the previous prompt's length.
+    cache = make_prompt_cache(model)
     times = []
     previous = 0
     for turn in turns:
-        new = turn.prompt_tokens - previous
-        cache = make_prompt_cache(model)
-        ids = [1] * turn.prompt_tokens
-        for start in range(0, previous, 512):
-            model(mx.array([ids[start : min(start + 512, previous)]]), cache=cache)
-            mx.eval([c.state for c in cache])
         started = time.perf_counter()
         for start in range(previous, turn.prompt_tokens, 512):
-            logits = model(
-                mx.array([ids[start : min(start + 512, turn.prompt_tokens)]]), cache=cache
-            )
+            end = min(start + 512, turn.prompt_tokens)
+            logits = model(mx.array([[1] * (end - start)]), cache=cache)
+            mx.eval(logits, [c.state for c in cache])
         mx.eval(mx.argmax(logits[0, -1]))
         times.append(time.perf_counter() - started)
         previous = turn.prompt_tokens
-        del new
     return times
 
 
@@ -426,51 +431,62 @@ def main(runs: int, tokens: int) -> None:
     turns = TURNS
     model_dir = resolve_model(MODEL)
     words = Words(model_dir)
-    print(f"§11 prompt reuse, model {MODEL} (context 32,768)")
+    print(f"§11 prompt reuse, model {MODEL} (context 32,768)", flush=True)
 
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    agent = agent_script(words, turns, 32_000)
     with mlx_lm_server(model_dir, 8) as server:
         share_server = shared_system(server, model_dir, words)
-        agent = agent_script(words, turns, 32_000)
+        say(
+            "shared system prompt, 8 at once after one: mlx_lm.server cached share "
+            f"{share_server:.3f}"
+        )
         server_turns = replay(server, model_dir, agent)
+        say(f"agent replay on mlx_lm.server: {_turns(server_turns)}")
     with pool(1) as p:
         share_one = shared_system(p.base, MODEL, words)
+        say(f"shared system prompt, 8 at once after one: 1 runner cached share {share_one:.3f}")
         one_turns = replay(p.base, MODEL, agent)
+        say(f"agent replay on 1 runner: {_turns(one_turns)}")
     with pool(3) as p:
         share_three = shared_system(p.base, MODEL, words)
+        say(f"shared system prompt, 8 at once after one: 3 runners cached share {share_three:.3f}")
         chat_turns, ratio = chat(p.base, MODEL, words, 10)
-        spread = distinct(p, words)
+        reused = all(b.cached_tokens >= a.prompt_tokens for a, b in itertools.pairwise(chat_turns))
+        say(
+            f"10-turn chat on 3 runners: every turn reused the whole previous prompt: {reused}; "
+            f"prefilled / new {ratio:.2f}"
+        )
+        say(f"6 distinct conversations at once, requests per runner: {distinct(p, words)}")
         three_turns = replay(p.base, MODEL, agent)
-    with pool(3) as p:
-        many = prefill_counts(p, words, 8, min(turns, 8))
+        say(f"agent replay on 3 runners: {_turns(three_turns)}")
     share_after, ttft_before, ttft_after = restart(words)
-    best = ideal(agent, one_turns)
-
-    print("shared system prompt, 8 at once after one: cached share")
-    print(
-        f"  1 runner {share_one:.3f}  3 runners {share_three:.3f}  mlx_lm.server {share_server:.3f}"
-    )
-    reused = all(b.cached_tokens >= a.prompt_tokens for a, b in itertools.pairwise(chat_turns))
-    print(
-        f"10-turn chat on 3 runners: every turn reused the whole previous prompt: {reused}; "
-        f"prefilled / new {ratio:.2f}"
-    )
-    print(f"6 distinct conversations at once, requests per runner: {spread}")
-    print(
+    say(
         f"after a runner restart: cached share of the previous prompt {share_after:.3f}; "
         f"TTFT {ttft_before:.2f} s before, {ttft_after:.2f} s after"
     )
-    print(f"agent replay ({len(agent.results)} turns): TTFT per turn, s")
-    print("  turn  prompt  ideal  1 runner  3 runners  mlx_lm.server   (ratio to ideal)")
+    best = ideal(agent, one_turns)
+    say(f"agent replay ({len(agent.results)} turns): TTFT per turn, s")
+    say("  turn  prompt  ideal  1 runner  3 runners  mlx_lm.server   (ratio to ideal)")
     for i, (ideal_s, a, b, c) in enumerate(
         zip(best, one_turns, three_turns, server_turns, strict=False)
     ):
-        print(
+        say(
             f"  {i + 1:>4}  {a.prompt_tokens:>6}  {ideal_s:5.2f}  {a.ttft:8.2f}  {b.ttft:9.2f}  "
             f"{c.ttft:13.2f}   ({a.ttft / ideal_s:.2f} {b.ttft / ideal_s:.2f} "
             f"{c.ttft / ideal_s:.2f})"
         )
-    print(f"8 agents at once on 3 runners, sharing the system prompt: {many}")
     _plot(best, one_turns, three_turns, server_turns)
+    with pool(3) as p:
+        many = prefill_counts(p, words, 8, min(turns, 8))
+    say(f"8 agents at once on 3 runners, sharing the system prompt: {many}")
+
+
+def _turns(turns: list[Turn]) -> str:
+    """Each turn as prompt/cached tokens and TTFT."""
+    return " ".join(f"{t.prompt_tokens}/{t.cached_tokens}:{t.ttft:.2f}s" for t in turns)
 
 
 def _plot(best: list[float], one: list[Turn], three: list[Turn], server: list[Turn]) -> None:

@@ -1,5 +1,5 @@
 """`just bench prefix-cache`: what the runner's prefix cache costs per request, against
-mlx-lm's own `LRUPromptCache` (docs/benchmarks.md §9).
+mlx-lm's own `LRUPromptCache` (docs/benchmarks.md §11).
 
 - Lookup: 8 agent contexts of 32k tokens sharing a 2k-token system prompt; the time to find
   the longest cached prefix of (a) a new conversation on the same system prompt and (b) a
@@ -62,7 +62,7 @@ def lookup(runs: int) -> None:
         layer.offset = len(tokens)
         layer.keys = layer.values = _array((1, 1, 1, 1))  # the index is what is measured
         ours.put(tokens, [layer])
-    print("§9 prefix-cache lookup, 8 contexts of 32k tokens sharing a 2k system prompt:")
+    print("§11 prefix-cache lookup, 8 contexts of 32k tokens sharing a 2k system prompt:")
     for name, prompt in (("new conversation", new_conversation), ("later turn", later_turn)):
         mine = _median_ms(lambda p=prompt: ours.match(p), runs)  # type: ignore[misc]
         theirs = _median_ms(lambda p=prompt: trie.search("m", p), max(1, min(runs, 2)))  # type: ignore[misc]
@@ -96,7 +96,7 @@ def sharing(runs: int) -> None:
             layer.update_and_fetch(one, one)
         mx.eval([c.state for c in cache])
 
-    print("§9 starting a request from a kept cache (16 layers x 8 KV heads x 128, float16):")
+    print("§11 starting a request from a kept cache (16 layers x 8 KV heads x 128, float16):")
     entries: dict[int, list[Any]] = {}
     for tokens, reuse in ((2_048, 2_038), (16_384, 16_374), (16_384, 1_024)):
         entry = entries.get(tokens) or entries.setdefault(tokens, kept(tokens))
@@ -232,7 +232,7 @@ def disk_tier(runs: int) -> None:
             engine.close()
             store.close()
     print(
-        f"§9 disk tier while a stream decodes (batched engine, built-in model, 32k context; "
+        f"§11 disk tier while a stream decodes (batched engine, built-in model, 32k context; "
         f"a {size / 2**30:.1f} GiB cache, {runs} runs):"
     )
     for name, window in gaps.items():
