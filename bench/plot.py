@@ -1,4 +1,4 @@
-"""A grouped bar chart as a small standalone SVG (no plotting library needed)."""
+"""Bar and line charts as small standalone SVGs (no plotting library needed)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,9 @@ def bar_chart(
     peak = max((v for values in series.values() for v in values), default=1.0) or 1.0
     group_w = plot_w / len(groups)
     bar_w = group_w * 0.8 / len(series)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
-        'stroke="#444"/>',
-        f'<text x="16" y="{top + plot_h / 2}" transform="rotate(-90 16 {top + plot_h / 2})" '
-        f'text-anchor="middle">{escape(unit)}</text>',
-    ]
+    parts = _frame(
+        title, unit, width=width, height=height, left=left, top=top, plot_w=plot_w, plot_h=plot_h
+    )
     for g, group in enumerate(groups):
         x0 = left + g * group_w + group_w * 0.1
         parts.append(
@@ -55,9 +48,7 @@ def bar_chart(
             f'fill="{COLOURS[s % len(COLOURS)]}"/>'
             f'<text x="{x + 18}" y="{y}">{escape(name)}</text>'
         )
-    parts.append("</svg>")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(parts) + "\n")
+    _write(path, parts)
 
 
 def line_chart(
@@ -68,16 +59,11 @@ def line_chart(
     plot_w, plot_h = width - left - 20, height - top - bottom
     peak = max((v for values in series.values() for v in values), default=1.0) or 1.0
     step = plot_w / max(len(xs) - 1, 1)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
-        'stroke="#444"/>',
+    parts = _frame(
+        title, unit, width=width, height=height, left=left, top=top, plot_w=plot_w, plot_h=plot_h
+    )
+    parts += [
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#444"/>',
-        f'<text x="16" y="{top + plot_h / 2}" transform="rotate(-90 16 {top + plot_h / 2})" '
-        f'text-anchor="middle">{escape(unit)}</text>',
         f'<text x="{left - 6}" y="{top + 4}" text-anchor="end">{peak:.2f}</text>',
         f'<text x="{left - 6}" y="{top + plot_h}" text-anchor="end">0</text>',
     ]
@@ -105,6 +91,26 @@ def line_chart(
             f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{colour}"/>'
             f'<text x="{x + 18}" y="{y}">{escape(name)}</text>'
         )
+    _write(path, parts)
+
+
+def _frame(
+    title: str, unit: str, *, width: int, height: int, left: int, top: int, plot_w: int, plot_h: int
+) -> list[str]:
+    """The SVG's opening, background, title, x axis and unit."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
+        'stroke="#444"/>',
+        f'<text x="16" y="{top + plot_h / 2}" transform="rotate(-90 16 {top + plot_h / 2})" '
+        f'text-anchor="middle">{escape(unit)}</text>',
+    ]
+
+
+def _write(path: Path, parts: list[str]) -> None:
     parts.append("</svg>")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts) + "\n")

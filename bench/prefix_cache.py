@@ -78,17 +78,7 @@ def _array(shape: tuple[int, ...]) -> Any:
 def sharing(runs: int) -> None:
     import mlx.core as mx
 
-    from runner.engine.prefix_cache import KVCache, view
-
-    def kept(tokens: int) -> list[Any]:
-        cache = []
-        for _ in range(LAYERS):
-            layer = KVCache()
-            keys = mx.random.normal((1, HEADS, tokens, DIM)).astype(mx.float16)
-            layer.update_and_fetch(keys, keys)
-            cache.append(layer)
-        mx.eval([c.state for c in cache])
-        return cache
+    from runner.engine.prefix_cache import view
 
     def first_write(cache: list[Any]) -> None:
         one = mx.zeros((1, HEADS, 1, DIM), dtype=mx.float16)
@@ -99,7 +89,7 @@ def sharing(runs: int) -> None:
     print("§11 starting a request from a kept cache (16 layers x 8 KV heads x 128, float16):")
     entries: dict[int, list[Any]] = {}
     for tokens, reuse in ((2_048, 2_038), (16_384, 16_374), (16_384, 1_024)):
-        entry = entries.get(tokens) or entries.setdefault(tokens, kept(tokens))
+        entry = entries.get(tokens) or entries.setdefault(tokens, _kept(tokens))
         size = sum(c.nbytes for c in entry) / 2**20
 
         def deep(entry: list[Any] = entry, reuse: int = reuse) -> None:
