@@ -497,7 +497,7 @@ def _plot(best: list[float], one: list[Turn], three: list[Turn], server: list[Tu
         "Agent replay: time to first token per turn",
         [str(i + 1) for i in range(len(best))],
         {
-            "prefill of the new tokens only (ideal)": best,
+            "mlx-lm in-process, new tokens only, 512-token chunks": best,
             "Orchard, 1 runner": [t.ttft for t in one],
             "Orchard, 3 runners": [t.ttft for t in three],
             "mlx_lm.server": [t.ttft for t in server],
