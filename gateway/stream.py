@@ -210,4 +210,6 @@ async def next_item(stream: RequestStream, seconds: float) -> StreamItem | None:
         async with asyncio.timeout(seconds):
             return await stream.get()
     except TimeoutError:
-        return None
+        # An item pushed as the wait ran out is queued, not lost: it ends the silence (else a
+        # check made now, such as "is its model still loading?", would see a later state).
+        return stream.get_nowait()
