@@ -42,7 +42,7 @@ import httpx
 import orjson
 
 from bench.concurrency import mlx_lm_server
-from bench.harness import _wait, free_port
+from bench.harness import _stop, _wait, free_port
 from runner.demo_model import DEMO_LONG_MODEL_ID, resolve_model
 
 MODEL = DEMO_LONG_MODEL_ID
@@ -226,12 +226,7 @@ class Pool:
 
     def close(self) -> None:
         for proc in [*self.procs.values(), self.gateway]:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            _stop(proc, 30)
 
 
 @contextlib.contextmanager
