@@ -257,6 +257,12 @@ class Stacks:
         self._stacks.clear()
 
 
+def on_the_wire(body: dict[str, Any]) -> Any:
+    """A response body as a client reads it: serialised as the gateway does (orjson, which
+    embeds a tool call's arguments as the model wrote them), then parsed."""
+    return orjson.loads(orjson.dumps(body))
+
+
 def sse_events(body: bytes) -> list[Any]:
     """Parse an SSE body into its data payloads (JSON objects, or the string "[DONE]")."""
     events: list[Any] = []

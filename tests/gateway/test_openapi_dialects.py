@@ -57,7 +57,7 @@ from tests.gateway.openapi_spec import (
     validator,
 )
 from tests.gateway.waits import until_gone, until_queued
-from tests.support import UNIT, FakeRunner, Gateway
+from tests.support import UNIT, FakeRunner, Gateway, on_the_wire
 
 LIMIT = GatewayConfig().max_tokens_limit
 
@@ -510,7 +510,7 @@ def collected(text: str, reasoning: str, finish: Any, **fields: Any) -> Collecte
     ],
 )
 def test_messages_fit_the_schema(spec: dict[str, Any], choice: CollectedChoice) -> None:
-    body = message_body(choice, USAGE, id="msg_1", model="m")
+    body = on_the_wire(message_body(choice, USAGE, id="msg_1", model="m"))
     ok = response_check(spec, "/v1/messages", 200)
     assert ok(body)
     assert not ok({**body, "extra": 1})
@@ -612,7 +612,7 @@ def test_ollama_lines_and_answers_fit_the_schema(spec: dict[str, Any], endpoint:
         builder = TimedBuilder(Timings(0, 1), mono)
         for item in items:
             builder.feed(item)
-        body = answer_body(builder, endpoint, "m", wall=wall, mono=mono)
+        body = on_the_wire(answer_body(builder, endpoint, "m", wall=wall, mono=mono))
         assert answer_ok(body), body
         assert not answer_ok({**body, "extra": 1})
     failed = CompletionStream(

@@ -3,6 +3,7 @@ chat's `CompletionStream` with Anthropic's framing, fed runner chunks, checked e
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ from protocol.anthropic.stream import (
 from protocol.frames import Chunk, Error, ToolCallDelta, Usage
 from protocol.openai.errors import OpenAIError, queue_full
 from protocol.openai.stream import CompletionBuilder, CompletionStream
+from tests.support import on_the_wire
 
 RID = "msg_1"
 
@@ -278,7 +280,7 @@ def test_the_non_streaming_body() -> None:
         chunk(5, finish_reason="tool_calls"),
     )
     choices, usage = builder.result()
-    assert message_body(choices[0], usage, id=RID, model="m") == {
+    assert on_the_wire(message_body(choices[0], usage, id=RID, model="m")) == {
         "id": RID,
         "type": "message",
         "role": "assistant",
@@ -318,7 +320,7 @@ def test_a_call_whose_arguments_are_not_an_object_is_sent_as_text() -> None:
         chunk(3, tool_calls=(ToolCallDelta(2, "[1]", id="call_3", name="h"),)),
         chunk(4, finish_reason="length"),
     ).result()
-    body = message_body(choices[0], usage, id=RID, model="m")
+    body = on_the_wire(message_body(choices[0], usage, id=RID, model="m"))
     assert body["content"] == [
         {
             "type": "text",
@@ -328,3 +330,19 @@ def test_a_call_whose_arguments_are_not_an_object_is_sent_as_text() -> None:
         {"type": "tool_use", "id": "toolu_2", "name": "g", "input": {}},
     ]
     assert body["stop_reason"] == "max_tokens"
+
+
+def test_a_calls_numbers_reach_the_client_as_the_model_wrote_them() -> None:
+    # Past 64 bits an integer does not fit a float (or orjson's integers); a decimal's
+    # trailing zero is part of what the model wrote.
+    arguments = '{"n": 18446744073709551617, "price": 1.10, "list": [-0, 1e400]}'
+    choices, usage = collected(
+        chunk(0, tool_calls=(ToolCallDelta(0, arguments[:9], id="call_1", name="f"),)),
+        chunk(1, tool_calls=(ToolCallDelta(0, arguments[9:]),)),
+        chunk(2, finish_reason="tool_calls"),
+    ).result()
+    wire = orjson.dumps(message_body(choices[0], usage, id=RID, model="m"))
+    assert b'"input":' + arguments.encode() in wire
+    block = json.loads(wire)["content"][0]
+    assert block["input"]["n"] == 18446744073709551617
+    assert type(block["input"]["n"]) is int

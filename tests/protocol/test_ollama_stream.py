@@ -5,6 +5,7 @@ computed, the durations from the gateway's timings, errors as `{"error": ...}` l
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from protocol.ollama.stream import (
 )
 from protocol.openai.errors import OpenAIError
 from protocol.openai.stream import CompletionStream
+from tests.support import on_the_wire
 
 SECOND = 1_000_000_000
 WALL = 1_764_547_200 * SECOND  # 2025-12-01T00:00:00Z
@@ -205,7 +207,7 @@ def test_the_whole_answer(endpoint: Endpoint) -> None:
     assert timings.first == 10_000_000
     builder.feed(chunk(1, "lo", tool_calls=(call(0, '{"city": "Paris"}', "get_weather"),)))
     builder.feed(chunk(2, "", finish_reason="tool_calls"))
-    body = answer_body(builder, endpoint, "m", wall=wall, mono=mono)
+    body = on_the_wire(answer_body(builder, endpoint, "m", wall=wall, mono=mono))
     metrics = {
         "total_duration": 11_000_000,
         "load_duration": 1_000_000,
@@ -258,7 +260,7 @@ def test_the_whole_answer_has_every_call() -> None:
     builder.feed(chunk(1, tool_calls=(call(1, '{"city": "London"}', "get_weather"),)))
     builder.feed(chunk(2, tool_calls=(call(2, '{"city": ', "get_weather"),)))
     builder.feed(chunk(3, finish_reason="length"))
-    message = answer_body(builder, "chat", "m", wall=wall, mono=mono)["message"]
+    message = on_the_wire(answer_body(builder, "chat", "m", wall=wall, mono=mono))["message"]
     assert [c["function"]["arguments"] for c in message["tool_calls"]] == [
         {"city": "Paris"},
         {"city": "London"},
@@ -332,3 +334,16 @@ def test_model_bodies() -> None:
         "modified_at": "2025-12-01T00:00:00Z",
     }
     assert version_body() == {"version": "0.12.0"}
+
+
+def test_a_calls_numbers_reach_the_client_as_the_model_wrote_them() -> None:
+    wall, mono = clocks()
+    builder = TimedBuilder(Timings(0, 0), mono)
+    arguments = '{"n": 18446744073709551617, "price": 1.10}'
+    builder.feed(chunk(0, tool_calls=(call(0, arguments, "f"),)))
+    builder.feed(chunk(1, finish_reason="tool_calls"))
+    wire = orjson.dumps(answer_body(builder, "chat", "m", wall=wall, mono=mono))
+    assert b'"arguments":' + arguments.encode() in wire
+    parsed = json.loads(wire)["message"]["tool_calls"][0]["function"]["arguments"]
+    assert parsed == {"n": 18446744073709551617, "price": 1.10}
+    assert type(parsed["n"]) is int
