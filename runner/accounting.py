@@ -4,7 +4,9 @@ An engine decodes each generated token to a text segment and feeds `(token_id, s
 `RequestAccounting`, which chains:
 
 1. `ReasoningSplitter`: routes the segment to the visible content or to the reasoning stream,
-   following the model's `<think>` ... `</think>` marker tokens, and counts reasoning tokens;
+   following the model's `<think>` ... `</think>` marker tokens, and counts reasoning tokens
+   (for a model that writes OpenAI's Harmony format, `runner.harmony.HarmonySplitter` instead,
+   which also takes its tool calls out);
 2. `runner.tool_calls.ToolCallSplitter` (requests with tools): takes the model's tool calls
    out of the content, as tool-call deltas;
 3. `StopMatcher`: applies the request's stop strings to the content (never to reasoning or
@@ -20,6 +22,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from protocol.frames import ToolCallDelta, Usage
+from runner.harmony import HarmonySplitter
 from runner.tool_calls import ToolCallSplitter
 
 
@@ -200,6 +203,7 @@ class RequestAccounting:
         think_end_text: str = "</think>",
         starts_in_reasoning: bool = False,
         tool_calls: ToolCallSplitter | None = None,
+        harmony: HarmonySplitter | None = None,
     ) -> None:
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = cached_tokens
@@ -213,10 +217,13 @@ class RequestAccounting:
         )
         self._matcher = StopMatcher(stop)
         self._tools = tool_calls
+        self._harmony = harmony
 
     @property
     def tool_calls_made(self) -> int:
         """Tool calls the model has started so far."""
+        if self._harmony is not None:
+            return self._harmony.calls
         return 0 if self._tools is None else self._tools.calls
 
     @property
@@ -232,9 +239,14 @@ class RequestAccounting:
     def feed(self, token_id: int, text: str) -> Piece:
         """Account for one generated token and its text segment."""
         self.completion_tokens += 1
-        was_reasoning = self._splitter.in_reasoning
-        content, reasoning = self._splitter.feed(token_id, text)
         calls: tuple[ToolCallDelta, ...] = ()
+        if self._harmony is not None:
+            was_reasoning = False
+            content, reasoning, harmony_calls = self._harmony.feed(token_id, text)
+            calls = tuple(harmony_calls)
+        else:
+            was_reasoning = self._splitter.in_reasoning
+            content, reasoning = self._splitter.feed(token_id, text)
         if self._tools is not None and content:
             content, deltas = self._tools.feed(content)
             calls = tuple(deltas)
@@ -249,6 +261,10 @@ class RequestAccounting:
     def flush(self) -> Piece:
         """The held-back content (and the rest of a tool call left open), once generation
         ended without a stop string."""
+        if self._harmony is not None:
+            content, reasoning, calls = self._harmony.flush()
+            visible = self._matcher.feed(content)
+            return Piece(visible + self._matcher.flush(), reasoning, tool_calls=tuple(calls))
         if self._tools is None:
             return Piece(self._matcher.flush(), "")
         content, deltas = self._tools.flush()
@@ -261,5 +277,9 @@ class RequestAccounting:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
-            reasoning_tokens=self._splitter.reasoning_tokens,
+            reasoning_tokens=(
+                self._splitter.reasoning_tokens
+                if self._harmony is None
+                else self._harmony.reasoning_tokens
+            ),
         )

@@ -25,7 +25,9 @@ from runner.demo_model import resolve_model
 from runner.engine.constraint import Constraint, constraint_for
 from runner.engine.logprobs import LogprobMaker, TokenBytes
 from runner.errors import RequestError
+from runner.harmony import CALL, HarmonySplitter, harmony_markers
 from runner.tool_calls import ToolCallSplitter
+from runner.tool_formats import format_for
 
 if TYPE_CHECKING:
     from runner.engine.generation import Decoder
@@ -159,6 +161,12 @@ class MlxModel:
         self.vocab_size = int(
             config.get("vocab_size") or text_config.get("vocab_size") or len(tokenizer)
         )
+        self._harmony = harmony_markers(tokenizer.get_vocab())
+        """Harmony's marker ids where the model writes that format (gpt-oss), else None."""
+        if self._harmony is not None:
+            # gpt-oss ends a turn that calls a tool with <|call|>, which its configuration
+            # does not list as an end of sequence (vLLM adds it too).
+            tokenizer.add_eos_token(CALL)
         self.eos_token_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self.directory: str | None = None
         """Where its files are (set by `load`): what its disk cache is keyed by."""
@@ -258,6 +266,7 @@ class MlxModel:
         think_start_id, think_end_id = (
             (None, None) if raw else (self._think_start_id, self._think_end_id)
         )
+        harmony = HarmonySplitter(self._harmony) if self._harmony and not raw else None
         in_reasoning = prompt_opens_reasoning(prompt, think_start_id, think_end_id)
         # Compiled here, at intake, so that a schema that cannot be enforced fails at once.
         constraint = constraint_for(
@@ -271,7 +280,8 @@ class MlxModel:
             think_start_text=self.tokenizer.think_start or "<think>",
             think_end_text=self.tokenizer.think_end or "</think>",
             starts_in_reasoning=in_reasoning,
-            tool_calls=self._tool_call_splitter(tools),
+            tool_calls=None if harmony else self._tool_call_splitter(tools),
+            harmony=harmony,
         )
         request = Request(generate, submitted_at, prompt, max_tokens, accounting)
         request.continues_text = raw
@@ -372,7 +382,7 @@ class MlxModel:
         model is not told about tools it may not call)."""
         if not generate.tools or generate.tool_choice == "none":
             return []
-        if not self.tokenizer.has_tool_calling:
+        if not self.tokenizer.has_tool_calling and self._harmony is None:
             raise RequestError(
                 "invalid_request",
                 f"The model {self.name} does not support tool calling (its tokenizer has no "
@@ -392,13 +402,12 @@ class MlxModel:
     def _tool_call_splitter(self, tools: list[dict[str, Any]]) -> ToolCallSplitter | None:
         if not tools:
             return None
-        tokenizer = self.tokenizer
-        return ToolCallSplitter(
-            tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser, tools
-        )
+        format = format_for(self.tokenizer)
+        return None if format is None else ToolCallSplitter(format, tools)
 
     def _template_kwargs(self, generate: Generate) -> dict[str, Any]:
-        """chat_template_kwargs, and reasoning_effort as the template's `enable_thinking`."""
+        """chat_template_kwargs, and reasoning_effort as the template's `enable_thinking` (a
+        Harmony model's template takes the level itself, as `reasoning_effort`)."""
         kwargs: dict[str, Any] = {}
         if generate.chat_template_kwargs is not None:
             kwargs = json.loads(generate.chat_template_kwargs)
@@ -410,7 +419,11 @@ class MlxModel:
                         "chat_template_kwargs",
                     )
         effort = generate.reasoning_effort
-        if effort is not None:
+        if effort is not None and self._harmony is not None:
+            # Harmony's system message states one of three levels.
+            level = {"none": "low", "minimal": "low", "xhigh": "high", "max": "high"}
+            kwargs.setdefault("reasoning_effort", level.get(effort, effort))
+        elif effort is not None:
             if not self.tokenizer.has_thinking:
                 raise RequestError(
                     "invalid_request",

@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mlx_lm.tool_parsers import json_tools, qwen3_coder
+from mlx_lm.tool_parsers import qwen3_coder
 
 from protocol.frames import ToolCallDelta
 from runner.tool_calls import ToolCallSplitter
+from runner.tool_formats import json_tools
+from runner.tool_formats.whole import whole_format
 
 START, END = "<tool_call>", "</tool_call>"
 CALL = (
@@ -20,8 +22,8 @@ CALL = (
 )
 
 
-def splitter(parser: Any = json_tools.parse_tool_call) -> ToolCallSplitter:
-    return ToolCallSplitter(START, END, parser)
+def splitter() -> ToolCallSplitter:
+    return ToolCallSplitter(json_tools.FORMAT)
 
 
 def run(
@@ -127,10 +129,30 @@ def test_a_call_in_another_key_order_is_parsed_whole_at_its_end() -> None:
     assert calls(deltas) == [("f", {"x": 1})]
 
 
-def test_an_unparseable_call_is_shown_as_content_and_is_no_call() -> None:
+def test_an_unparseable_call_is_shown_as_content_without_its_markers_and_is_no_call() -> None:
     split = splitter()
     content, deltas = run(["hi <tool_call>not json</tool_call> bye"], split)
-    assert (content, deltas, split.calls) == ("hi <tool_call>not json</tool_call> bye", [], 0)
+    assert (content, deltas, split.calls) == ("hi not json bye", [], 0)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_a_stray_end_marker_is_not_shown(size: int) -> None:
+    # Models write one on the turn after a tool result, with no call open.
+    content, deltas = run(pieces_of("</tool_call>The weather is fine.</tool_call>", size))
+    assert (content, deltas) == ("The weather is fine.", [])
+
+
+@pytest.mark.parametrize(
+    ("tail", "shown"), [("</", ""), ("</tool_ca", ""), ("\n</tool_call", "\n"), ("<", "<")]
+)
+def test_an_end_marker_cut_off_at_the_end_is_not_shown(tail: str, shown: str) -> None:
+    # "<" may start either marker, or be text: it is shown.
+    assert run(["Fine.", tail]) == ("Fine." + shown, [])
+
+
+def test_a_cut_off_start_marker_that_may_be_text_is_shown() -> None:
+    assert run(["1 <"]) == ("1 <", [])
+    assert run(["a <tool_c"]) == ("a <tool_c", [])
 
 
 def test_other_formats_go_through_the_models_parser() -> None:
@@ -143,9 +165,13 @@ def test_other_formats_go_through_the_models_parser() -> None:
             },
         }
     ]
-    split = ToolCallSplitter(
-        qwen3_coder.tool_call_start, qwen3_coder.tool_call_end, qwen3_coder.parse_tool_call, tools
+    format = whole_format(
+        "qwen3_coder",
+        qwen3_coder.tool_call_start,
+        qwen3_coder.tool_call_end,
+        qwen3_coder.parse_tool_call,
     )
+    split = ToolCallSplitter(format, tools)
     text = (
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
         "</function>\n</tool_call>"
