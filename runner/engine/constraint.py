@@ -53,13 +53,14 @@ from mlx_lm.generate import GenerationBatch
 
 from protocol.frames import Generate
 from runner.errors import RequestError
+from runner.harmony import harmony_markers
+from runner.tool_formats import forceable, format_for, grammars
+from runner.tool_formats.base import ForcedTool
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How every constrained JSON value is written (llguidance's `x-guidance` options)."""
 CACHE_SIZE = 64
 """Compiled grammars kept per tokenizer."""
-JSON_TOOLS = "mlx_lm.tool_parsers.json_tools"
-"""The module of the one tool-call format whose calls can be forced."""
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 """A tool with no `parameters` takes none (OpenAI's reading)."""
 
@@ -309,6 +310,8 @@ def constraint_for(
     feature and where it is.
     """
     body = _response_schema(generate)
+    if is_harmony(tokenizer):
+        return _harmony_constraint(generate, tokenizer, body, vocab_size)
     count = _call_count(generate, tokenizer, with_body=body is not None)
     if body is None and count is None:
         return None
@@ -338,6 +341,39 @@ def constraint_for(
     return compiler.compile("\n".join(rules))
 
 
+def _harmony_constraint(
+    generate: Generate, tokenizer: Any, body: dict[str, Any] | None, vocab_size: int | None
+) -> Constraint | None:
+    """A Harmony (gpt-oss) model's constraint: `grammars.harmony`, the calls forced or offered
+    beside a JSON answer as for other models."""
+    choice = generate.tool_choice
+    offered = bool(generate.tools) and (
+        choice in ("required", "function") or (choice == "auto" and body is not None)
+    )
+    if body is None and not offered:
+        return None
+    compiler = _compiler(tokenizer, vocab_size)
+    tools = compiler.forced_tools(generate) if offered else []
+    body_rule = None
+    if body is not None and (not offered or choice == "auto"):
+        body_rule = compiler.json_rule(
+            body, "response_format.json_schema.schema", "response_format"
+        )
+    grammar = grammars.harmony(_Kit(compiler), tools, body_rule, effort=generate.reasoning_effort)
+    return compiler.compile(grammar)
+
+
+_harmony: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def is_harmony(tokenizer: Any) -> bool:
+    """Whether the tokenizer's model writes OpenAI's Harmony format (it has its markers)."""
+    known = _harmony.get(tokenizer)
+    if known is None:
+        known = _harmony[tokenizer] = harmony_markers(tokenizer.get_vocab()) is not None
+    return known
+
+
 def _response_schema(generate: Generate) -> dict[str, Any] | None:
     """The JSON Schema of the response's content, or None for free text."""
     response_format = generate.response_format
@@ -356,16 +392,16 @@ def _call_count(generate: Generate, tokenizer: Any, *, with_body: bool) -> str |
     choice = generate.tool_choice
     if not generate.tools or choice == "none" or (choice == "auto" and not with_body):
         return None
-    parser = getattr(tokenizer.tool_parser, "__module__", None)
-    if parser != JSON_TOOLS:
-        fmt = (parser or "none").rsplit(".", 1)[-1]
+    format = format_for(tokenizer)
+    if format is None or format.grammar is None:
+        fmt = "none" if format is None else format.parser
         what = (
             f'tool_choice "{choice}"' if choice != "auto" else "A JSON response_format with tools"
         )
         raise RequestError(
             "invalid_request",
             f"{what} is not supported for this model's tool-call format ({fmt}): calls can "
-            "only be enforced in the json_tools format (Hermes, Qwen).",
+            f"be enforced in these formats: {', '.join(forceable())}.",
             "tool_choice" if choice != "auto" else "response_format",
         )
     if choice == "function" or not generate.parallel_tool_calls:
@@ -454,7 +490,15 @@ class _Compiler:
         return f"%json {text}"
 
     def calls_rules(self, generate: Generate, count: str, tokenizer: Any) -> str:
-        """The Lark rules of `calls`: `count` tool calls in the json_tools format."""
+        """The Lark rules of `calls`: `count` tool calls in the model's format."""
+        format = format_for(tokenizer)
+        # Both checked by _call_count.
+        assert format is not None
+        assert format.grammar is not None
+        return format.grammar(_Kit(self), self.forced_tools(generate), count == "many")
+
+    def forced_tools(self, generate: Generate) -> list[ForcedTool]:
+        """The tools a forced call may name (the one `tool_choice` names), schemas checked."""
         tools = list(enumerate(generate.tools))
         if generate.tool_choice == "function":
             tools = [(i, tool) for i, tool in tools if tool.name == generate.tool_name]
@@ -465,11 +509,7 @@ class _Compiler:
                     "among the request's tools.",
                     "tool_choice",
                 )
-        start = self.token_ref(tokenizer.tool_call_start)
-        end = self.token_ref(tokenizer.tool_call_end)
-        calls = "call" if count == "one" else 'call ("\\n" call)*'
-        names = " | ".join(f"fn_{i}" for i, _ in tools)
-        rules = [f"calls: {calls}", f'call: {start} "\\n" ({names}) "\\n" {end}']
+        forced = []
         for i, tool in tools:
             where = f"tools[{i}].function.parameters"
             parameters = (
@@ -477,10 +517,8 @@ class _Compiler:
                 if tool.parameters is None
                 else _schema(tool.parameters, where, "tools")
             )
-            head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": '
-            rules.append(f'fn_{i}: {_literal(head)} args_{i} "}}"')
-            rules.append(f"args_{i}: {self.json_rule(parameters, where, 'tools')}")
-        return "\n".join(rules)
+            forced.append(ForcedTool(tool.name, parameters, where))
+        return forced
 
     def token_ref(self, marker: str) -> str:
         """A marker in Lark: the special token itself when it is one, else its text."""
@@ -493,6 +531,22 @@ class _Compiler:
 def _literal(text: str) -> str:
     """A Lark string literal (its escapes are JSON's)."""
     return json.dumps(text, ensure_ascii=False)
+
+
+class _Kit:
+    """A compiler's pieces of grammar, for a format's `grammar` (`GrammarKit`)."""
+
+    def __init__(self, compiler: _Compiler) -> None:
+        self._compiler = compiler
+
+    def marker(self, text: str) -> str:
+        return self._compiler.token_ref(text)
+
+    def json(self, schema: dict[str, Any], where: str) -> str:
+        return self._compiler.json_rule(schema, where, "tools")
+
+    def literal(self, text: str) -> str:
+        return _literal(text)
 
 
 _compilers: weakref.WeakKeyDictionary[Any, _Compiler] = weakref.WeakKeyDictionary()

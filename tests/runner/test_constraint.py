@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.tool_parsers import json_tools, pythonic
+from mlx_lm.tool_parsers import json_tools, longcat
 
 from protocol.frames import Generate, LogitBias, ResponseFormat, SamplingParams, Tool
 from runner.demo_model import DEMO_MODEL_ID
@@ -267,27 +267,29 @@ def test_tools_win_over_the_response_format_unless_the_choice_is_auto(
     assert accepts(neither, tools_tokenizer, body)
 
 
-def test_forced_calls_need_the_json_tools_format(tokenizer: Any, tools_tokenizer: Any) -> None:
-    pythonic_tokenizer = TokenizerWrapper(
+def test_forced_calls_need_a_format_with_a_grammar(tokenizer: Any, tools_tokenizer: Any) -> None:
+    # LongCat's format is read whole by mlx-lm's parser, and has no grammar here.
+    longcat_tokenizer = TokenizerWrapper(
         tools_tokenizer._tokenizer,
         eos_token_ids=tools_tokenizer.eos_token_ids,
-        tool_call_start=pythonic.tool_call_start,
-        tool_call_end=pythonic.tool_call_end,
-        tool_parser=pythonic.parse_tool_call,
+        tool_call_start=longcat.tool_call_start,
+        tool_call_end=longcat.tool_call_end,
+        tool_parser=longcat.parse_tool_call,
     )
     for choice in ("required", "function"):
         request = ask("r", tools=(WEATHER,), tool_choice=choice, tool_name="weather")
         with pytest.raises(RequestError) as raised:
-            constraint_for(request, pythonic_tokenizer)
+            constraint_for(request, longcat_tokenizer)
         assert raised.value.code == "invalid_request"
         assert raised.value.param == "tool_choice"
         assert str(raised.value) == (
             f'tool_choice "{choice}" is not supported for this model\'s tool-call format '
-            "(pythonic): calls can only be enforced in the json_tools format (Hermes, Qwen)."
+            "(longcat): calls can be enforced in these formats: json_tools, qwen3_coder, "
+            "minimax_m2, glm47, kimi_k2, mistral, pythonic."
         )
     request = ask("r", tools=(WEATHER,), response_format=ResponseFormat("json_object"))
     with pytest.raises(RequestError, match="A JSON response_format with tools is not supported"):
-        constraint_for(request, pythonic_tokenizer)
+        constraint_for(request, longcat_tokenizer)
 
 
 def test_what_cannot_be_enforced_is_named_with_its_place(tools_tokenizer: Any) -> None:
