@@ -25,6 +25,7 @@ from runner.client import (
     LIVENESS_TIMEOUT,
     MAX_CONCURRENT,
 )
+from runner.demo_families import FAMILIES
 from runner.demo_model import DEMO_MODEL_ID
 
 if TYPE_CHECKING:
@@ -960,16 +961,29 @@ def status(gateway_url: str, api_key: str | None, watch: float | None) -> None:
 
 
 @main.command("demo-model")
+@click.option(
+    "--family",
+    type=click.Choice(sorted(FAMILIES)),
+    default=None,
+    help="Write instead the tiny random-weight model of a model family, served as "
+    "orchard-demo-FAMILY: the family's architecture, special tokens and chat template, so that "
+    "mlx-lm reads its tool calls and think markers as the real model's. Families: "
+    + ", ".join(f"{name} ({FAMILIES[name].stands_for})" for name in sorted(FAMILIES))
+    + ".",
+)
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-def demo_model(directory: Path) -> None:
-    """Write the built-in tiny random-weight model to DIRECTORY (loadable by mlx_lm)."""
+def demo_model(directory: Path, family: str | None) -> None:
+    """Write the built-in tiny random-weight model, or a model family's (--family), to
+    DIRECTORY (loadable by mlx_lm)."""
     import shutil
 
     from runner.demo_model import resolve_model
 
-    # A copy of the cache's build (made first if missing): building takes 15-50 s of CPU.
-    shutil.copytree(resolve_model(DEMO_MODEL_ID), directory, dirs_exist_ok=True)
-    click.echo(f"wrote {DEMO_MODEL_ID} to {directory}")
+    name = DEMO_MODEL_ID if family is None else FAMILIES[family].model_id
+    # A copy of the cache's build (made first if missing): building the built-in model takes
+    # 15-50 s of CPU.
+    shutil.copytree(resolve_model(name), directory, dirs_exist_ok=True)
+    click.echo(f"wrote {name} to {directory}")
     click.echo(f"try: mlx_lm.generate --model {directory} --prompt hello")
 
 

@@ -269,13 +269,30 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "orchard"
 
 
+def is_builtin(name: str) -> bool:
+    """Whether `name` is one of the built-in models (built here, never downloaded)."""
+    from runner import demo_families
+
+    builtin = (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID, DEMO_LONG_MODEL_ID)
+    return name in builtin or demo_families.family_of(name) is not None
+
+
 def resolve_model(name: str) -> str:
     """What to pass to `mlx_lm.load` for a model name.
 
-    `DEMO_MODEL_ID`, `DEMO_PIPELINE_MODEL_ID` and `DEMO_LONG_MODEL_ID` become their
-    directories in the cache, built on first use; any other name (a local MLX directory or a
-    Hugging Face id) is returned unchanged.
+    `DEMO_MODEL_ID`, `DEMO_PIPELINE_MODEL_ID`, `DEMO_LONG_MODEL_ID` and the model families'
+    `orchard-demo-<family>` (`runner.demo_families`) become their directories in the cache,
+    built on first use; any other name (a local MLX directory or a Hugging Face id) is returned
+    unchanged.
     """
+    from runner import demo_families
+
+    family = demo_families.family_of(name)
+    if family is not None:
+        target = cache_dir() / "models" / f"{name}-{demo_families.FAMILY_MODEL_VERSION}"
+        if not target.is_dir():
+            _build_atomically(target, lambda path: demo_families.build_family_model(family, path))
+        return str(target)
     if name not in (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID, DEMO_LONG_MODEL_ID):
         return name
     target = cache_dir() / "models" / f"{DEMO_MODEL_ID}-{DEMO_MODEL_VERSION}"

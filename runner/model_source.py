@@ -1,4 +1,4 @@
-"""Where a runner's models come from: the built-in demo model, local MLX directories, and the
+"""Where a runner's models come from: the built-in models, local MLX directories, and the
 Hugging Face Hub (downloaded with progress by `runner.download`). The `ModelSource` that
 `runner.engine.shelf.ModelShelf` loads on demand from."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runner import download
-from runner.demo_model import DEMO_MODEL_ID, resolve_model
+from runner.demo_model import is_builtin, resolve_model
 from runner.engine.shelf import Progress
 
 
@@ -31,4 +31,4 @@ class HubSource:
 
 
 def _local(name: str) -> bool:
-    return name == DEMO_MODEL_ID or Path(name).is_dir()
+    return is_builtin(name) or Path(name).is_dir()
