@@ -1,0 +1,295 @@
+"""Every model family's built-in model (runner.demo_families) behind a gateway, in every
+dialect, through each dialect's official client: a forced call streamed and not, the same call
+in chat, Responses, Anthropic's Messages and the browser socket at temperature 0, its
+arguments in at least two deltas; JSON answers in Ollama's `format`; reasoning split out and
+no markup anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anthropic
+import jsonschema
+import ollama
+import openai
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from runner.demo_families import FAMILIES
+from runner.harmony import MARKERS
+from tests.support import UNIT, Gateway, Process, start_runner
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "London", "Köln"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+FUNCTION: Any = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": SCHEMA,
+}
+TOOL: Any = {"name": "get_weather", "description": FUNCTION["description"], "input_schema": SCHEMA}
+"""The function as Anthropic's Messages take it."""
+QUESTION = "What is the weather like in Paris?"
+FORCEABLE = [family for family in FAMILIES if family != "gemma4"]
+NO_PREFIX_CACHE = {"harmony", "lfm2", "gemma4"}
+"""Sliding-window attention (gpt-oss, Gemma) and LFM2's convolutions keep caches mlx-lm cannot
+trim to a prefix: their prompts are not reused (docs/models.md)."""
+MARKUP = (*MARKERS, "<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]")
+
+
+def effort(family: str) -> str | None:
+    """Think spans closed (the random models never close one), Harmony at low effort."""
+    return "low" if family == "harmony" else ("none" if FAMILIES[family].think else None)
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Gateway]:
+    gateway = Gateway()
+    models = [arg for family in FAMILIES.values() for arg in ("--model", family.model_id)]
+    runner: Process = start_runner(gateway, *models, "--max-concurrent", "8", name="families")
+    try:
+        gateway.wait_for_runners(1, timeout=120)
+        yield gateway
+    finally:
+        runner.stop()
+        gateway.stop()
+
+
+@pytest.fixture
+async def client(gateway: Gateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=f"{gateway.base}/v1", api_key="-") as client:
+        yield client
+
+
+def clean(text: str | None) -> None:
+    for marker in MARKUP:
+        assert marker not in (text or ""), f"{marker} in {text!r}"
+
+
+async def chat_call(
+    client: openai.AsyncOpenAI, family: str, *, stream: bool, level: str | None = None
+) -> tuple[dict[str, Any], int, dict[str, Any]]:
+    """The forced call's arguments, in how many deltas they came, and the usage; at the
+    family's `effort`, or `level`."""
+    fields: dict[str, Any] = {
+        "model": FAMILIES[family].model_id,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": [{"type": "function", "function": FUNCTION}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 200,
+    }
+    if level or effort(family):
+        fields["reasoning_effort"] = level or effort(family)
+    if not stream:
+        answer = await client.chat.completions.create(**fields)
+        (choice,) = answer.choices
+        assert choice.finish_reason == "tool_calls"
+        clean(choice.message.content)
+        clean(getattr(choice.message, "reasoning_content", None))
+        (call,) = choice.message.tool_calls or []
+        assert call.type == "function"
+        assert call.function.name == "get_weather"
+        assert answer.usage is not None
+        return json.loads(call.function.arguments), 1, answer.usage.model_dump()
+    pieces: list[str] = []
+    usage: dict[str, Any] = {}
+    finish = None
+    names = []
+    async for chunk in await client.chat.completions.create(
+        **fields, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+        for choice in chunk.choices:
+            clean(choice.delta.content)
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or []:
+                assert delta.index == 0
+                if delta.id is not None:
+                    assert not pieces, "the name comes first"
+                    assert delta.function is not None
+                    names.append(delta.function.name)
+                elif delta.function is not None and delta.function.arguments:
+                    pieces.append(delta.function.arguments)
+    assert (names, finish) == (["get_weather"], "tool_calls")
+    return json.loads("".join(pieces)), len(pieces), usage
+
+
+@pytest.mark.parametrize("family", FORCEABLE)
+async def test_a_forced_call_in_chat_streamed_and_not(
+    client: openai.AsyncOpenAI, family: str
+) -> None:
+    whole, _, usage = await chat_call(client, family, stream=False)
+    streamed, pieces, streamed_usage = await chat_call(client, family, stream=True)
+    jsonschema.validate(whole, SCHEMA)
+    assert streamed == whole
+    assert pieces >= 2
+    # The second request found the first one's prompt in the runner's prefix cache: all of
+    # it but the last token, which is prefilled to start the answer (none where the model's
+    # cache cannot be cut back to a prefix).
+    cached = streamed_usage["prompt_tokens_details"].pop("cached_tokens")
+    reused = 0 if family in NO_PREFIX_CACHE else usage["prompt_tokens"] - 1
+    assert cached == reused, (cached, usage)
+    usage["prompt_tokens_details"].pop("cached_tokens")
+    assert streamed_usage == usage
+    if family != "harmony":
+        assert usage["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
+@pytest.mark.parametrize("family", FORCEABLE)
+async def test_the_same_call_in_responses_messages_and_the_browser_socket(
+    gateway: Gateway, client: openai.AsyncOpenAI, family: str
+) -> None:
+    # Harmony at medium effort, its default: Anthropic's Messages cannot ask for another.
+    level = "medium" if family == "harmony" else None
+    expected, _, _ = await chat_call(client, family, stream=False, level=level)
+    model = FAMILIES[family].model_id
+    reasoning: Any = (
+        {"reasoning": {"effort": level or effort(family)}} if level or effort(family) else {}
+    )
+    fields: Any = {
+        "model": model,
+        "input": QUESTION,
+        "tools": [{"type": "function", **FUNCTION, "strict": True}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_output_tokens": 200,
+        **reasoning,
+    }
+    response = await client.responses.create(**fields)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", expected)]
+
+    async with anthropic.AsyncAnthropic(base_url=gateway.base, api_key="-") as claude:
+        thinking = {"thinking": {"type": "disabled"}} if FAMILIES[family].think else {}
+        request: Any = {
+            "model": model,
+            "max_tokens": 200,
+            "messages": [{"role": "user", "content": QUESTION}],
+            "extra_body": {"temperature": 0},
+            "tools": [TOOL],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+            **thinking,
+        }
+        message = await claude.messages.create(**request)
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert [(u.name, u.input) for u in uses] == [("get_weather", expected)]
+    assert message.stop_reason == "tool_use"
+
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": [{"type": "function", "function": FUNCTION}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 200,
+        **({"reasoning_effort": level or effort(family)} if level or effort(family) else {}),
+    }
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws") as ws:
+        create = {"type": "chat.completions.create", "request_id": "r", "body": body}
+        await ws.send(orjson.dumps(create), text=True)
+        pieces = []
+        while (msg := orjson.loads(await asyncio.wait_for(ws.recv(), 30 * UNIT)))[
+            "type"
+        ] == "chunk":
+            for choice in msg["chunk"]["choices"]:
+                clean(choice["delta"].get("content"))
+                for delta in choice["delta"].get("tool_calls") or []:
+                    pieces.append(delta["function"].get("arguments") or "")
+        assert msg["type"] == "done"
+        assert msg["finish_reason"] == "tool_calls"
+    assert json.loads("".join(pieces)) == expected
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_ollamas_format_gives_json_of_the_schema(gateway: Gateway, family: str) -> None:
+    with ollama.Client(host=gateway.base) as client:
+        answer = client.chat(
+            model=FAMILIES[family].model_id,
+            messages=[{"role": "user", "content": QUESTION}],
+            format=SCHEMA,
+            options={"temperature": 0, "num_predict": 200},
+            think="low" if family == "harmony" else (False if FAMILIES[family].think else None),
+        )
+    clean(answer.message.content)
+    clean(answer.message.thinking)
+    jsonschema.validate(json.loads(answer.message.content or ""), SCHEMA)
+    # Harmony reasons before its JSON (the analysis channel, as `thinking`); the others were
+    # asked not to.
+    assert bool(answer.message.thinking) == (family == "harmony")
+
+
+async def test_harmonys_analysis_is_reasoning_in_chat_and_responses(
+    client: openai.AsyncOpenAI,
+) -> None:
+    # (Ollama's `thinking` is checked above. Anthropic's Messages have no structured output
+    # here, and the random model reasons only before a JSON answer.)
+    model = FAMILIES["harmony"].model_id
+    schema: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "w", "schema": SCHEMA, "strict": True},
+    }
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    chat = await client.chat.completions.create(
+        model=model,
+        messages=messages,
+        response_format=schema,
+        reasoning_effort="low",
+        temperature=0,
+        max_tokens=400,
+    )
+    message: Any = chat.choices[0].message
+    clean(message.content)
+    clean(message.reasoning_content)
+    assert message.reasoning_content
+    jsonschema.validate(json.loads(message.content), SCHEMA)
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens_details is not None
+    reasoning_tokens = chat.usage.completion_tokens_details.reasoning_tokens
+    assert reasoning_tokens
+    assert reasoning_tokens < chat.usage.completion_tokens
+
+    response: Any = await client.responses.create(
+        model=model,
+        input=QUESTION,
+        reasoning={"effort": "low"},
+        temperature=0,
+        max_output_tokens=400,
+        text={"format": {"type": "json_schema", "name": "w", "schema": SCHEMA, "strict": True}},
+    )
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"]
+    summary = "".join(part.text for part in response.output[0].content or [])
+    assert summary == message.reasoning_content
+    assert json.loads(response.output_text) == json.loads(message.content)
+    assert response.usage.output_tokens_details.reasoning_tokens == reasoning_tokens
+
+
+async def test_gemma4s_calls_cannot_be_forced_and_say_so(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.chat.completions.create(
+            model=FAMILIES["gemma4"].model_id,
+            messages=[{"role": "user", "content": QUESTION}],
+            tools=[{"type": "function", "function": FUNCTION}],
+            tool_choice="required",
+        )
+    error = raised.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == "tool_choice"
+    assert error["message"].startswith(
+        'tool_choice "required" is not supported for this model\'s tool-call format (gemma4)'
+    )
