@@ -149,7 +149,7 @@ async def test_a_forced_call_in_chat_streamed_and_not(
 
 
 @pytest.mark.parametrize("family", FORCEABLE)
-async def test_the_same_call_in_responses_messages_and_the_browser_socket(
+async def test_the_same_call_streamed_and_not_in_responses_messages_and_the_browser_socket(
     gateway: Gateway, client: openai.AsyncOpenAI, family: str
 ) -> None:
     # Harmony at medium effort, its default: Anthropic's Messages cannot ask for another.
@@ -172,6 +172,17 @@ async def test_the_same_call_in_responses_messages_and_the_browser_socket(
     response = await client.responses.create(**fields)
     calls = [item for item in response.output if item.type == "function_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", expected)]
+    deltas: list[str] = []
+    done = None
+    async with client.responses.stream(**fields) as events:
+        async for event in events:
+            if event.type == "response.function_call_arguments.delta":
+                deltas.append(event.delta)
+            elif event.type == "response.function_call_arguments.done":
+                done = event.arguments
+    assert len(deltas) >= 2
+    assert done == "".join(deltas)
+    assert json.loads(done) == expected
 
     async with anthropic.AsyncAnthropic(base_url=gateway.base, api_key="-") as claude:
         thinking = {"thinking": {"type": "disabled"}} if FAMILIES[family].think else {}
@@ -185,9 +196,20 @@ async def test_the_same_call_in_responses_messages_and_the_browser_socket(
             **thinking,
         }
         message = await claude.messages.create(**request)
+        partial: list[str] = []
+        async with claude.messages.stream(**request) as stream:
+            async for part in stream:
+                if part.type == "content_block_delta" and part.delta.type == "input_json_delta":
+                    partial.append(part.delta.partial_json)
+            streamed = await stream.get_final_message()
     uses = [block for block in message.content if block.type == "tool_use"]
     assert [(u.name, u.input) for u in uses] == [("get_weather", expected)]
     assert message.stop_reason == "tool_use"
+    assert len(partial) >= 2
+    assert json.loads("".join(partial)) == expected
+    assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [
+        (b.type, getattr(b, "input", None)) for b in message.content
+    ]
 
     body = {
         "model": model,
