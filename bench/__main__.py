@@ -25,6 +25,7 @@ SCENARIOS = {
     "relay": relay.main,  # 4: relay capacity on scripted runners, idle sockets
     "paced": paced.main,  # 5: paced streams until the p99 gap passes 40 ms
     "structured": structured.main,  # 6: json_schema vs free text tok/s, schema compile time
+    "structured-families": structured.families,  # 6: the same, and forced calls, per family
     # 7: decode at 1-64 streams, stream_generate → engine stepped / threaded → end to end; the
     # step's build / launch / wait split; bursts, arrivals, cold start (BENCH_ENGINE_PARTS)
     "engine": engine.main,

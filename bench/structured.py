@@ -11,6 +11,13 @@ Also the compile time of a large schema (bench.schemas.large_schema: 60 properti
 anyOf, enums, patterns, formats) through `constraint_for`, cold (a schema never seen: its
 description differs) and from the cache, on the demo tokenizer.
 
+`--families` (`just bench structured --families`) measures each model family's built-in model
+(runner.demo_families) instead: free text, a json_schema answer and forced tool calls
+(`tool_choice` required, parallel calls allowed so that a model that never stops calling runs
+its `tokens`; a Harmony model calls once and ends its turn, so its forced rounds are short) in
+the family's own syntax, at 1 and 8 streams. Rates are completion tokens of all streams / wall
+time of the round; every request must come back with calls (or JSON) that parse.
+
 `python -m bench.structured --profile [STREAMS]` runs constrained rounds under cProfile and
 prints where the engine thread's time goes.
 """
@@ -27,9 +34,11 @@ import threading
 import time
 from typing import Any
 
+import attrs
+
 from bench.harness import env_note, table
 from bench.schemas import large_schema
-from protocol.frames import Generate, Message, ResponseFormat, SamplingParams
+from protocol.frames import Generate, Message, ResponseFormat, SamplingParams, Tool
 from runner.engine.base import EngineEvent, Failure, Output
 
 MODEL = "orchard-demo"
@@ -56,6 +65,20 @@ SCHEMA: dict[str, Any] = {
 }
 """Values any model finishes in a few tokens, and more of them than `tokens` can hold."""
 FORMAT = ResponseFormat("json_schema", json.dumps(SCHEMA), "crates", strict=True)
+CRATE = Tool(
+    "log_crate",
+    "Log one crate of fruit.",
+    json.dumps(
+        {
+            **ITEM,
+            "properties": {**ITEM["properties"], "grade": {"type": "string", "enum": ["A", "B"]}},
+        }
+    ),
+)
+"""The forced calls' tool: a crate's bounded values, each of one JSON type (what the key/value
+formats can carry)."""
+Kind = str
+"""What a round asks for: "free", "json" (the json_schema) or "call" (forced tool calls)."""
 
 
 class Client:
@@ -74,8 +97,10 @@ class Client:
         if events is not None:
             events.put(event)
 
-    def run(self, prompt: str, max_tokens: int, response_format: ResponseFormat | None) -> str:
-        """One greedy request to its end; its text."""
+    def run(self, prompt: str, max_tokens: int, kind: Kind, model: str = MODEL) -> Timed:
+        """One greedy request to its end: its completion tokens, and when its first and last
+        came. Free text and JSON must run `max_tokens` exactly; forced calls must come back
+        as calls."""
         with self._lock:
             self._count += 1
             request_id = f"structured-{self._count}"
@@ -84,43 +109,93 @@ class Client:
         self.engine.submit(
             Generate(
                 request_id,
-                MODEL,
+                model,
                 (Message("user", prompt),),
                 max_tokens=max_tokens,
                 sampling=SamplingParams(temperature=0.0),
-                response_format=response_format,
+                response_format=FORMAT if kind == "json" else None,
+                tools=(CRATE,) if kind == "call" else (),
+                tool_choice="required" if kind == "call" else "auto",
+                reasoning_effort=_effort(model),
             )
         )
         text = []
+        calls = 0
+        first = None
         while True:
             event = events.get(timeout=300)
             if isinstance(event, Failure):
                 raise RuntimeError(event)
             assert isinstance(event, Output)
+            if first is None and event.tokens:
+                first = (time.perf_counter(), event.usage.completion_tokens)
             text.append(event.text)
+            calls += sum(1 for delta in event.tool_calls if delta.id is not None)
             if event.finish_reason is not None:
-                if event.usage.completion_tokens != max_tokens:
+                used = event.usage.completion_tokens
+                if kind == "call" and not calls:
+                    raise RuntimeError(f"no call ({event.finish_reason}): {''.join(text)}")
+                if kind != "call" and used != max_tokens:
                     raise RuntimeError(f"ended early ({event.finish_reason}): {''.join(text)}")
                 break
         with self._lock:
             del self._queues[request_id]
-        return "".join(text)
+        assert first is not None
+        return Timed(used, first[0], first[1], time.perf_counter())
 
 
-def _round(
-    client: Client, streams: int, tokens: int, constrained: bool, tag: str
+@attrs.frozen
+class Timed:
+    """What a request's tokens took."""
+
+    tokens: int
+    first_at: float
+    first_tokens: int
+    """Tokens in its first output (the first, or a few merged)."""
+    end_at: float
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens after the first output ÷ the time from it to the end: its decoding alone,
+        whatever its prompt cost (a forced call's tools make a longer prompt)."""
+        return (self.tokens - self.first_tokens) / max(self.end_at - self.first_at, 1e-9)
+
+
+def _effort(model: str) -> Any:
+    """Families that think get their think span closed (a random model never closes one);
+    Harmony reasons at low effort."""
+    from runner.demo_families import FAMILIES, family_of
+
+    family = family_of(model)
+    if family is None:
+        return None
+    if family == "harmony":
+        return "low"
+    return "none" if FAMILIES[family].think else None
+
+
+def _round(  # noqa: PLR0917 (a bench's knobs)
+    client: Client,
+    streams: int,
+    tokens: int,
+    kind: Kind,
+    tag: str,
+    model: str = MODEL,
+    *,
+    decoding: bool = False,
 ) -> tuple[float, float]:
-    """`streams` concurrent requests of `tokens` tokens each: aggregate tok/s, and this
-    process's CPU µs per token (all its threads: a figure the machine's other load barely
-    moves)."""
+    """`streams` concurrent requests of up to `tokens` tokens each: aggregate tok/s (with
+    `decoding`, the sum of the streams' decode rates: prompts of different lengths compared),
+    and this process's CPU µs per token (all its threads: a figure the machine's other load
+    barely moves)."""
     errors: list[BaseException] = []
+    used: list[Timed] = []
     barrier = threading.Barrier(streams)
-    response_format = FORMAT if constrained else None
 
     def worker(i: int) -> None:
         barrier.wait()
         try:
-            client.run(f"{tag} stream {i}: list the crates.", tokens, response_format)
+            used.append(client.run(f"{tag} stream {i}: list the crates.", tokens, kind, model))
         except BaseException as exc:
             errors.append(exc)
 
@@ -133,7 +208,10 @@ def _round(
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     if errors:
         raise errors[0]
-    return streams * tokens / wall, cpu / (streams * tokens) * 1e6
+    tokens = sum(timed.tokens for timed in used)
+    if decoding:
+        return sum(timed.decode_rate for timed in used), cpu / tokens * 1e6
+    return tokens / wall, cpu / tokens * 1e6
 
 
 def compile_times(tokenizer: Any, vocab_size: int, runs: int) -> tuple[float, float]:
@@ -165,17 +243,16 @@ def main(runs: int = 5, tokens: int = 256) -> None:
     client = Client(engine)
     try:
         # Warm up: the model, mlx's kernels, the grammar's compilation.
-        for constrained in (False, True):
-            _round(client, max(STREAMS), 32, constrained, "warm-up")
+        for kind in ("free", "json"):
+            _round(client, max(STREAMS), 32, kind, "warm-up")
         rows = []
         for streams in STREAMS:
             figures: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
             ratios = []
             for i in range(runs):
                 for constrained in (False, True):
-                    figures[constrained].append(
-                        _round(client, streams, tokens, constrained, f"r{i}")
-                    )
+                    kind = "json" if constrained else "free"
+                    figures[constrained].append(_round(client, streams, tokens, kind, f"r{i}"))
                 ratios.append(figures[True][-1][0] / figures[False][-1][0])
             rows.append(
                 [
@@ -242,10 +319,10 @@ def profile(streams: int, tokens: int = 256, rounds: int = 3) -> None:
     engine = BatchedMlxEngine(MODEL, max_concurrent=streams)
     client = Client(engine)
     try:
-        _round(client, streams, 32, True, "warm-up")
+        _round(client, streams, 32, "json", "warm-up")
         active.set()
         for i in range(rounds):
-            _round(client, streams, tokens, True, f"p{i}")
+            _round(client, streams, tokens, "json", f"p{i}")
         active.clear()
     finally:
         engine.close()
@@ -253,8 +330,62 @@ def profile(streams: int, tokens: int = 256, rounds: int = 3) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
+def families(runs: int = 5, tokens: int = 256) -> None:
+    """Each family's built-in model: json_schema and forced calls ÷ free text, at 1 and 8
+    streams (medians of `runs` alternating rounds)."""
+    from runner.demo_families import FAMILIES
+    from runner.engine.batched import BatchedMlxEngine
+
+    rows = []
+    for family in FAMILIES.values():
+        engine = BatchedMlxEngine(family.model_id, max_concurrent=max(STREAMS))
+        client = Client(engine)
+        kinds = ["free", "json"] + (["call"] if family.model_id != "orchard-demo-gemma4" else [])
+        try:
+            for kind in kinds:
+                _round(client, max(STREAMS), 32, kind, "warm-up", family.model_id)
+            for streams in STREAMS:
+                rates: dict[Kind, list[float]] = {kind: [] for kind in kinds}
+                for i in range(runs):
+                    for kind in kinds:
+                        rate, _ = _round(
+                            client, streams, tokens, kind, f"r{i}", family.model_id, decoding=True
+                        )
+                        rates[kind].append(rate)
+                free = statistics.median(rates["free"])
+                row: list[Any] = [family.model_id, streams, free]
+                for kind in ("json", "call"):
+                    if kind not in rates:
+                        row += ["-", "-"]
+                        continue
+                    ratios = [r / f for r, f in zip(rates[kind], rates["free"], strict=True)]
+                    row += [statistics.median(rates[kind]), statistics.median(ratios)]
+                rows.append(row)
+        finally:
+            engine.close()
+    print(
+        table(
+            f"json_schema and forced calls vs free text per family, BatchedMlxEngine, decode "
+            f"tok/s (all streams), up to {tokens} tokens a stream, medians of {runs} rounds "
+            f"({env_note()})",
+            [
+                "model",
+                "streams",
+                "free tok/s",
+                "json_schema tok/s",
+                "json ÷ free",
+                "forced call tok/s",
+                "call ÷ free",
+            ],
+            rows,
+        )
+    )
+
+
 if __name__ == "__main__":
-    if "--profile" in sys.argv:
+    if "--families" in sys.argv:
+        families()
+    elif "--profile" in sys.argv:
         profile(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     else:
         main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)

@@ -337,6 +337,8 @@ def _keyword_rules(prefix: str, pairs: list[tuple[str, bool]]) -> list[str]:
     return rules
 
 
+CHARACTERS_PER_TOKEN = 4
+"""How the reasoning bound is counted: in characters, about four a token of English text."""
 HARMONY_REASONING_TOKENS = {
     "none": 128,
     "minimal": 128,
@@ -347,8 +349,9 @@ HARMONY_REASONING_TOKENS = {
     "max": 2048,
 }
 """The most a Harmony model may reason before a forced call or a JSON answer, by reasoning
-effort (medium when the request names none): the grammar closes the analysis message there,
-so that a constrained answer always comes."""
+effort (medium when the request names none), in tokens of text (`CHARACTERS_PER_TOKEN`
+characters each): the grammar closes the analysis message there, so that a constrained answer
+always comes."""
 
 
 def harmony(
@@ -379,8 +382,11 @@ def harmony(
     rules = [
         f'harmony_reasoning: {channel} "analysis" {message} harmony_thought {end} {start} '
         '"assistant"',
-        # The markers are special tokens, which no text matches: the thought ends at <|end|>.
-        f"harmony_thought[max_tokens={budget}]: /(.|\\n)*/",
+        # The markers are special tokens, which no text matches: the thought ends at <|end|>,
+        # at the latest after `budget` tokens' worth of characters (llguidance's max_tokens
+        # attribute would count tokens, but cannot take back a token, which its matcher then
+        # needs at times: "rollback not supported with max_tokens lexemes").
+        f"harmony_thought: /(.|\\n){{0,{budget * CHARACTERS_PER_TOKEN}}}/",
     ]
     if tools:
         answers.append("harmony_call")
