@@ -131,6 +131,27 @@ def json_number(text: str) -> str | None:
     return stripped if _JSON_NUMBER.fullmatch(stripped) else None
 
 
+JSON_SPACE = " \t\r\n"
+"""The characters JSON allows between its tokens."""
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+JSON_ESCAPES = frozenset('"\\/bfnrt')
+"""The characters after a backslash that make a JSON string's two-character escapes."""
+
+
+def json_escape(sequence: str) -> bool | None:
+    """Whether `sequence`, a backslash and what followed it so far in a JSON string, is an
+    escape: True when it is complete, None while it may still become one (`\\u00`), False
+    when it cannot."""
+    if len(sequence) < 2:
+        return None
+    if sequence[1] != "u":
+        return len(sequence) == 2 and sequence[1] in JSON_ESCAPES
+    digits = sequence[2:]
+    if len(digits) > 4 or not all(digit in HEX_DIGITS for digit in digits):
+        return False
+    return len(digits) == 4 or None
+
+
 def json_string(text: str) -> str:
     """`text` as a JSON string literal."""
     return json.dumps(text, ensure_ascii=False)

@@ -21,19 +21,16 @@ from runner.tool_formats.base import (
     CallFormat,
     SectionParser,
     Tools,
-    json_number,
     json_string,
     partial_suffix,
     string_fragment,
 )
+from runner.tool_formats.values import bare_literal, is_bare_literal
 
 _QUOTE = '<|"|>'
 _CALL = re.compile(r"call:([\w-]+)\{")
 # Where a `call:NAME{` that is still being written may begin, to keep from the skipped text.
 _CALL_TAIL = re.compile(r"c(?:a(?:l(?:l(?::[\w-]*)?)?)?)?\Z")
-_LITERALS = {"true": "true", "false": "false", "null": "null"}
-# Older templates render None through Jinja as `None`; Python's spellings are read too.
-_LITERALS |= {"True": "true", "False": "false", "None": "null"}
 _VALUE_END = re.compile(r"[,}\]]")
 
 # What `_Arguments` expects next.
@@ -43,17 +40,6 @@ _COLON = "colon"
 _VALUE = "value"
 _STRING = "string"
 _AFTER = "after"
-
-
-def _literal(text: str) -> str:
-    """A bare value as JSON: a number as written, a literal, else the text as a string."""
-    if json_number(text) == text:
-        return text
-    return _LITERALS.get(text) or json_string(text)
-
-
-def _complete_literal(text: str) -> bool:
-    return json_number(text) == text or text in _LITERALS
 
 
 class _Arguments:
@@ -91,8 +77,8 @@ class _Arguments:
                 self._out.append(string_fragment(self._buffer) + '"')
             elif self._state == _VALUE:
                 literal = self._buffer.strip()
-                if _complete_literal(literal):
-                    self._send(_literal(literal))
+                if is_bare_literal(literal, python=True):
+                    self._send(bare_literal(literal))
             self._out.extend(reversed(self._closers))
             self._closers.clear()
             self.done = True
@@ -180,7 +166,8 @@ class _Arguments:
         end = _VALUE_END.search(buffer)
         if end is None:
             return False
-        self._send(_literal(buffer[: end.start()].strip()))
+        # Older templates render None through Jinja as `None`: Python's spellings are read.
+        self._send(bare_literal(buffer[: end.start()].strip()))
         self._buffer = buffer[end.start() :]
         self._value_done()
         return True

@@ -11,20 +11,14 @@ Python literal, else the text as a string), with its numbers as written.
 A section with no `<arg_key>` is read whole at its end with mlx-lm's fallbacks (a JSON payload,
 `name {json}`, `name a=1 b=2`, `name raw text`).
 
-The helpers `deserialize` and `to_json` are mlx-lm's `_deserialize` and `json.dumps` with
-numbers kept as written; `kimi_k2` uses them too.
+Values are read with `values.deserialize` (mlx-lm's `_deserialize`, numbers as written).
 """
 
 from __future__ import annotations
 
-import ast
-import json
-import math
 import shlex
 from collections.abc import Callable
 from typing import TypeAlias
-
-import attrs
 
 from protocol.frames import ToolCallDelta
 from runner.tool_formats.base import (
@@ -32,140 +26,15 @@ from runner.tool_formats.base import (
     ObjectWriter,
     SectionParser,
     Tools,
-    json_number,
-    json_string,
     partial_suffix,
     property_schema,
 )
+from runner.tool_formats.values import Json, deserialize, load_json, python_str, to_json
 
 _KEY_OPEN = "<arg_key>"
 _KEY_CLOSE = "</arg_key>"
 _VALUE_OPEN = "<arg_value>"
 _VALUE_CLOSE = "</arg_value>"
-
-
-@attrs.frozen
-class Number:
-    """A number as the model wrote it (JSON's spelling), never through a float."""
-
-    text: str
-
-    def __bool__(self) -> bool:
-        # mlx-lm tests a parsed value's truth (`arguments or ...`): a float's truth.
-        return float(self.text) != 0
-
-
-Json: TypeAlias = "dict[str, Json] | list[Json] | str | bool | Number | None"
-"""A parsed value whose numbers are `Number`s."""
-
-
-def to_json(value: Json) -> str:
-    """`value` as JSON text, its numbers as written (json.dumps' spacing)."""
-    if isinstance(value, Number):
-        return value.text
-    if isinstance(value, dict):
-        members = (f"{json_string(key)}: {to_json(item)}" for key, item in value.items())
-        return "{" + ", ".join(members) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(to_json(item) for item in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
-
-
-def deserialize(text: str) -> Json:
-    """mlx-lm's `_deserialize`: JSON, else a Python literal, else the text itself; numbers
-    as written. NaN, Infinity and values JSON cannot hold (sets, bytes, complex numbers)
-    stay text."""
-    try:
-        parsed: Json = json.loads(
-            text, parse_int=Number, parse_float=Number, parse_constant=_no_constant
-        )
-    except (ValueError, RecursionError):
-        pass
-    else:
-        return parsed
-    try:
-        source = text.lstrip(" \t")  # as ast.literal_eval does
-        return _literal(ast.parse(source, mode="eval").body, source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, _NotLiteral):
-        return text
-
-
-def _no_constant(name: str) -> Json:
-    raise ValueError(name)
-
-
-class _NotLiteral(Exception):
-    """Not a Python literal that JSON can hold."""
-
-
-def _literal(node: ast.expr, source: str) -> Json:
-    """`ast.literal_eval`'s reading of `node`, numbers as written."""
-    if isinstance(node, ast.Constant):
-        value = node.value
-        if value is None or isinstance(value, bool | str):
-            return value
-        if isinstance(value, int | float):
-            return _number(node, source)
-        raise _NotLiteral
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
-        operand = node.operand
-        if not isinstance(operand, ast.Constant) or type(operand.value) not in (int, float):
-            raise _NotLiteral
-        number = _number(operand, source)
-        return Number("-" + number.text) if isinstance(node.op, ast.USub) else number
-    if isinstance(node, ast.List | ast.Tuple):
-        return [_literal(item, source) for item in node.elts]
-    if isinstance(node, ast.Dict):
-        result: dict[str, Json] = {}
-        for key_node, value_node in zip(node.keys, node.values, strict=True):
-            if key_node is None:  # `**mapping`
-                raise _NotLiteral
-            result[_key(_literal(key_node, source))] = _literal(value_node, source)
-        return result
-    raise _NotLiteral
-
-
-def _key(key: Json) -> str:
-    """A Python dict key as `json.dumps` writes it (mlx-lm's server sends the arguments
-    through it): a number's text, `true`, `null`."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, Number):
-        return key.text
-    if isinstance(key, bool) or key is None:
-        return json.dumps(key)
-    raise _NotLiteral
-
-
-def _number(node: ast.Constant, source: str) -> Number:
-    """A Python number literal as JSON: as written where that is JSON (`1.50`), else its
-    value (`0x10`, `1_000`, `.5`)."""
-    written = json_number(ast.get_source_segment(source, node) or "")
-    if written is not None:
-        return Number(written)
-    value = node.value
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _NotLiteral
-    return Number(repr(value))
-
-
-def python_str(value: Json) -> str:
-    """`str(value)` of the Python value, numbers as written (mlx-lm turns a non-string value
-    of a string parameter into its `str`)."""
-    if isinstance(value, str):
-        return value
-    return _python_repr(value)
-
-
-def _python_repr(value: Json) -> str:
-    if isinstance(value, Number):
-        return value.text
-    if isinstance(value, dict):
-        members = (f"{key!r}: {_python_repr(item)}" for key, item in value.items())
-        return "{" + ", ".join(members) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_python_repr(item) for item in value) + "]"
-    return repr(value)
 
 
 def _is_string(tools: Tools, name: str, key: str) -> bool:
@@ -331,9 +200,7 @@ def _normalize(name: str, arguments: dict[str, Json], tools: Tools) -> dict[str,
 def _json_call(text: str, tools: Tools) -> tuple[str, str] | None:
     """mlx-lm's `_parse_json_tool_call`: `{"name": ..., "arguments": ...}` and its variants."""
     try:
-        parsed: Json = json.loads(
-            text.strip(), parse_int=Number, parse_float=Number, parse_constant=_no_constant
-        )
+        parsed = load_json(text.strip())
     except (ValueError, RecursionError):
         return None
     if isinstance(parsed, list) and parsed and isinstance(parsed[0], dict):

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from protocol.frames import ToolCallDelta
-from runner.tool_formats.base import CallFormat, SectionParser, Tools, ValueScanner
+from runner.tool_formats.base import JSON_SPACE, CallFormat, SectionParser, Tools, ValueScanner
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
@@ -42,10 +42,14 @@ class JsonCallParser(SectionParser):
             match = _HEAD.match(self._text)
             if match is None:
                 return deltas
+            try:
+                name = json.loads(f'"{match.group(1)}"')
+            except json.JSONDecodeError:
+                return deltas  # a malformed escape in the name: read whole at the end, or not
             self._named = True
             self.calls = 1
             self._consumed = match.end()
-            deltas.append(ToolCallDelta(0, "", name=json.loads(f'"{match.group(1)}"')))
+            deltas.append(ToolCallDelta(0, "", name=name))
         if self._scanner.done or len(self._text) <= self._consumed:
             return deltas
         piece = self._text[self._consumed :]
@@ -99,7 +103,7 @@ def raw_member(text: str, key: str) -> str | None:
 
 
 def _skip_space(text: str, index: int) -> int:
-    while text[index] in " \t\r\n":
+    while text[index] in JSON_SPACE:
         index += 1
     return index
 

@@ -14,8 +14,15 @@ from __future__ import annotations
 import re
 
 from protocol.frames import ToolCallDelta
-from runner.tool_formats.base import CallFormat, SectionParser, Tools, partial_suffix
-from runner.tool_formats.glm47 import deserialize, to_json
+from runner.tool_formats.base import (
+    JSON_SPACE,
+    CallFormat,
+    SectionParser,
+    Tools,
+    json_escape,
+    partial_suffix,
+)
+from runner.tool_formats.values import deserialize, to_json
 
 _CALL_BEGIN = "<|tool_call_begin|>"
 _ARGUMENTS_BEGIN = "<|tool_call_argument_begin|>"
@@ -24,10 +31,6 @@ _CALL_END = "<|tool_call_end|>"
 _NAME = re.compile(r"\s*(?:functions\.)?(.+?):\d+\s*", re.DOTALL)
 """mlx-lm's reading of a call's head, `functions.NAME:IDX`."""
 _LOOSE_NAME = re.compile(r"\s*(?:functions\.)?(.+?)\s*", re.DOTALL)
-
-_JSON_SPACE = " \t\r\n"
-_ESCAPES = frozenset('"\\/bfnrt')
-_HEX = frozenset("0123456789abcdefABCDEF")
 
 # JsonStreamer's states: where in the grammar the next character falls.
 _START = "start"  # before the object
@@ -64,8 +67,8 @@ class JsonStreamer:
         self._closers: list[str] = []
         self._state = _START
         self._in_key = False
-        self._escape = 0
-        """In a string: 0, -1 after a backslash, n: hex digits of `\\u` still to come."""
+        self._escape = ""
+        """In a string: the escape sequence being read (from its backslash), else ""."""
         self._number = _MINUS
         self._literal = ""
         """The rest of the `true`, `false` or `null` being read."""
@@ -76,7 +79,7 @@ class JsonStreamer:
         if self._state in _UNREAD:
             return ""
         if self._state == _START:
-            text = text.lstrip(_JSON_SPACE)
+            text = text.lstrip(JSON_SPACE)
         buffer = self._pending + text
         commit = 0
         for index in range(len(self._pending), len(buffer)):
@@ -113,7 +116,7 @@ class JsonStreamer:
         so arguments that break at once can still be read whole)."""
         state = self._state
         if state == _STRING:
-            return not self._in_key and self._escape == 0
+            return not self._in_key and not self._escape
         if state == _FIRST_KEY:
             return len(self._closers) > 1
         return state in (_AFTER, _FIRST_VALUE, _DONE)
@@ -140,7 +143,7 @@ class JsonStreamer:
             self._literal = self._literal[1:]
             if not self._literal:
                 self._after_value()
-        elif char in _JSON_SPACE:
+        elif char in JSON_SPACE:
             pass
         elif state == _START:
             if char == "{":
@@ -189,22 +192,18 @@ class JsonStreamer:
     def _begin_string(self, *, key: bool) -> None:
         self._state = _STRING
         self._in_key = key
-        self._escape = 0
+        self._escape = ""
 
     def _read_string(self, char: str) -> None:
-        if self._escape == -1:
-            if char == "u":
-                self._escape = 4
-            elif char in _ESCAPES:
-                self._escape = 0
-            else:
+        if self._escape:
+            self._escape += char
+            complete = json_escape(self._escape)
+            if complete is False:
                 self._state = _BROKEN
-        elif self._escape > 0:
-            if char not in _HEX:
-                self._state = _BROKEN
-            self._escape -= 1
+            elif complete:
+                self._escape = ""
         elif char == "\\":
-            self._escape = -1
+            self._escape = "\\"
         elif char == '"':
             if self._in_key:
                 self._state = _COLON

@@ -19,24 +19,11 @@ ignored.
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-from runner.tool_formats.base import (
-    CallFormat,
-    Tools,
-    json_string,
-    property_schema,
-)
-from runner.tool_formats.xml_params import (
-    Trim,
-    ValueReader,
-    XmlSectionParser,
-    integer_text,
-    json_text,
-    number_text,
-    python_literal_text,
-)
+from runner.tool_formats.base import CallFormat, json_string
+from runner.tool_formats.values import integer_text, json_text, number_text, python_literal_text
+from runner.tool_formats.xml_params import State, Trim, ValueReader, XmlSectionParser
 
 INVOKE = "<invoke name="
 INVOKE_END = "</invoke>"
@@ -147,32 +134,10 @@ def convert(value: str, types: set[str]) -> str:
     return json_text(value) or json_string(value)
 
 
-class _State(enum.Enum):
-    SEEK = enum.auto()
-    """Before an `<invoke name=`."""
-    NAME = enum.auto()
-    """In the invocation's name."""
-    SKIP_INVOKE = enum.auto()
-    """In an invocation without a name, which mlx-lm drops."""
-    BODY = enum.auto()
-    """Between parameters."""
-    KEY = enum.auto()
-    """In a parameter's name."""
-    VALUE = enum.auto()
-    SKIP = enum.auto()
-    """In a parameter without a name, which mlx-lm drops."""
-    DONE = enum.auto()
-
-
 class MiniMaxM2Parser(XmlSectionParser):
     """One `<minimax:tool_call>` section of MiniMax-M2's (see the module docstring)."""
 
-    def __init__(self, tools: Tools) -> None:
-        super().__init__(tools)
-        self._state = _State.SEEK
-
-    def _reader(self, key: str) -> ValueReader:
-        schema = property_schema(self.tools, self._name, key)
+    def _reader(self, schema: dict[str, Any] | None) -> ValueReader:
         types = schema_types(schema) if schema is not None else {"string"}
         words = null_words(types)
         if not types & _VALUE_TYPES and types & _STRING_TYPES:
@@ -184,13 +149,6 @@ class MiniMaxM2Parser(XmlSectionParser):
             convert=lambda value: convert(value, types),
         )
 
-    def _ended(self) -> None:
-        self._state = _State.DONE
-
-    def _advance(self) -> None:
-        while self._step():
-            pass
-
     def _read_to_tag_end(self) -> str | None:
         """The text up to the first `>` (consumed), None until it comes."""
         index = self._buffer.find(">")
@@ -201,13 +159,12 @@ class MiniMaxM2Parser(XmlSectionParser):
         return text
 
     def _step(self) -> bool:
-        """Consume what the buffer holds of the current state; False when it needs more."""
         state = self._state
-        if state is _State.SEEK:
+        if state is State.SEEK:
             if self._skip_to((INVOKE,)) is None:
                 return False
-            self._state = _State.NAME
-        elif state is _State.NAME:
+            self._state = State.NAME
+        elif state is State.NAME:
             text = self._read_to_tag_end()
             if text is None:
                 return False
@@ -219,48 +176,46 @@ class MiniMaxM2Parser(XmlSectionParser):
                 self._open_call(extract_name(text))
             if ended or not text:
                 self._close_call()
-                self._state = _State.SEEK if ended else _State.SKIP_INVOKE
+                self._state = State.SEEK if ended else State.SKIP_CALL
             else:
-                self._state = _State.BODY
-        elif state is _State.SKIP_INVOKE:
+                self._state = State.BODY
+        elif state is State.SKIP_CALL:
             if self._skip_to((INVOKE_END,)) is None:
                 return False
-            self._state = _State.SEEK
-        elif state is _State.BODY or state is _State.SKIP:
-            markers = (PARAMETER, INVOKE_END) if state is _State.BODY else VALUE_ENDS
+            self._state = State.SEEK
+        elif state is State.BODY or state is State.SKIP:
+            markers = (PARAMETER, INVOKE_END) if state is State.BODY else VALUE_ENDS
             marker = self._skip_to(markers)
             if marker is None:
                 return False
-            self._end_of(marker, then=_State.KEY if state is _State.BODY else _State.BODY)
-        elif state is _State.KEY:
+            self._end_of(marker, then=State.KEY if state is State.BODY else State.BODY)
+        elif state is State.KEY:
             text = self._read_to_tag_end()
             if text is None:
                 return False
             if text.endswith(INVOKE_END[:-1]):
                 # The invocation ended in the parameter's name: mlx-lm drops the parameter.
-                self._end_of(INVOKE_END, then=_State.BODY)
+                self._end_of(INVOKE_END, then=State.BODY)
             elif text.endswith(PARAMETER_END[:-1]):
-                self._state = _State.BODY
+                self._state = State.BODY
             elif text:
                 self._open_value(extract_name(text))
-                self._state = _State.VALUE
+                self._state = State.VALUE
             else:
-                self._state = _State.SKIP
-        elif state is _State.VALUE:
+                self._state = State.SKIP
+        else:
+            assert state is State.VALUE
             marker = self._read_value()
             if marker is None:
                 return False
-            self._end_of(marker, then=_State.BODY)
-        else:
-            self._buffer = ""
-            return False
+            self._end_of(marker, then=State.BODY)
         return True
 
-    def _end_of(self, marker: str, *, then: _State) -> None:
+    def _end_of(self, marker: str, *, then: State) -> None:
         """After `marker`: the invocation's end closes the call, anything else goes on."""
         if marker == INVOKE_END:
             self._close_call()
-            self._state = _State.SEEK
+            self._state = State.SEEK
         else:
             self._state = then
 

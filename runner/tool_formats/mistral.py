@@ -24,14 +24,15 @@ import re
 
 from protocol.frames import ToolCallDelta
 from runner.tool_formats.base import (
+    JSON_SPACE,
     CallFormat,
     SectionParser,
     Tools,
-    json_number,
-    json_string,
+    json_escape,
     partial_suffix,
     string_fragment,
 )
+from runner.tool_formats.values import bare_literal, is_bare_literal
 
 _MARKER = "[TOOL_CALLS]"
 
@@ -48,11 +49,7 @@ _HEADER_TAIL = re.compile(
     rf"(?:{_proper_prefixes('[ARGS]')}|{_proper_prefixes('[CALL_ID]')})?\Z"
 )
 
-_SPACE = " \t\r\n"
-_LITERAL_END = _SPACE + ',:[]{}"'
-_PYTHON_LITERALS = {"True": "true", "False": "false", "None": "null"}
-_SIMPLE_ESCAPES = frozenset('"\\/bfnrt')
-_HEX = frozenset("0123456789abcdefABCDEF")
+_LITERAL_END = JSON_SPACE + ',:[]{}"'
 
 # What `_Json` expects next.
 _VALUE = "value"
@@ -61,17 +58,6 @@ _COLON = "colon"
 _AFTER = "after"
 _STRING = "string"
 _LITERAL = "literal"
-
-
-def _literal(text: str) -> str:
-    """A bare JSON literal as JSON: as written when it is one, else repaired."""
-    if text in ("true", "false", "null") or json_number(text) == text:
-        return text
-    return _PYTHON_LITERALS.get(text) or json_string(text)
-
-
-def _complete_literal(text: str) -> bool:
-    return text in ("true", "false", "null") or json_number(text) == text
 
 
 class _Json:
@@ -107,7 +93,7 @@ class _Json:
                 else:
                     self._end_literal()
                     continue  # the delimiter is read in the new state
-            elif char in _SPACE:
+            elif char in JSON_SPACE:
                 self._space(char)
             elif not self._structure(char):
                 self.done = True  # malformed: the value ends here, closed by `finish`
@@ -121,7 +107,7 @@ class _Json:
         out: list[str] = []
         if self._state == _STRING and not self._in_key:
             out.append('"')
-        elif self._state == _LITERAL and _complete_literal(self._literal):
+        elif self._state == _LITERAL and is_bare_literal(self._literal, python=False):
             out.append(self._pending + self._literal)
         out.extend(reversed(self._closers))
         self._closers.clear()
@@ -190,7 +176,7 @@ class _Json:
             self.done = True
 
     def _end_literal(self) -> None:
-        self._send(_literal(self._literal))
+        self._send(bare_literal(self._literal))  # as written, else repaired
         self._literal = ""
         self._value_done()
 
@@ -213,14 +199,10 @@ class _Json:
 
     def _string_escape(self) -> None:
         escape = self._escape
-        if escape[1] == "u":
-            if (len(escape) < 6 and escape[-1] in _HEX) or len(escape) == 2:
-                return
-            if len(escape) == 6 and escape[-1] in _HEX:
-                self._escape = ""
-                self._string_text(escape)
-                return
-        elif escape[1] in _SIMPLE_ESCAPES:
+        complete = json_escape(escape)
+        if complete is None:
+            return
+        if complete:
             self._escape = ""
             self._string_text(escape)
             return
@@ -406,7 +388,7 @@ class _ListForm:
                 self._value_end(deltas)
                 continue
             char = text[i]
-            if char in _SPACE:
+            if char in JSON_SPACE:
                 i += 1
                 continue
             taken = self._structure(char, deltas)

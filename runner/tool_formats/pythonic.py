@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import unicodedata
 import warnings
 
 from protocol.frames import ToolCallDelta
 from runner.tool_formats.base import (
+    HEX_DIGITS,
     CallFormat,
     ObjectWriter,
     SectionParser,
@@ -58,7 +60,6 @@ _SIMPLE_ESCAPES = {
     "\n": "",
 }
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
-_HEX = frozenset("0123456789abcdefABCDEF")
 _OCTAL = frozenset("01234567")
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
@@ -109,7 +110,7 @@ def _escape(text: str, at: int) -> tuple[str, int] | None:
     if char in _HEX_ESCAPES:
         size = _HEX_ESCAPES[char]
         digits = text[at + 2 : at + 2 + size]
-        if not all(digit in _HEX for digit in digits):
+        if not all(digit in HEX_DIGITS for digit in digits):
             return "\\" + char, 2
         if len(digits) < size:
             return None
@@ -279,6 +280,8 @@ def _json(node: ast.expr, source: str) -> str:
             return written
     if isinstance(value, str):
         return '"' + _fragment(value) + '"'
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("infinity or NaN, which JSON cannot hold")
     if value is None or isinstance(value, (bool, int, float)):
         return literal_json(value)
     raise ValueError("not a literal JSON can hold")

@@ -22,23 +22,11 @@ into the first, it is a call of its own here.
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-from runner.tool_formats.base import (
-    CallFormat,
-    Tools,
-    json_string,
-    property_schema,
-)
-from runner.tool_formats.xml_params import (
-    Trim,
-    ValueReader,
-    XmlSectionParser,
-    json_text,
-    number_text,
-    python_literal_text,
-)
+from runner.tool_formats.base import CallFormat, json_string
+from runner.tool_formats.values import json_text, number_text, python_literal_text
+from runner.tool_formats.xml_params import State, Trim, ValueReader, XmlSectionParser
 
 FUNCTION = "<function="
 FUNCTION_END = "</function>"
@@ -105,30 +93,10 @@ def convert(value: str, schema: dict[str, Any]) -> str:
     return python_literal_text(value) or json_string(value)
 
 
-class _State(enum.Enum):
-    SEEK = enum.auto()
-    """Before a `<function=`."""
-    NAME = enum.auto()
-    """In the function's name."""
-    BODY = enum.auto()
-    """Between parameters."""
-    KEY = enum.auto()
-    """In a parameter's name."""
-    VALUE = enum.auto()
-    SKIP = enum.auto()
-    """In a parameter without a name, which mlx-lm drops."""
-    DONE = enum.auto()
-
-
 class Qwen3CoderParser(XmlSectionParser):
     """One `<tool_call>` section of Qwen3-Coder's (see the module docstring)."""
 
-    def __init__(self, tools: Tools) -> None:
-        super().__init__(tools)
-        self._state = _State.SEEK
-
-    def _reader(self, key: str) -> ValueReader:
-        schema = property_schema(self.tools, self._name, key)
+    def _reader(self, schema: dict[str, Any] | None) -> ValueReader:
         if is_string_type(schema):
             return ValueReader((PARAMETER_END,), trim=Trim.NEWLINE)
         assert schema is not None
@@ -136,56 +104,46 @@ class Qwen3CoderParser(XmlSectionParser):
             (PARAMETER_END,), trim=Trim.NEWLINE, convert=lambda value: convert(value, schema)
         )
 
-    def _ended(self) -> None:
-        self._state = _State.DONE
-
-    def _advance(self) -> None:
-        while self._step():
-            pass
-
     def _step(self) -> bool:
-        """Consume what the buffer holds of the current state; False when it needs more."""
         state = self._state
-        if state is _State.SEEK:
+        if state is State.SEEK:
             if self._skip_to((FUNCTION,)) is None:
                 return False
-            self._state = _State.NAME
-        elif state is _State.NAME or state is _State.KEY:
+            self._state = State.NAME
+        elif state is State.NAME or state is State.KEY:
             read = _read_name(self._buffer)
             if read is None:
                 return False
             name, length = read
             self._buffer = self._buffer[length:]
-            if state is _State.NAME:
+            if state is State.NAME:
                 # A function without a name fails mlx-lm's parse: it is no call.
                 if name:
                     self._open_call(name)
-                self._state = _State.BODY if name else _State.SEEK
+                self._state = State.BODY if name else State.SEEK
             elif name:
                 self._open_value(name)
-                self._state = _State.VALUE
+                self._state = State.VALUE
             else:
-                self._state = _State.SKIP
-        elif state is _State.BODY:
+                self._state = State.SKIP
+        elif state is State.BODY:
             marker = self._skip_to((PARAMETER, FUNCTION_END))
             if marker is None:
                 return False
             if marker == FUNCTION_END:
                 self._close_call()
-                self._state = _State.SEEK
+                self._state = State.SEEK
             else:
-                self._state = _State.KEY
-        elif state is _State.VALUE:
+                self._state = State.KEY
+        elif state is State.VALUE:
             if self._read_value() is None:
                 return False
-            self._state = _State.BODY
-        elif state is _State.SKIP:
+            self._state = State.BODY
+        else:
+            assert state is State.SKIP
             if self._skip_to((PARAMETER_END,)) is None:
                 return False
-            self._state = _State.BODY
-        else:
-            self._buffer = ""
-            return False
+            self._state = State.BODY
         return True
 
 

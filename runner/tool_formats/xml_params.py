@@ -1,119 +1,29 @@
 """What the XML-like formats share (Qwen3-Coder's `<parameter=KEY>`, MiniMax-M2's
 `<parameter name="KEY">`): a call per element, its arguments one tagged value per parameter.
 
-`XmlSectionParser` holds the plumbing of such a parser (the call being written, its
-`ObjectWriter`, the deltas to send); `ValueReader` reads one parameter's value up to its
-closing tag, streaming a string value as it comes and converting any other whole at its end.
-The conversions keep the model's numbers as written: floats in parsed JSON stay `RawNumber`s.
+`XmlSectionParser` holds the plumbing of such a parser (its `State`, the call being written,
+its `ObjectWriter`, the deltas to send); `ValueReader` reads one parameter's value up to its
+closing tag, streaming a string value as it comes and converting any other whole at its end
+(with the conversions of `values`, which keep the model's numbers as written).
 """
 
 from __future__ import annotations
 
-import ast
 import enum
-import json
-import math
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from decimal import Decimal, InvalidOperation
+from typing import Any
 
 from protocol.frames import ToolCallDelta
 from runner.tool_formats.base import (
     ObjectWriter,
     SectionParser,
     Tools,
-    json_number,
     json_string,
-    literal_json,
     partial_suffix,
+    property_schema,
     string_fragment,
 )
-
-
-class RawNumber:
-    """A number of parsed JSON text, kept as it was written."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-def _reject_constant(name: str) -> object:
-    # NaN and Infinity are no JSON: such text is not a JSON value here.
-    raise ValueError(name)
-
-
-def parse_json(text: str, *, strict: bool = True) -> object:
-    """`json.loads(text)` with floats as `RawNumber`s; raises ValueError when it is not JSON
-    (NaN and Infinity included)."""
-    return json.loads(text, strict=strict, parse_float=RawNumber, parse_constant=_reject_constant)
-
-
-def dump_json(value: object) -> str:
-    """A value of `parse_json` as JSON text, its numbers as written."""
-    if isinstance(value, RawNumber):
-        return value.text
-    if isinstance(value, dict):
-        members = (f"{json_string(key)}: {dump_json(item)}" for key, item in value.items())
-        return "{" + ", ".join(members) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(dump_json(item) for item in value) + "]"
-    return literal_json(value)
-
-
-def json_text(text: str, *, strict: bool = True) -> str | None:
-    """`text` as JSON text when it is JSON (numbers as written), else None."""
-    try:
-        return dump_json(parse_json(text, strict=strict))
-    except (ValueError, RecursionError):
-        return None
-
-
-def python_literal_text(text: str) -> str | None:
-    """`ast.literal_eval(text)` as JSON text, None when it is no literal or none JSON can
-    hold (a set, bytes, a complex, an infinite float)."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        written = json_number(text)
-        if written is not None:
-            return written
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
-def number_text(text: str) -> str | None:
-    """`text` as a JSON number when `float()` reads it as a finite one: as written when it is
-    JSON's syntax, else exactly (`+5`, `.5`, `1_000`) through Decimal, never through a float."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    if not math.isfinite(value):
-        return None
-    written = json_number(text)
-    if written is not None:
-        return written
-    try:
-        exact = str(Decimal(text))
-    except InvalidOperation:
-        return literal_json(value)
-    return exact if json_number(exact) is not None else literal_json(value)
-
-
-def integer_text(text: str) -> str | None:
-    """`text` as a JSON integer when `int()` reads it, as written where it can be."""
-    try:
-        value = int(text)
-    except ValueError:
-        return None
-    written = json_number(text)
-    if written is not None and not any(char in written for char in ".eE"):
-        return written
-    return str(value)
 
 
 def find_first(text: str, markers: Sequence[str], start: int = 0) -> tuple[int, str] | None:
@@ -240,12 +150,33 @@ class ValueReader:
         return json_string(rest)
 
 
+class State(enum.Enum):
+    """Where an XML-like family's parser is in its section."""
+
+    SEEK = enum.auto()
+    """Before a call's opening tag."""
+    NAME = enum.auto()
+    """In the call's function name."""
+    SKIP_CALL = enum.auto()
+    """In a call without a name, which mlx-lm drops (MiniMax-M2)."""
+    BODY = enum.auto()
+    """Between parameters."""
+    KEY = enum.auto()
+    """In a parameter's name."""
+    VALUE = enum.auto()
+    SKIP = enum.auto()
+    """In a parameter without a name, which mlx-lm drops."""
+    DONE = enum.auto()
+    """The section ended: nothing more is read."""
+
+
 class XmlSectionParser(SectionParser):
-    """The plumbing of an XML-like family's parser: `_advance()` (the family's) consumes
-    `_buffer` as far as it can, opening calls and values with the methods here."""
+    """The plumbing of an XML-like family's parser: `_step()` (the family's) consumes what
+    `_buffer` holds of the current `_state`, opening calls and values with the methods here."""
 
     def __init__(self, tools: Tools) -> None:
         super().__init__(tools)
+        self._state = State.SEEK
         self._buffer = ""
         """Text read and not consumed yet."""
         self._deltas: list[ToolCallDelta] = []
@@ -258,7 +189,10 @@ class XmlSectionParser(SectionParser):
 
     def feed(self, text: str) -> list[ToolCallDelta]:
         self._buffer += text
-        self._advance()
+        while self._state is not State.DONE and self._step():
+            pass
+        if self._state is State.DONE:
+            self._buffer = ""
         return self._take()
 
     def end(self) -> list[ToolCallDelta]:
@@ -267,20 +201,17 @@ class XmlSectionParser(SectionParser):
             self._value = None
         self._close_call()
         self._buffer = ""
-        self._ended()
+        self._state = State.DONE
         return self._take()
 
     @abstractmethod
-    def _advance(self) -> None:
-        """Consume `_buffer` as far as it is known."""
+    def _step(self) -> bool:
+        """Consume what the buffer holds of the current state; False when it needs more."""
 
     @abstractmethod
-    def _ended(self) -> None:
-        """The section ended: read nothing more."""
-
-    @abstractmethod
-    def _reader(self, key: str) -> ValueReader:
-        """The reader of the open call's parameter `key`."""
+    def _reader(self, schema: dict[str, Any] | None) -> ValueReader:
+        """The reader of a parameter of the open call, `schema` its schema (None when the
+        tool does not declare it)."""
 
     def _skip_to(self, markers: Sequence[str]) -> str | None:
         """Drop the buffer up to the end of the first of `markers`: which it was, None while
@@ -303,7 +234,7 @@ class XmlSectionParser(SectionParser):
     def _open_value(self, key: str) -> None:
         assert self._writer is not None
         self._send(self._writer.key(key))
-        self._value = self._reader(key)
+        self._value = self._reader(property_schema(self.tools, self._name, key))
 
     def _read_value(self) -> str | None:
         """Feed the buffer to the open value: the closer that ended it, None while it goes

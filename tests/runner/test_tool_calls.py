@@ -212,3 +212,10 @@ def test_any_json_calls_round_trip(items: list[dict[str, Any]], size: int) -> No
     content, deltas = run(pieces_of(text, size))
     assert content == ""
     assert calls(deltas) == [(item["name"], item["arguments"]) for item in items]
+
+
+def test_a_name_with_a_broken_escape_is_no_call_and_no_crash() -> None:
+    split = splitter()
+    content, deltas = run(['<tool_call>{"name": "f\\u12", "arguments": {}}</tool_call>'], split)
+    assert (deltas, split.calls) == ([], 0)
+    assert content == '{"name": "f\\u12", "arguments": {}}'

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import Any
 
@@ -12,51 +11,28 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import gemma4
 
 from protocol.frames import ToolCallDelta
-from runner.tool_formats.base import json_number
 from runner.tool_formats.gemma4 import FORMAT, Gemma4Parser
+from tests.runner.tool_formats.support import (
+    LONG,
+    Num,
+    assert_split_anywhere,
+    calls,
+    exact,
+    numbers,
+    read,
+    read_cut_off,
+    split,
+    stream,
+    tricky_texts,
+    written,
+)
 
 Q = '<|"|>'
 
 
 def feed(pieces: list[str]) -> tuple[Gemma4Parser, list[ToolCallDelta]]:
     parser = Gemma4Parser([])
-    deltas = [delta for piece in pieces for delta in parser.feed(piece)]
-    return parser, deltas + parser.end()
-
-
-def calls(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
-    """(name, arguments text) per call, checking the order contract on the way: calls
-    numbered from 0, each one's deltas together, its name first with no arguments."""
-    result: list[tuple[str, str]] = []
-    for delta in deltas:
-        assert delta.id is None
-        if delta.index == len(result):
-            assert delta.name is not None
-            assert delta.arguments == ""
-            result.append((delta.name, ""))
-        else:
-            assert delta.index == len(result) - 1
-            assert delta.name is None
-            assert delta.arguments != ""
-            result[-1] = (result[-1][0], result[-1][1] + delta.arguments)
-    return result
-
-
-def split(text: str, points: list[int]) -> list[str]:
-    bounds = [0, *sorted(set(points)), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def exact(text: str) -> Any:
-    """Parsed JSON with each number as the text it was written as."""
-    return json.loads(text, parse_int=lambda s: ("n", s), parse_float=lambda s: ("n", s))
-
-
-class Num:
-    """A number as the model writes it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+    return parser, stream(parser, pieces)
 
 
 def render(value: Any) -> str:
@@ -76,33 +52,14 @@ def render(value: Any) -> str:
     return "[" + ",".join(render(item) for item in value) + "]"
 
 
-def written(value: Any) -> Any:
-    """What `exact` reads back from the arguments."""
-    if isinstance(value, Num):
-        return ("n", value.text)
-    if isinstance(value, dict):
-        return {k: written(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [written(item) for item in value]
-    return value
-
-
 TRICKY = ['<|"|', '|>', '"|>', "<|", "<", "<tool_call|", "<|tool_call>", "call:f{", "{", "}",
           "[", "]", ",", ":", '"', "\\", "\\n", "\n", "é", "😀", "true", "3"]  # fmt: skip
 strings = (
-    st.lists(st.one_of(st.text(max_size=6), st.sampled_from(TRICKY)), max_size=5)
-    .map("".join)
+    tricky_texts(TRICKY, size=6, count=5)
     # The format cannot hold its own delimiter, nor the section its end marker; mlx-lm's
     # parser uses NUL around its placeholders.
     .filter(lambda s: Q not in s and FORMAT.end not in s and "\x00" not in s)
 )
-numbers = st.one_of(
-    st.integers(-(2**70), 2**70).map(str),
-    st.decimals(allow_nan=False, allow_infinity=False)
-    .map(str)
-    .filter(lambda s: json_number(s) == s),
-    st.floats(allow_nan=False, allow_infinity=False).map(repr),
-).map(Num)
 # Keys as mlx-lm's parser quotes them (`\w+`, ASCII: its `regex` and `re` differ past it).
 keys = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 values = st.recursive(
@@ -111,7 +68,6 @@ values = st.recursive(
     max_leaves=8,
 )
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,12}", fullmatch=True)
-LONG = st.text("abcdefghijklmnopqrstuvwxyz", min_size=40, max_size=60)
 
 
 @st.composite
@@ -166,19 +122,13 @@ FIXED_CALLS = [
 
 
 def test_a_section_split_anywhere_gives_the_same_calls() -> None:
-    assert calls(feed([FIXED])[1]) == FIXED_CALLS
-    assert calls(feed(list(FIXED))[1]) == FIXED_CALLS
-    for at in range(len(FIXED) + 1):
-        assert calls(feed([FIXED[:at], FIXED[at:]])[1]) == FIXED_CALLS, at
+    assert_split_anywhere(Gemma4Parser, FIXED, FIXED_CALLS)
 
 
 def test_a_section_cut_anywhere_closes_its_calls() -> None:
     for at in range(len(FIXED) + 1):
-        got = calls(feed([FIXED[:at]])[1])
+        got = read_cut_off(Gemma4Parser, list(FIXED[:at]))
         assert [name for name, _ in got] == [name for name, _ in FIXED_CALLS][: len(got)], at
-        for _, args in got:
-            assert isinstance(json.loads(args), dict), (at, args)
-        assert calls(feed(list(FIXED[:at]))[1]) == got, at
 
 
 def test_the_name_is_sent_at_the_brace_and_strings_as_they_come() -> None:
@@ -215,9 +165,7 @@ def test_the_name_is_sent_at_the_brace_and_strings_as_they_come() -> None:
 def test_sections_mlx_lm_refuses_or_reads_differently(
     text: str, expected: list[tuple[str, str]]
 ) -> None:
-    parser, deltas = feed(list(text))
-    assert calls(deltas) == expected
-    assert parser.calls == len(expected)
+    assert read(Gemma4Parser([]), list(text)) == expected
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -15,31 +14,20 @@ from mlx_lm.tool_parsers import glm47
 from protocol.frames import ToolCallDelta
 from runner.tool_formats.base import Tools
 from runner.tool_formats.glm47 import FORMAT, Glm47Parser
+from tests.runner.tool_formats.support import (
+    Num,
+    assert_split_anywhere,
+    batches,
+    calls,
+    dump,
+    exact,
+    read,
+    split,
+    tool,
+    tricky_texts,
+)
 
 BIG = 18446744073709551617  # 2**64 + 1: a float would round it
-
-
-class Written(str):
-    """A number as the model writes it (the test renders it verbatim)."""
-
-
-def render_json(value: Any) -> str:
-    """json.dumps, with `Written` numbers as written."""
-    if isinstance(value, Written):
-        return str(value)
-    if isinstance(value, dict):
-        members = (
-            f"{json.dumps(k, ensure_ascii=False)}: {render_json(v)}" for k, v in value.items()
-        )
-        return "{" + ", ".join(members) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(render_json(item) for item in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
-
-
-def exact(text: str) -> Any:
-    """JSON text parsed with every number kept as its text."""
-    return json.loads(text, parse_int=lambda s: ("number", s), parse_float=lambda s: ("number", s))
 
 
 def render(name: str, arguments: dict[str, Any], *, newlines: bool) -> str:
@@ -48,51 +36,24 @@ def render(name: str, arguments: dict[str, Any], *, newlines: bool) -> str:
     lf = "\n" if newlines else ""
     parts = [name + lf]
     for key, value in arguments.items():
-        text = value if type(value) is str else render_json(value)
+        text = value if type(value) is str else dump(value)
         parts.append(f"<arg_key>{key}</arg_key>{lf}<arg_value>{text}</arg_value>{lf}")
     return "".join(parts)
 
 
-def tool(name: str, types: dict[str, str]) -> dict[str, Any]:
-    properties = {key: {"type": kind} for key, kind in types.items()}
-    return {
-        "type": "function",
-        "function": {"name": name, "parameters": {"type": "object", "properties": properties}},
-    }
+def typed_tool(name: str, types: dict[str, str]) -> dict[str, Any]:
+    """A tool whose parameters have these JSON Schema types."""
+    return tool(name, {key: {"type": kind} for key, kind in types.items()})
 
 
 def feed(text: str, cuts: list[int], tools: Tools) -> tuple[Glm47Parser, list[list[ToolCallDelta]]]:
     """The section fed in pieces cut at `cuts`; the deltas of each feed, then of `end()`."""
     parser = Glm47Parser(tools)
-    bounds = [0, *sorted(set(cuts)), len(text)]
-    batches = [parser.feed(text[a:b]) for a, b in pairwise(bounds)]
-    return parser, [*batches, parser.end()]
-
-
-def calls_of(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
-    """(name, joined arguments) per call, checking the delta order: a call's first delta has
-    its name and no arguments, later ones only arguments, calls one after the other from 0."""
-    calls: list[tuple[str, str]] = []
-    for delta in deltas:
-        assert delta.id is None
-        if delta.name is not None:
-            assert delta.index == len(calls)
-            assert delta.arguments == ""
-            calls.append((delta.name, ""))
-        else:
-            assert calls
-            assert delta.index == len(calls) - 1
-            assert delta.arguments
-            name, arguments = calls[-1]
-            calls[-1] = (name, arguments + delta.arguments)
-    return calls
+    return parser, batches(parser, split(text, cuts))
 
 
 def whole(text: str, tools: Tools) -> list[tuple[str, str]]:
-    parser, batches = feed(text, [], tools)
-    calls = calls_of([delta for batch in batches for delta in batch])
-    assert parser.calls == len(calls)
-    return calls
+    return read(Glm47Parser(tools), [text])
 
 
 def reference(text: str, tools: Tools) -> dict[str, Any]:
@@ -101,7 +62,7 @@ def reference(text: str, tools: Tools) -> dict[str, Any]:
     return {"name": parsed["name"], "arguments": json.loads(json.dumps(parsed["arguments"]))}
 
 
-TOOLS = [tool("get_weather", {"city": "string", "days": "integer", "note": "string"})]
+TOOLS = [typed_tool("get_weather", {"city": "string", "days": "integer", "note": "string"})]
 EXAMPLE = (
     'get_weather\n<arg_key>city</arg_key>\n<arg_value> São "Paulo"\\n </ </arg_value>\n'
     f"<arg_key>days</arg_key>\n<arg_value>{BIG}</arg_value>\n"
@@ -130,12 +91,7 @@ def test_a_call_is_read_as_mlx_lm_reads_it_with_its_numbers_as_written() -> None
 
 
 def test_split_at_every_character_the_deltas_are_the_same() -> None:
-    expected = [("get_weather", EXAMPLE_ARGUMENTS)]
-    for cut in range(len(EXAMPLE) + 1):
-        _, batches = feed(EXAMPLE, [cut], TOOLS)
-        assert calls_of([d for batch in batches for d in batch]) == expected, cut
-    _, batches = feed(EXAMPLE, list(range(len(EXAMPLE))), TOOLS)
-    assert calls_of([d for batch in batches for d in batch]) == expected
+    assert_split_anywhere(Glm47Parser, EXAMPLE, [("get_weather", EXAMPLE_ARGUMENTS)], TOOLS)
 
 
 def test_glm47_writes_no_newlines() -> None:
@@ -305,14 +261,14 @@ _TRICKY = [
     "\\n",
     "'",
 ]
-_TEXT = st.lists(st.one_of(st.sampled_from(_TRICKY), st.text(max_size=4)), max_size=8).map("".join)
+_TEXT = tricky_texts(_TRICKY, size=4, count=8)
 _STRING = _TEXT.filter(lambda s: "</arg_value>" not in s)
 _KEY = st.from_regex(r"[a-zA-Zé_][a-zA-Z0-9é_]{0,7}", fullmatch=True)
 _NAME = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_.-]{0,11}", fullmatch=True)
 _INTEGER = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([BIG, -BIG, 2**64, 0]))
 _DECIMAL = st.from_regex(
     r"-?(0|[1-9][0-9]{0,4})\.[0-9]{1,22}([eE][+-]?[0-9]{1,2})?", fullmatch=True
-).map(Written)
+).map(Num)
 _SCALAR = st.one_of(_INTEGER, _DECIMAL, st.booleans(), st.none(), _STRING)
 _JSON = st.recursive(
     _SCALAR,
@@ -348,7 +304,7 @@ _KINDS: dict[str, st.SearchStrategy[Any]] = {
 
 
 @st.composite
-def calls(draw: st.DrawFn) -> tuple[str, dict[str, Any], dict[str, str]]:
+def generated_calls(draw: st.DrawFn) -> tuple[str, dict[str, Any], dict[str, str]]:
     """A call's name, arguments and the types its tool declares."""
     name = draw(_NAME)
     keys = draw(st.lists(_KEY, max_size=5, unique=True))
@@ -362,7 +318,7 @@ def _expected(
 ) -> dict[str, Any]:
     """mlx-lm's reading of the section, where it is JSON: a value mlx-lm turns into one JSON
     cannot hold (a set, bytes, NaN) stays the text it was."""
-    parsed = glm47.parse_tool_call(text, [tool(name, types)])
+    parsed = glm47.parse_tool_call(text, [typed_tool(name, types)])
     result = {}
     for key, value in parsed["arguments"].items():
         try:
@@ -375,7 +331,7 @@ def _expected(
 
 
 @settings(max_examples=200, deadline=None)
-@given(call=calls(), newlines=st.booleans(), long=st.booleans(), data=st.data())
+@given(call=generated_calls(), newlines=st.booleans(), long=st.booleans(), data=st.data())
 def test_generated_calls_stream_as_mlx_lm_reads_them(
     call: tuple[str, dict[str, Any], dict[str, str]],
     newlines: bool,
@@ -392,9 +348,9 @@ def test_generated_calls_stream_as_mlx_lm_reads_them(
     if long:
         start = text.index("<arg_value>") + len("<arg_value>")
         cuts.append(data.draw(st.integers(start + 1, start + 40)))
-    tools = [tool("a decoy", {"long": "integer"}), tool(name, types)]
+    tools = [typed_tool("a decoy", {"long": "integer"}), typed_tool(name, types)]
     parser, batches = feed(text, cuts, tools)
-    [(got_name, got_arguments)] = calls_of([d for batch in batches for d in batch])
+    [(got_name, got_arguments)] = calls([d for batch in batches for d in batch])
     assert parser.calls == 1
     expected = _expected(name, arguments, types, text)
     assert got_name == expected["name"] == name
@@ -404,7 +360,7 @@ def test_generated_calls_stream_as_mlx_lm_reads_them(
     for key, value in arguments.items():
         if types.get(key) == "string":
             assert written[key] == value.strip()
-        elif not isinstance(value, str) or isinstance(value, Written):
-            assert written[key] == exact(render_json(value))
+        elif not isinstance(value, str):  # JSON, numbers as written
+            assert written[key] == exact(dump(value))
     if long:
         assert sum(any(d.arguments for d in batch) for batch in batches) >= 2

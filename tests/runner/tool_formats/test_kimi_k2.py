@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -13,38 +12,20 @@ from mlx_lm.tool_parsers import kimi_k2
 
 from protocol.frames import ToolCallDelta
 from runner.tool_formats.kimi_k2 import FORMAT, JsonStreamer, KimiK2Parser
+from tests.runner.tool_formats.support import (
+    Num,
+    assert_split_anywhere,
+    batches,
+    calls,
+    dump,
+    exact,
+    read,
+    split,
+    tricky_texts,
+)
 
 BIG = 18446744073709551617  # 2**64 + 1: a float would round it
 BEGIN, ARGUMENTS, END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
-
-
-class Written(str):
-    """A number as the model writes it (the test renders it verbatim)."""
-
-
-def render_json(value: Any, *, compact: bool = False, escape: bool = False) -> str:
-    """json.dumps (compact: with `(",", ":")`; escape: ensure_ascii), with `Written` numbers
-    as written."""
-    comma, colon = (",", ":") if compact else (", ", ": ")
-
-    def dump(value: Any) -> str:
-        if isinstance(value, Written):
-            return str(value)
-        if isinstance(value, dict):
-            members = (
-                f"{json.dumps(k, ensure_ascii=escape)}{colon}{dump(v)}" for k, v in value.items()
-            )
-            return "{" + comma.join(members) + "}"
-        if isinstance(value, list):
-            return "[" + comma.join(dump(item) for item in value) + "]"
-        return json.dumps(value, ensure_ascii=escape)
-
-    return dump(value)
-
-
-def exact(text: str) -> Any:
-    """JSON text parsed with every number kept as its text."""
-    return json.loads(text, parse_int=lambda s: ("number", s), parse_float=lambda s: ("number", s))
 
 
 def render(calls: list[tuple[str, str]]) -> str:
@@ -59,35 +40,11 @@ def render(calls: list[tuple[str, str]]) -> str:
 def feed(text: str, cuts: list[int]) -> tuple[KimiK2Parser, list[list[ToolCallDelta]]]:
     """The section fed in pieces cut at `cuts`; the deltas of each feed, then of `end()`."""
     parser = KimiK2Parser([])
-    bounds = [0, *sorted(set(cuts)), len(text)]
-    batches = [parser.feed(text[a:b]) for a, b in pairwise(bounds)]
-    return parser, [*batches, parser.end()]
-
-
-def calls_of(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
-    """(name, joined arguments) per call, checking the delta order: a call's first delta has
-    its name and no arguments, later ones only arguments, calls one after the other from 0."""
-    calls: list[tuple[str, str]] = []
-    for delta in deltas:
-        assert delta.id is None
-        if delta.name is not None:
-            assert delta.index == len(calls)
-            assert delta.arguments == ""
-            calls.append((delta.name, ""))
-        else:
-            assert calls
-            assert delta.index == len(calls) - 1
-            assert delta.arguments
-            name, arguments = calls[-1]
-            calls[-1] = (name, arguments + delta.arguments)
-    return calls
+    return parser, batches(parser, split(text, cuts))
 
 
 def whole(text: str, cuts: list[int] | None = None) -> list[tuple[str, str]]:
-    parser, batches = feed(text, cuts or [])
-    calls = calls_of([delta for batch in batches for delta in batch])
-    assert parser.calls == len(calls)
-    return calls
+    return read(KimiK2Parser([]), split(text, cuts or []))
 
 
 def reference(text: str) -> list[tuple[str, Any]]:
@@ -117,10 +74,9 @@ def test_the_arguments_are_the_text_as_written() -> None:
 
 
 def test_split_at_every_character_the_deltas_are_the_same() -> None:
-    expected = [("get_weather", ARGUMENTS_TEXT), ("get_time", "{}")]
-    for cut in range(len(EXAMPLE) + 1):
-        assert whole(EXAMPLE, [cut]) == expected, cut
-    assert whole(EXAMPLE, list(range(len(EXAMPLE)))) == expected
+    assert_split_anywhere(
+        KimiK2Parser, EXAMPLE, [("get_weather", ARGUMENTS_TEXT), ("get_time", "{}")]
+    )
 
 
 def test_the_name_comes_at_the_argument_marker_and_the_arguments_as_they_are_written() -> None:
@@ -277,10 +233,8 @@ _TRICKY = [
     "\u2028",
     "\x01",
 ]
-_STRING = (
-    st.lists(st.one_of(st.sampled_from(_TRICKY), st.text(max_size=4)), max_size=8)
-    .map("".join)
-    .filter(lambda s: END not in s and BEGIN not in s and ARGUMENTS not in s)
+_STRING = tricky_texts(_TRICKY, size=4, count=8).filter(
+    lambda s: END not in s and BEGIN not in s and ARGUMENTS not in s
 )
 _KEY = st.one_of(st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,7}", fullmatch=True), _STRING)
 _NAME = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,11}", fullmatch=True)
@@ -288,7 +242,7 @@ _INTEGER = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([BIG, -BIG, 2
 _DECIMAL = st.from_regex(
     r"-?(0|[1-9][0-9]{0,4})(\.[0-9]{1,22})?[eE][+-]?[0-9]{1,2}|-?(0|[1-9][0-9]{0,4})\.[0-9]{1,22}",
     fullmatch=True,
-).map(Written)
+).map(Num)
 _JSON = st.recursive(
     st.one_of(_INTEGER, _DECIMAL, st.booleans(), st.none(), _STRING),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEY, inner, max_size=3)),
@@ -299,25 +253,26 @@ _ARGUMENTS = st.dictionaries(_KEY, _JSON, max_size=5)
 
 @settings(max_examples=200, deadline=None)
 @given(
-    calls=st.lists(st.tuples(_NAME, _ARGUMENTS), min_size=1, max_size=3),
+    items=st.lists(st.tuples(_NAME, _ARGUMENTS), min_size=1, max_size=3),
     compact=st.booleans(),
     escape=st.booleans(),
     long=st.booleans(),
     data=st.data(),
 )
 def test_generated_calls_stream_as_mlx_lm_reads_them(
-    calls: list[tuple[str, dict[str, Any]]],
+    items: list[tuple[str, dict[str, Any]]],
     compact: bool,
     escape: bool,
     long: bool,
     data: st.DataObject,
 ) -> None:
     if long:
-        name, arguments = calls[0]
+        name, arguments = items[0]
         rest = {key: value for key, value in arguments.items() if key != "long"}
-        calls[0] = (name, {"long": "word " * 8 + 'with "quotes" \\ and\nnewlines', **rest})
+        items[0] = (name, {"long": "word " * 8 + 'with "quotes" \\ and\nnewlines', **rest})
+    separators = (",", ":") if compact else (", ", ": ")
     rendered = [
-        (name, render_json(arguments, compact=compact, escape=escape)) for name, arguments in calls
+        (name, dump(arguments, separators, ensure_ascii=escape)) for name, arguments in items
     ]
     text = render(rendered)
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=6))
@@ -325,9 +280,9 @@ def test_generated_calls_stream_as_mlx_lm_reads_them(
         start = text.index(ARGUMENTS) + len(ARGUMENTS) + len('{"long": "')
         cuts.append(data.draw(st.integers(start + 1, start + 40)))
     parser, batches = feed(text, cuts)
-    got = calls_of([d for batch in batches for d in batch])
-    assert parser.calls == len(calls)
-    assert [name for name, _ in got] == [name for name, _ in calls]
+    got = calls([d for batch in batches for d in batch])
+    assert parser.calls == len(items)
+    assert [name for name, _ in got] == [name for name, _ in items]
     assert [(n, json.loads(a)) for n, a in got] == reference(text)
     assert [exact(a) for _, a in got] == [exact(a) for _, a in rendered]
     if long:

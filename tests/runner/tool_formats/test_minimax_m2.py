@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import ast
-import itertools
 import json
 import math
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -23,55 +21,28 @@ from runner.tool_formats.minimax_m2 import (
     PARAMETER_END,
     MiniMaxM2Parser,
 )
+from tests.runner.tool_formats.support import (
+    Param,
+    ParamCall,
+    assert_split_anywhere,
+    big_integers,
+    calls,
+    decimal_texts,
+    decimals,
+    json_values,
+    read_cut_off,
+    split,
+    stream,
+    tricky_texts,
+)
 
-# --- running a parser and reading its deltas ---------------------------------------------
+# --- running a parser and reading its calls ----------------------------------------------
 
 
 def run(pieces: list[str], tools: Tools = ()) -> tuple[list[ToolCallDelta], int]:
     """Feed `pieces`, then end: the deltas and the parser's `calls`."""
     parser = FORMAT.new_parser(tools)
-    deltas: list[ToolCallDelta] = []
-    for piece in pieces:
-        deltas.extend(parser.feed(piece))
-    deltas.extend(parser.end())
-    return deltas, parser.calls
-
-
-def check_order(deltas: list[ToolCallDelta]) -> int:
-    """OpenAI's delta order: a call's name first (no arguments), then its arguments, every
-    delta of call k before call k + 1's; no ids. Returns the number of calls."""
-    started = 0
-    for delta in deltas:
-        assert delta.id is None
-        if delta.name is not None:
-            assert (delta.index, delta.arguments) == (started, "")
-            started += 1
-        else:
-            assert delta.index == started - 1
-            assert delta.arguments
-    return started
-
-
-def joined(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
-    """Each call's name and arguments text."""
-    calls: list[tuple[str, str]] = []
-    for delta in deltas:
-        if delta.name is not None:
-            calls.append((delta.name, ""))
-        else:
-            name, arguments = calls[delta.index]
-            calls[delta.index] = (name, arguments + delta.arguments)
-    return calls
-
-
-def pieces_at(text: str, cuts: list[int]) -> list[str]:
-    bounds = [0, *sorted(set(cuts)), len(text)]
-    return [text[start:end] for start, end in itertools.pairwise(bounds)]
-
-
-def exact(value: Any) -> Any:
-    """A parsed value with its floats as Decimals, to compare numbers digit for digit."""
-    return json.loads(json.dumps(value), parse_float=Decimal)
+    return stream(parser, pieces), parser.calls
 
 
 def mlx_calls(text: str, tools: Tools) -> list[dict[str, Any]]:
@@ -106,10 +77,8 @@ TRICKY = [
     "\u2003",
     "\x01",
 ]
-texts = (
-    st.lists(st.one_of(st.text(max_size=6), st.sampled_from(TRICKY)), max_size=8)
-    .map("".join)
-    .filter(lambda text: "</minimax:tool_call>" not in text)
+texts = tricky_texts(TRICKY, size=6, count=8).filter(
+    lambda text: "</minimax:tool_call>" not in text
 )
 
 
@@ -134,49 +103,12 @@ def plain_json(text: str) -> bool:
 
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-]{0,12}", fullmatch=True)
 keys = st.from_regex(r"[A-Za-z_][A-Za-z0-9_. \-]{0,12}", fullmatch=True)
-big_integers = st.one_of(
-    st.integers(-(2**70), 2**70),
-    st.sampled_from([2**64 + 1, -(2**64) - 1, 2**53 + 1, 18446744073709551617]),
-)
-json_values = st.recursive(
-    st.one_of(
-        st.none(),
-        st.booleans(),
-        big_integers,
-        st.floats(allow_nan=False, allow_infinity=False),
-        texts,
-    ),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
+values = json_values(texts)
 
 
 def tojson(value: Any) -> str:
     """The template's `v | tojson if v is not string else v`."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-@st.composite
-def decimal_texts(draw: st.DrawFn) -> str:
-    """A decimal as a model writes one, with more digits than a float holds."""
-    whole = draw(st.integers(0, 10**25))
-    digits = draw(st.text("0123456789", min_size=1, max_size=25))
-    sign = draw(st.sampled_from(["", "-"]))
-    exponent = draw(st.sampled_from(["", "", "e3", "E-2"]))
-    return f"{sign}{whole}.{digits}{exponent}"
-
-
-@dataclass
-class Param:
-    key: str
-    schema: dict[str, Any] | None
-    """None: the tool does not declare it."""
-    written: str
-    """The value as the template writes it."""
-    number: int | Decimal | None = None
-    """The exact number it must be, where mlx-lm goes through a float."""
 
 
 STRING_SCHEMAS: list[dict[str, Any]] = [
@@ -230,9 +162,9 @@ def params(draw: st.DrawFn, key: str) -> Param:
     if kind == "object":
         schema = draw(st.sampled_from(VALUE_SCHEMAS[8:10]))
         value = draw(
-            st.dictionaries(st.text(max_size=5), json_values, max_size=4)
+            st.dictionaries(st.text(max_size=5), values, max_size=4)
             if schema["type"] == "object"
-            else st.lists(json_values, max_size=4)
+            else st.lists(values, max_size=4)
         )
         # As JSON (the template's tojson) or as Python would write it (read by literal_eval).
         written = draw(st.sampled_from([tojson(value), str(value)]))
@@ -240,9 +172,9 @@ def params(draw: st.DrawFn, key: str) -> Param:
     if kind == "other":
         # A value of another type than declared: mlx-lm tries each type, then JSON.
         schema = draw(st.sampled_from(VALUE_SCHEMAS))
-        written = draw(st.one_of(texts, json_values.map(tojson)).filter(plain_json))
+        written = draw(st.one_of(texts, values.map(tojson)).filter(plain_json))
         return Param(key, schema, written)
-    return Param(key, None, draw(st.one_of(texts, json_values.map(tojson))))
+    return Param(key, None, draw(st.one_of(texts, values.map(tojson))))
 
 
 def clean(value: str) -> str:
@@ -250,11 +182,7 @@ def clean(value: str) -> str:
     return value.replace(PARAMETER_END, "</parameter >").replace(INVOKE_END, "</invoke >")
 
 
-@dataclass
-class Call:
-    name: str
-    params: list[Param]
-
+class Call(ParamCall):
     def text(self) -> str:
         body = "".join(
             f'<parameter name="{param.key}">{clean(param.written)}{PARAMETER_END}\n'
@@ -262,28 +190,9 @@ class Call:
         )
         return f'<invoke name="{self.name}">\n{body}{INVOKE_END}'
 
-    def tool(self) -> dict[str, Any]:
-        properties = {p.key: p.schema for p in self.params if p.schema is not None}
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "parameters": {"type": "object", "properties": properties},
-            },
-        }
-
-    def expected(self, parsed: dict[str, Any]) -> dict[str, Any]:
-        """mlx-lm's arguments, with the exact numbers where mlx-lm rounds them."""
-        assert parsed["name"] == self.name
-        arguments: dict[str, Any] = exact(parsed["arguments"])
-        for param in self.params:
-            if param.number is not None:
-                arguments[param.key] = param.number
-        return arguments
-
 
 @st.composite
-def calls(draw: st.DrawFn) -> Call:
+def generated_calls(draw: st.DrawFn) -> Call:
     name = draw(names)
     found = draw(st.lists(keys, unique=True, max_size=4))
     return Call(name, [draw(params(key)) for key in found])
@@ -298,20 +207,22 @@ def section(items: list[Call]) -> str:
 
 
 @settings(max_examples=200)
-@given(st.lists(calls(), min_size=1, max_size=3, unique_by=lambda call: call.name), st.data())
+@given(
+    st.lists(generated_calls(), min_size=1, max_size=3, unique_by=lambda call: call.name), st.data()
+)
 def test_generated_calls_match_mlx_lm(items: list[Call], data: st.DataObject) -> None:
     tools = [call.tool() for call in items]
     text = section(items)
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=10))
-    deltas, count = run(pieces_at(text, cuts), tools)
-    assert check_order(deltas) == count == len(items)
-    result = joined(deltas)
+    deltas, count = run(split(text, cuts), tools)
+    result = calls(deltas)
+    assert len(result) == count == len(items)
     assert [name for name, _ in result] == [call.name for call in items]
     parsed = mlx_calls(text, tools)
     assert len(parsed) == len(items)
     for (_, arguments), call, reference in zip(result, items, parsed, strict=True):
         assert json.loads(arguments, parse_float=Decimal) == call.expected(reference)
-    assert joined(run([text], tools)[0]) == result
+    assert calls(run([text], tools)[0]) == result
 
 
 @settings(max_examples=100)
@@ -332,25 +243,23 @@ def test_a_long_string_streams_as_it_comes(head: str, tail: str, data: st.DataOb
         cut -= 1
     parser = MiniMaxM2Parser([])
     first = parser.feed(text[:cut])
-    assert joined(first) == [("write", '{"body": "' + string_fragment(head[: cut - start]))]
+    assert calls(first) == [("write", '{"body": "' + string_fragment(head[: cut - start]))]
     rest = parser.feed(text[cut:]) + parser.end()
     assert len([delta for delta in first + rest if delta.name is None]) >= 2
     expected = mlx_calls(text, [])[0]["arguments"]
-    assert json.loads(joined(first + rest)[0][1]) == expected
+    assert json.loads(calls(first + rest)[0][1]) == expected
 
 
 @settings(max_examples=100)
-@given(st.lists(calls(), min_size=1, max_size=2, unique_by=lambda call: call.name), st.data())
+@given(
+    st.lists(generated_calls(), min_size=1, max_size=2, unique_by=lambda call: call.name), st.data()
+)
 def test_a_cut_off_section_still_parses(items: list[Call], data: st.DataObject) -> None:
     tools = [call.tool() for call in items]
     text = section(items)
     text = text[: data.draw(st.integers(0, len(text)))]
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=6))
-    deltas, count = run(pieces_at(text, cuts), tools)
-    assert check_order(deltas) == count
-    for _, arguments in joined(deltas):
-        assert isinstance(json.loads(arguments), dict)
-    assert joined(run([text], tools)[0]) == joined(deltas)
+    read_cut_off(MiniMaxM2Parser, split(text, cuts), tools)
 
 
 # --- one example, every split --------------------------------------------------------------
@@ -400,7 +309,7 @@ EXAMPLE_CALLS = [
 def test_the_example_is_mlx_lms_calls_with_exact_numbers() -> None:
     parsed = mlx_calls(EXAMPLE, TOOLS)
     assert [call["name"] for call in parsed] == ["get_weather", "ping"]
-    arguments = exact(parsed[0]["arguments"])
+    arguments = decimals(parsed[0]["arguments"])
     # mlx-lm reads a number through a float: the digits past a float's are lost.
     assert arguments["scale"] != Decimal("0.10000000000000000001")
     arguments["scale"] = Decimal("0.10000000000000000001")
@@ -409,27 +318,15 @@ def test_the_example_is_mlx_lms_calls_with_exact_numbers() -> None:
 
 
 def test_the_example_split_anywhere() -> None:
-    whole, count = run([EXAMPLE], TOOLS)
-    assert count == 2
-    assert joined(whole) == EXAMPLE_CALLS
-    for cut in range(len(EXAMPLE) + 1):
-        deltas, _ = run([EXAMPLE[:cut], EXAMPLE[cut:]], TOOLS)
-        check_order(deltas)
-        assert joined(deltas) == EXAMPLE_CALLS, cut
-    deltas, _ = run(list(EXAMPLE), TOOLS)
-    check_order(deltas)
-    assert joined(deltas) == EXAMPLE_CALLS
+    assert_split_anywhere(MiniMaxM2Parser, EXAMPLE, EXAMPLE_CALLS, TOOLS)
 
 
 def test_the_example_cut_off_anywhere() -> None:
     first = EXAMPLE.index('"get_weather">') + len('"get_weather">')
     second = EXAMPLE.index('"ping">') + len('"ping">')
     for cut in range(len(EXAMPLE) + 1):
-        deltas, count = run([EXAMPLE[:cut]], TOOLS)
-        assert check_order(deltas) == count == (cut >= first) + (cut >= second), cut
-        for _, arguments in joined(deltas):
-            assert isinstance(json.loads(arguments), dict), (cut, arguments)
-        assert joined(run(list(EXAMPLE[:cut]), TOOLS)[0]) == joined(deltas)
+        got = read_cut_off(MiniMaxM2Parser, list(EXAMPLE[:cut]), TOOLS)
+        assert len(got) == (cut >= first) + (cut >= second), cut
 
 
 # --- the shape of the stream ---------------------------------------------------------------
@@ -493,9 +390,9 @@ def test_a_section_without_a_call(text: str) -> None:
 )
 def test_odd_text_read_as_mlx_lm_reads_it(text: str) -> None:
     deltas, _ = run([text], TOOLS)
-    result = [(name, json.loads(arguments)) for name, arguments in joined(deltas)]
+    result = [(name, json.loads(arguments)) for name, arguments in calls(deltas)]
     assert result == [(call["name"], call["arguments"]) for call in mlx_calls(text, TOOLS)]
-    assert joined(run(list(text), TOOLS)[0]) == joined(deltas)
+    assert calls(run(list(text), TOOLS)[0]) == calls(deltas)
 
 
 # --- where it parts from mlx-lm, on purpose ------------------------------------------------
@@ -505,7 +402,7 @@ def test_an_invocation_ending_inside_a_value_keeps_the_value() -> None:
     # mlx-lm drops a parameter that `</invoke>` cuts short; here it ends there, as far as it got.
     text = '<invoke name="a">\n<parameter name="x">1</invoke>\n<invoke name="b">\n</invoke>'
     assert [call["arguments"] for call in mlx_calls(text, TOOLS)] == [{}, {}]
-    assert joined(run([text], TOOLS)[0]) == [("a", '{"x": "1"}'), ("b", "{}")]
+    assert calls(run([text], TOOLS)[0]) == [("a", '{"x": "1"}'), ("b", "{}")]
 
 
 @pytest.mark.parametrize(
@@ -520,7 +417,7 @@ def test_an_invocation_ending_inside_a_value_keeps_the_value() -> None:
 )
 def test_a_number_mlx_lm_reads_otherwise(written: str, arguments: str) -> None:
     text = f'<invoke name="get_weather">\n<parameter name="scale">{written}</parameter>\n</invoke>'
-    assert joined(run([text], TOOLS)[0]) == [("get_weather", arguments)]
+    assert calls(run([text], TOOLS)[0]) == [("get_weather", arguments)]
 
 
 def test_the_format() -> None:

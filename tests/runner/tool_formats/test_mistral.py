@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from decimal import Decimal
 from typing import Any
@@ -13,76 +12,26 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import mistral
 
 from protocol.frames import ToolCallDelta
-from runner.tool_formats.base import json_number
 from runner.tool_formats.mistral import FORMAT, MistralParser
+from tests.runner.tool_formats.support import (
+    LONG,
+    assert_split_anywhere,
+    calls,
+    dump,
+    exact,
+    numbers,
+    read,
+    read_cut_off,
+    split,
+    stream,
+    tricky_texts,
+    written,
+)
 
 
 def feed(pieces: list[str]) -> tuple[MistralParser, list[ToolCallDelta]]:
     parser = MistralParser([])
-    deltas = [delta for piece in pieces for delta in parser.feed(piece)]
-    return parser, deltas + parser.end()
-
-
-def calls(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
-    """(name, arguments text) per call, checking the order contract on the way: calls
-    numbered from 0, each one's deltas together, its name first with no arguments."""
-    result: list[tuple[str, str]] = []
-    for delta in deltas:
-        assert delta.id is None
-        if delta.index == len(result):
-            assert delta.name is not None
-            assert delta.arguments == ""
-            result.append((delta.name, ""))
-        else:
-            assert delta.index == len(result) - 1
-            assert delta.name is None
-            assert delta.arguments != ""
-            result[-1] = (result[-1][0], result[-1][1] + delta.arguments)
-    return result
-
-
-def split(text: str, points: list[int]) -> list[str]:
-    bounds = [0, *sorted(set(points)), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def exact(text: str) -> Any:
-    """Parsed JSON with each number as the text it was written as."""
-    return json.loads(text, parse_int=lambda s: ("n", s), parse_float=lambda s: ("n", s))
-
-
-class Num:
-    """A number as the model writes it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-def dump(value: Any, separators: tuple[str, str] = (", ", ": ")) -> str:
-    """JSON as `tojson` writes it (numbers as written)."""
-    comma, colon = separators
-    if isinstance(value, Num):
-        return value.text
-    if isinstance(value, dict):
-        members = (
-            json.dumps(k, ensure_ascii=False) + colon + dump(v, separators)
-            for k, v in value.items()
-        )
-        return "{" + comma.join(members) + "}"
-    if isinstance(value, list):
-        return "[" + comma.join(dump(item, separators) for item in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
-
-
-def written(value: Any) -> Any:
-    """What `exact` reads back from `dump(value)`."""
-    if isinstance(value, Num):
-        return ("n", value.text)
-    if isinstance(value, dict):
-        return {k: written(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [written(item) for item in value]
-    return value
+    return parser, stream(parser, pieces)
 
 
 def plain(value: Any) -> Any:
@@ -92,14 +41,7 @@ def plain(value: Any) -> Any:
 
 TRICKY = ['"', "\\", "\n", "\t", "[TOOL_CALLS]", "[ARGS]", "x[ARGS]", "[CALL_ID]", "{", "}",
           "[", "]", ",", ":", "é", "😀", "\u2028", "true", "1e5", "\\u00e9", "/"]  # fmt: skip
-strings = st.lists(st.one_of(st.text(max_size=6), st.sampled_from(TRICKY)), max_size=5).map("".join)
-numbers = st.one_of(
-    st.integers(-(2**70), 2**70).map(str),
-    st.decimals(allow_nan=False, allow_infinity=False)
-    .map(str)
-    .filter(lambda s: json_number(s) == s),
-    st.floats(allow_nan=False, allow_infinity=False).map(repr),
-).map(Num)
+strings = tricky_texts(TRICKY, size=6, count=5)
 values = st.recursive(
     st.one_of(strings, numbers, st.booleans(), st.none()),
     lambda inner: st.one_of(
@@ -110,7 +52,6 @@ values = st.recursive(
 # ASCII: mlx-lm's `regex` and Python's `re` disagree on what `\w` is past it (`²`).
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,12}", fullmatch=True)
 arguments = st.dictionaries(strings, values, max_size=4)
-LONG = st.text("abcdefghijklmnopqrstuvwxyz", min_size=40, max_size=60)
 SEPARATORS = [(", ", ": "), (",", ":"), (",\n  ", ": ")]
 
 
@@ -193,21 +134,15 @@ FIXED_LIST_CALLS = [
 def test_a_section_split_anywhere_gives_the_same_calls(
     text: str, expected: list[tuple[str, str]]
 ) -> None:
-    assert calls(feed([text])[1]) == expected
-    assert calls(feed(list(text))[1]) == expected
-    for at in range(len(text) + 1):
-        assert calls(feed([text[:at], text[at:]])[1]) == expected, at
+    assert_split_anywhere(MistralParser, text, expected)
 
 
 @pytest.mark.parametrize("text", [FIXED, FIXED_LIST])
 def test_a_section_cut_anywhere_closes_its_calls(text: str) -> None:
     names = [name for name, _ in calls(feed([text])[1])]
     for at in range(len(text) + 1):
-        got = calls(feed([text[:at]])[1])
+        got = read_cut_off(MistralParser, list(text[:at]))
         assert [name for name, _ in got] == names[: len(got)], at
-        for _, args in got:
-            assert isinstance(json.loads(args), dict), (at, args)
-        assert calls(feed(list(text[:at]))[1]) == got, at
 
 
 def test_the_name_is_sent_at_args_and_the_arguments_as_they_come() -> None:
@@ -261,9 +196,7 @@ def test_the_name_before_call_id_is_the_name() -> None:
 def test_sections_mlx_lm_refuses_or_reads_differently(
     text: str, expected: list[tuple[str, str]]
 ) -> None:
-    parser, deltas = feed(list(text))
-    assert calls(deltas) == expected
-    assert parser.calls == len(expected)
+    assert read(MistralParser([]), list(text)) == expected
 
 
 def test_numbers_stay_as_written() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import itertools
 import json
 from typing import Any
 
@@ -13,49 +12,27 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import pythonic
 
 from protocol.frames import ToolCallDelta
-from runner.tool_formats.base import json_number
 from runner.tool_formats.pythonic import FORMAT, PythonicParser
+from tests.runner.tool_formats.support import (
+    LONG,
+    Num,
+    assert_split_anywhere,
+    calls,
+    dump,
+    exact,
+    numbers,
+    read,
+    read_cut_off,
+    split,
+    stream,
+    tricky_texts,
+    written,
+)
 
 
 def feed(pieces: list[str]) -> tuple[PythonicParser, list[ToolCallDelta]]:
     parser = PythonicParser([])
-    deltas = [delta for piece in pieces for delta in parser.feed(piece)]
-    return parser, deltas + parser.end()
-
-
-def calls(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
-    """(name, arguments text) per call, checking the order contract on the way: calls
-    numbered from 0, each one's deltas together, its name first with no arguments."""
-    result: list[tuple[str, str]] = []
-    for delta in deltas:
-        assert delta.id is None
-        if delta.index == len(result):
-            assert delta.name is not None
-            assert delta.arguments == ""
-            result.append((delta.name, ""))
-        else:
-            assert delta.index == len(result) - 1
-            assert delta.name is None
-            assert delta.arguments != ""
-            result[-1] = (result[-1][0], result[-1][1] + delta.arguments)
-    return result
-
-
-def split(text: str, points: list[int]) -> list[str]:
-    bounds = [0, *sorted(set(points)), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def exact(text: str) -> Any:
-    """Parsed JSON with each number as the text it was written as."""
-    return json.loads(text, parse_int=lambda s: ("n", s), parse_float=lambda s: ("n", s))
-
-
-class Num:
-    """A number as the model writes it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+    return parser, stream(parser, pieces)
 
 
 class Str:
@@ -72,17 +49,6 @@ class Str:
         if self.style == "json":
             return json.dumps(self.value)
         return repr(self.value)
-
-
-def tojson(value: Any) -> str:
-    if isinstance(value, Num):
-        return value.text
-    if isinstance(value, dict):
-        members = (f"{json.dumps(k, ensure_ascii=False)}: {tojson(v)}" for k, v in value.items())
-        return "{" + ", ".join(members) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(tojson(item) for item in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
 
 
 def python(value: Any) -> str:
@@ -102,29 +68,22 @@ def render(value: Any) -> str:
     if isinstance(value, Str):
         return value.render()
     if isinstance(value, dict):
-        return tojson(value)
+        return dump(value)
     return python(value)
 
 
-def written(value: Any) -> Any:
-    """What `exact` reads back from the arguments."""
-    if isinstance(value, Num):
-        return ("n", value.text)
-    if isinstance(value, Str):
-        return value.value
-    if isinstance(value, dict):
-        return {k: written(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [written(item) for item in value]
-    return value
+def written_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """What `exact` reads back from a call's arguments (a `Str` is an argument's value)."""
+    return {
+        key: value.value if isinstance(value, Str) else written(value)
+        for key, value in arguments.items()
+    }
 
 
 TRICKY = ['"', "'", '"""', "\\", "\\n", "\n", "\t", "é", "😀", "<|tool_call_start|>",
           "<|tool_call_end|", ")", "]", "(", "[", ",", "=", "x=1", "True", "{", "}"]  # fmt: skip
-texts = (
-    st.lists(st.one_of(st.text(max_size=6), st.sampled_from(TRICKY)), max_size=5)
-    .map("".join)
-    .filter(lambda s: FORMAT.end not in s and "\x00" not in s)  # Python source has no NUL
+texts = tricky_texts(TRICKY, size=6, count=5).filter(
+    lambda s: FORMAT.end not in s and "\x00" not in s  # Python source has no NUL
 )
 
 
@@ -137,13 +96,6 @@ def strings(draw: st.DrawFn) -> Str:
     return Str(value, draw(st.sampled_from(styles)))
 
 
-numbers = st.one_of(
-    st.integers(-(2**70), 2**70).map(str),
-    st.decimals(allow_nan=False, allow_infinity=False)
-    .map(str)
-    .filter(lambda s: json_number(s) == s),
-    st.floats(allow_nan=False, allow_infinity=False).map(repr),
-).map(Num)
 nested = st.recursive(
     st.one_of(texts, numbers, st.booleans(), st.none()),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(texts, inner, max_size=3)),
@@ -152,7 +104,6 @@ nested = st.recursive(
 values = st.one_of(strings(), numbers, st.booleans(), st.none(), nested)
 keys = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}(\.[A-Za-z_][A-Za-z0-9_]{0,8})?", fullmatch=True)
-LONG = st.text("abcdefghijklmnopqrstuvwxyz", min_size=40, max_size=60)
 
 
 @st.composite
@@ -185,7 +136,7 @@ def test_calls_stream_as_mlx_lm_parses_them(
     got = calls(deltas)
     assert parser.calls == len(expected)
     assert [name for name, _ in got] == [name for name, _ in expected]
-    assert [exact(args) for _, args in got] == [written(args) for _, args in expected]
+    assert [exact(args) for _, args in got] == [written_arguments(args) for _, args in expected]
     # mlx-lm's own path for valid Python (not its regex fallback, which reads one call).
     ast.parse(text, mode="eval")
     parsed = pythonic.parse_tool_call(text)
@@ -215,19 +166,13 @@ FIXED_CALLS = [
 
 
 def test_a_section_split_anywhere_gives_the_same_calls() -> None:
-    assert calls(feed([FIXED])[1]) == FIXED_CALLS
-    assert calls(feed(list(FIXED))[1]) == FIXED_CALLS
-    for at in range(len(FIXED) + 1):
-        assert calls(feed([FIXED[:at], FIXED[at:]])[1]) == FIXED_CALLS, at
+    assert_split_anywhere(PythonicParser, FIXED, FIXED_CALLS)
 
 
 def test_a_section_cut_anywhere_closes_its_calls() -> None:
     for at in range(len(FIXED) + 1):
-        got = calls(feed([FIXED[:at]])[1])
+        got = read_cut_off(PythonicParser, list(FIXED[:at]))
         assert [name for name, _ in got] == [name for name, _ in FIXED_CALLS][: len(got)], at
-        for _, args in got:
-            assert isinstance(json.loads(args), dict), (at, args)
-        assert calls(feed(list(FIXED[:at]))[1]) == got, at
 
 
 def test_a_container_cut_off_keeps_its_complete_items() -> None:
@@ -270,9 +215,7 @@ def test_the_name_is_sent_at_the_paren_and_strings_as_they_come() -> None:
 def test_sections_mlx_lm_refuses_or_reads_differently(
     text: str, expected: list[tuple[str, str]]
 ) -> None:
-    parser, deltas = feed(list(text))
-    assert calls(deltas) == expected
-    assert parser.calls == len(expected)
+    assert read(PythonicParser([]), list(text)) == expected
 
 
 @pytest.mark.parametrize(
@@ -288,3 +231,11 @@ def test_sections_mlx_lm_refuses_or_reads_differently(
 )
 def test_a_cut_off_call_ends_as_far_as_it_got(text: str, expected: str) -> None:
     assert calls(feed([text])[1]) == [("f", expected)]
+
+
+def test_a_number_json_cannot_hold_is_its_text() -> None:
+    # 1_0e400 is infinite as a float: JSON has no such number, and "Infinity" is not JSON.
+    parser = FORMAT.new_parser([])
+    deltas = parser.feed("[f(x=1_0e400, y=2)]") + parser.end()
+    arguments = "".join(delta.arguments for delta in deltas)
+    assert json.loads(arguments) == {"x": "1_0e400", "y": 2}

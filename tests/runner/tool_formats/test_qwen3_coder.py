@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -16,55 +14,28 @@ from mlx_lm.tool_parsers import qwen3_coder as mlx_qwen3_coder
 from protocol.frames import ToolCallDelta
 from runner.tool_formats.base import Tools, string_fragment
 from runner.tool_formats.qwen3_coder import FORMAT, PARAMETER_END, Qwen3CoderParser
+from tests.runner.tool_formats.support import (
+    Param,
+    ParamCall,
+    assert_split_anywhere,
+    big_integers,
+    calls,
+    decimal_texts,
+    decimals,
+    json_values,
+    read_cut_off,
+    split,
+    stream,
+    tricky_texts,
+)
 
-# --- running a parser and reading its deltas ---------------------------------------------
+# --- running a parser and reading its calls ----------------------------------------------
 
 
 def run(pieces: list[str], tools: Tools = ()) -> tuple[list[ToolCallDelta], int]:
     """Feed `pieces`, then end: the deltas and the parser's `calls`."""
     parser = FORMAT.new_parser(tools)
-    deltas: list[ToolCallDelta] = []
-    for piece in pieces:
-        deltas.extend(parser.feed(piece))
-    deltas.extend(parser.end())
-    return deltas, parser.calls
-
-
-def check_order(deltas: list[ToolCallDelta]) -> int:
-    """OpenAI's delta order: a call's name first (no arguments), then its arguments, every
-    delta of call k before call k + 1's; no ids. Returns the number of calls."""
-    started = 0
-    for delta in deltas:
-        assert delta.id is None
-        if delta.name is not None:
-            assert (delta.index, delta.arguments) == (started, "")
-            started += 1
-        else:
-            assert delta.index == started - 1
-            assert delta.arguments
-    return started
-
-
-def joined(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
-    """Each call's name and arguments text."""
-    calls: list[tuple[str, str]] = []
-    for delta in deltas:
-        if delta.name is not None:
-            calls.append((delta.name, ""))
-        else:
-            name, arguments = calls[delta.index]
-            calls[delta.index] = (name, arguments + delta.arguments)
-    return calls
-
-
-def pieces_at(text: str, cuts: list[int]) -> list[str]:
-    bounds = [0, *sorted(set(cuts)), len(text)]
-    return [text[start:end] for start, end in itertools.pairwise(bounds)]
-
-
-def exact(value: Any) -> Any:
-    """A parsed value with its floats as Decimals, to compare numbers digit for digit."""
-    return json.loads(json.dumps(value), parse_float=Decimal)
+    return stream(parser, pieces), parser.calls
 
 
 # --- generated calls, rendered as Qwen3-Coder's chat template renders them -----------------
@@ -94,50 +65,11 @@ TRICKY = [
     "\u2028",
     "\x01",
 ]
-texts = (
-    st.lists(st.one_of(st.text(max_size=6), st.sampled_from(TRICKY)), max_size=8)
-    .map("".join)
-    .filter(lambda text: "</parameter>" not in text and "</tool_call>" not in text)
+texts = tricky_texts(TRICKY, size=6, count=8).filter(
+    lambda text: "</parameter>" not in text and "</tool_call>" not in text
 )
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-]{0,12}", fullmatch=True)
-big_integers = st.one_of(
-    st.integers(-(2**70), 2**70),
-    st.sampled_from([2**64 + 1, -(2**64) - 1, 2**53 + 1, 18446744073709551617]),
-)
-json_values = st.recursive(
-    st.one_of(
-        st.none(),
-        st.booleans(),
-        big_integers,
-        st.floats(allow_nan=False, allow_infinity=False),
-        texts,
-    ),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-
-@st.composite
-def decimal_texts(draw: st.DrawFn) -> str:
-    """A decimal as a model writes one, with more digits than a float holds."""
-    whole = draw(st.integers(0, 10**25))
-    digits = draw(st.text("0123456789", min_size=1, max_size=25))
-    sign = draw(st.sampled_from(["", "-"]))
-    exponent = draw(st.sampled_from(["", "", "e3", "E-2"]))
-    return f"{sign}{whole}.{digits}{exponent}"
-
-
-@dataclass
-class Param:
-    key: str
-    schema: dict[str, Any] | None
-    """None: the tool does not declare it."""
-    written: str
-    """The value as the template writes it."""
-    number: int | Decimal | None = None
-    """The exact number it must be, where mlx-lm goes through a float."""
+values = json_values(texts)
 
 
 def render(value: Any, *, python: bool = False) -> str:
@@ -148,7 +80,7 @@ def render(value: Any, *, python: bool = False) -> str:
     return str(value)
 
 
-anything = st.one_of(texts, json_values.map(render))
+anything = st.one_of(texts, values.map(render))
 
 
 @st.composite
@@ -189,8 +121,8 @@ def params(draw: st.DrawFn, key: str) -> Param:
         return Param(key, {"type": kind_name}, draw(st.sampled_from(["null", "NULL", "Null"])))
     if kind in ("object", "array"):
         kind_name = draw(st.sampled_from([kind, "dict" if kind == "object" else "list"]))
-        inner = st.dictionaries(st.text(max_size=5), json_values, max_size=4)
-        value = draw(inner if kind == "object" else st.lists(json_values, max_size=4))
+        inner = st.dictionaries(st.text(max_size=5), values, max_size=4)
+        value = draw(inner if kind == "object" else st.lists(values, max_size=4))
         return Param(key, {"type": kind_name}, render(value, python=draw(st.booleans())))
     if kind == "untyped":
         # mlx-lm would read JSON's NaN and Infinity, which are no JSON to send.
@@ -199,11 +131,7 @@ def params(draw: st.DrawFn, key: str) -> Param:
     return Param(key, None, draw(anything))
 
 
-@dataclass
-class Call:
-    name: str
-    params: list[Param]
-
+class Call(ParamCall):
     def text(self) -> str:
         # A value cannot hold its closing tag (what mlx-lm reads of it is the reference).
         body = "".join(
@@ -213,29 +141,9 @@ class Call:
         )
         return f"<function={self.name}>\n{body}</function>"
 
-    def tool(self) -> dict[str, Any]:
-        properties = {p.key: p.schema for p in self.params if p.schema is not None}
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "parameters": {"type": "object", "properties": properties},
-            },
-        }
-
-    def expected(self, tools: Tools) -> dict[str, Any]:
-        """mlx-lm's arguments, with the exact numbers where mlx-lm rounds them."""
-        parsed = mlx_qwen3_coder.parse_tool_call(self.text(), tools)
-        assert parsed["name"] == self.name
-        arguments: dict[str, Any] = exact(parsed["arguments"])
-        for param in self.params:
-            if param.number is not None:
-                arguments[param.key] = param.number
-        return arguments
-
 
 @st.composite
-def calls(draw: st.DrawFn) -> Call:
+def generated_calls(draw: st.DrawFn) -> Call:
     name = draw(names)
     keys = draw(st.lists(names, unique=True, max_size=4))
     return Call(name, [draw(params(key)) for key in keys])
@@ -251,24 +159,27 @@ def section(items: list[Call]) -> str:
 
 
 @settings(max_examples=200)
-@given(st.lists(calls(), min_size=1, max_size=3, unique_by=lambda call: call.name), st.data())
+@given(
+    st.lists(generated_calls(), min_size=1, max_size=3, unique_by=lambda call: call.name), st.data()
+)
 def test_generated_calls_match_mlx_lm(items: list[Call], data: st.DataObject) -> None:
     tools = [call.tool() for call in items]
     text = section(items)
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=10))
-    deltas, count = run(pieces_at(text, cuts), tools)
-    assert check_order(deltas) == count == len(items)
-    result = joined(deltas)
+    deltas, count = run(split(text, cuts), tools)
+    result = calls(deltas)
+    assert len(result) == count == len(items)
     assert [name for name, _ in result] == [call.name for call in items]
     for (_, arguments), call in zip(result, items, strict=True):
-        assert json.loads(arguments, parse_float=Decimal) == call.expected(tools)
-    assert joined(run([text], tools)[0]) == result
+        parsed = mlx_qwen3_coder.parse_tool_call(call.text(), tools)
+        assert json.loads(arguments, parse_float=Decimal) == call.expected(parsed)
+    assert calls(run([text], tools)[0]) == result
     if len(items) == 1:
         # The whole section as mlx-lm's server hands it over.
         whole = mlx_qwen3_coder.parse_tool_call(text, tools)
-        assert (whole["name"], exact(whole["arguments"])) == (
+        assert (whole["name"], decimals(whole["arguments"])) == (
             items[0].name,
-            exact(mlx_qwen3_coder.parse_tool_call(items[0].text(), tools)["arguments"]),
+            decimals(mlx_qwen3_coder.parse_tool_call(items[0].text(), tools)["arguments"]),
         )
 
 
@@ -285,25 +196,23 @@ def test_a_long_string_streams_as_it_comes(head: str, tail: str, data: st.DataOb
     cut = start + data.draw(st.integers(1, len(head)))
     parser = Qwen3CoderParser([])
     first = parser.feed(text[:cut])
-    assert joined(first) == [("write", '{"body": "' + string_fragment(head[: cut - start]))]
+    assert calls(first) == [("write", '{"body": "' + string_fragment(head[: cut - start]))]
     rest = parser.feed(text[cut:]) + parser.end()
     assert len([delta for delta in first + rest if delta.name is None]) >= 2
     expected = mlx_qwen3_coder.parse_tool_call(text, [])["arguments"]
-    assert json.loads(joined(first + rest)[0][1]) == expected
+    assert json.loads(calls(first + rest)[0][1]) == expected
 
 
 @settings(max_examples=100)
-@given(st.lists(calls(), min_size=1, max_size=2, unique_by=lambda call: call.name), st.data())
+@given(
+    st.lists(generated_calls(), min_size=1, max_size=2, unique_by=lambda call: call.name), st.data()
+)
 def test_a_cut_off_section_still_parses(items: list[Call], data: st.DataObject) -> None:
     tools = [call.tool() for call in items]
     text = section(items)
     text = text[: data.draw(st.integers(0, len(text)))]
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=6))
-    deltas, count = run(pieces_at(text, cuts), tools)
-    assert check_order(deltas) == count
-    for _, arguments in joined(deltas):
-        assert isinstance(json.loads(arguments), dict)
-    assert joined(run([text], tools)[0]) == joined(deltas)
+    read_cut_off(Qwen3CoderParser, split(text, cuts), tools)
 
 
 # --- one example, every split --------------------------------------------------------------
@@ -346,7 +255,7 @@ EXAMPLE_ARGUMENTS = (
 
 
 def test_the_example_is_mlx_lms_call_with_exact_numbers() -> None:
-    arguments = exact(mlx_qwen3_coder.parse_tool_call(EXAMPLE, TOOLS)["arguments"])
+    arguments = decimals(mlx_qwen3_coder.parse_tool_call(EXAMPLE, TOOLS)["arguments"])
     arguments["days"] = 18446744073709551617
     arguments["scale"] = Decimal("0.10000000000000000001")
     assert json.loads(EXAMPLE_ARGUMENTS, parse_float=Decimal) == arguments
@@ -356,26 +265,14 @@ def test_the_example_is_mlx_lms_call_with_exact_numbers() -> None:
 
 
 def test_the_example_split_anywhere() -> None:
-    whole, count = run([EXAMPLE], TOOLS)
-    assert count == 1
-    assert joined(whole) == [("get_weather", EXAMPLE_ARGUMENTS)]
-    for cut in range(len(EXAMPLE) + 1):
-        deltas, _ = run([EXAMPLE[:cut], EXAMPLE[cut:]], TOOLS)
-        check_order(deltas)
-        assert joined(deltas) == joined(whole), cut
-    deltas, _ = run(list(EXAMPLE), TOOLS)
-    check_order(deltas)
-    assert joined(deltas) == joined(whole)
+    assert_split_anywhere(Qwen3CoderParser, EXAMPLE, [("get_weather", EXAMPLE_ARGUMENTS)], TOOLS)
 
 
 def test_the_example_cut_off_anywhere() -> None:
     named_at = EXAMPLE.index("get_weather>") + len("get_weather>")
     for cut in range(len(EXAMPLE) + 1):
-        deltas, count = run([EXAMPLE[:cut]], TOOLS)
-        assert check_order(deltas) == count == (1 if cut >= named_at else 0), cut
-        for _, arguments in joined(deltas):
-            assert isinstance(json.loads(arguments), dict), (cut, arguments)
-        assert joined(run(list(EXAMPLE[:cut]), TOOLS)[0]) == joined(deltas)
+        got = read_cut_off(Qwen3CoderParser, list(EXAMPLE[:cut]), TOOLS)
+        assert len(got) == (1 if cut >= named_at else 0), cut
 
 
 # --- the shape of the stream ---------------------------------------------------------------
@@ -415,7 +312,7 @@ def test_a_section_without_a_call(text: str) -> None:
 
 def test_an_empty_call() -> None:
     deltas, _ = run(["\n<function=ping>\n</function>\n"])
-    assert joined(deltas) == [("ping", "{}")]
+    assert calls(deltas) == [("ping", "{}")]
 
 
 # --- where it parts from mlx-lm, on purpose ------------------------------------------------
@@ -429,7 +326,7 @@ def test_several_functions_in_a_section_are_several_calls() -> None:
     )
     deltas, count = run([text])
     assert count == 2
-    assert joined(deltas) == [("a", '{"x": "1"}'), ("b", '{"y": "2"}')]
+    assert calls(deltas) == [("a", '{"x": "1"}'), ("b", '{"y": "2"}')]
 
 
 @pytest.mark.parametrize(
@@ -446,12 +343,12 @@ def test_several_functions_in_a_section_are_several_calls() -> None:
 )
 def test_an_integer_mlx_lm_reads_otherwise(written: str, arguments: str) -> None:
     text = f"<function=get_weather>\n<parameter=days>\n{written}\n</parameter>\n</function>"
-    assert joined(run([text], TOOLS)[0]) == [("get_weather", arguments)]
+    assert calls(run([text], TOOLS)[0]) == [("get_weather", arguments)]
 
 
 def test_json_nan_in_an_object_is_no_number() -> None:
     text = '<function=get_weather>\n<parameter=opts>\n{"a": NaN}\n</parameter>\n</function>'
-    assert joined(run([text], TOOLS)[0]) == [("get_weather", '{"opts": "{\\"a\\": NaN}"}')]
+    assert calls(run([text], TOOLS)[0]) == [("get_weather", '{"opts": "{\\"a\\": NaN}"}')]
 
 
 def test_the_format() -> None:
