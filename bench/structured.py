@@ -71,7 +71,12 @@ CRATE = Tool(
     json.dumps(
         {
             **ITEM,
-            "properties": {**ITEM["properties"], "grade": {"type": "string", "enum": ["A", "B"]}},
+            "properties": {
+                **ITEM["properties"],
+                # Typed, as every family's template can render (Gemma 4's needs a type).
+                "fruit": {"type": "string", **ITEM["properties"]["fruit"]},
+                "grade": {"type": "string", "enum": ["A", "B"]},
+            },
         }
     ),
 )
@@ -330,17 +335,19 @@ def profile(streams: int, tokens: int = 256, rounds: int = 3) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
-def families(runs: int = 5, tokens: int = 256) -> None:
-    """Each family's built-in model: json_schema and forced calls ÷ free text, at 1 and 8
-    streams (medians of `runs` alternating rounds)."""
+def families(runs: int = 5, tokens: int = 256, only: tuple[str, ...] = ()) -> None:
+    """Each family's built-in model (or those named in `only`): json_schema and forced calls
+    ÷ free text, at 1 and 8 streams (medians of `runs` alternating rounds)."""
     from runner.demo_families import FAMILIES
     from runner.engine.batched import BatchedMlxEngine
 
     rows = []
-    for family in FAMILIES.values():
+    for name, family in FAMILIES.items():
+        if only and name not in only:
+            continue
         engine = BatchedMlxEngine(family.model_id, max_concurrent=max(STREAMS))
         client = Client(engine)
-        kinds = ["free", "json"] + (["call"] if family.model_id != "orchard-demo-gemma4" else [])
+        kinds = ["free", "json", "call"]
         try:
             for kind in kinds:
                 _round(client, max(STREAMS), 32, kind, "warm-up", family.model_id)
@@ -355,9 +362,6 @@ def families(runs: int = 5, tokens: int = 256) -> None:
                 free = statistics.median(rates["free"])
                 row: list[Any] = [family.model_id, streams, free]
                 for kind in ("json", "call"):
-                    if kind not in rates:
-                        row += ["-", "-"]
-                        continue
                     ratios = [r / f for r, f in zip(rates[kind], rates["free"], strict=True)]
                     row += [statistics.median(rates[kind]), statistics.median(ratios)]
                 rows.append(row)

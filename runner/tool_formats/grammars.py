@@ -319,10 +319,10 @@ def pythonic(kit: GrammarKit, tools: Sequence[ForcedTool], many: bool) -> str:
     return "\n".join(rules)
 
 
-def _keyword_rules(prefix: str, pairs: list[tuple[str, bool]]) -> list[str]:
-    """Rules `<prefix>_s0`: the `key=value` pairs joined by ", ", in order, optional ones
-    optional. `_sK`: pairs K.. with nothing before them; `_tK`: with something before them
-    (so each one they write is led by its comma)."""
+def _keyword_rules(prefix: str, pairs: list[tuple[str, bool]], separator: str = ", ") -> list[str]:
+    """Rules `<prefix>_s0`: the `key=value` pairs joined by `separator`, in order, optional
+    ones optional. `_sK`: pairs K.. with nothing before them; `_tK`: with something before
+    them (so each one they write is led by its separator)."""
     n = len(pairs)
     rules = [f'{prefix}_s{n}: ""', f'{prefix}_t{n}: ""']
     for k in range(n - 1, -1, -1):
@@ -330,11 +330,50 @@ def _keyword_rules(prefix: str, pairs: list[tuple[str, bool]]) -> list[str]:
         after = f"{prefix}_t{k + 1}"
         if required:
             rules.append(f"{prefix}_s{k}: {pair} {after}")
-            rules.append(f'{prefix}_t{k}: ", " {pair} {after}')
+            rules.append(f"{prefix}_t{k}: {json.dumps(separator)} {pair} {after}")
         else:
             rules.append(f"{prefix}_s{k}: {pair} {after} | {prefix}_s{k + 1}")
-            rules.append(f'{prefix}_t{k}: ", " {pair} {after} | {after}')
+            rules.append(f"{prefix}_t{k}: {json.dumps(separator)} {pair} {after} | {after}")
     return rules
+
+
+_SCALARS = ("integer", "number", "boolean", "null")
+
+
+def gemma4(kit: GrammarKit, tools: Sequence[ForcedTool], many: bool) -> str:
+    """`<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, one call after another: a string
+    parameter's value its raw text between `<|"|>` delimiters, a number, boolean or null as
+    JSON writes it. Nested objects and arrays, whose strings and keys Gemma writes in its own
+    syntax, are refused."""
+    start, end, quote = kit.marker("<|tool_call>"), kit.marker("<tool_call|>"), '<|"|>'
+    rules = [
+        "calls: gemma_call" + (" gemma_call*" if many else ""),
+        f"gemma_call: {start} ({_choice('gemma_fn', len(tools))}) {end}",
+    ]
+    for i, tool in enumerate(tools):
+        pairs = []
+        for j, (key, schema, required) in enumerate(_properties(tool)):
+            where = f"{tool.where}.properties.{key}"
+            name = f"gemma_{i}_{j}"
+            if is_raw_string(schema):
+                expression, more = _raw_string(kit, name, schema, where, quote, stripped=False)
+                value = f"{kit.marker(quote)} {expression}"
+                rules += more
+            elif schema.get("type") in _SCALARS:
+                rules.append(f"{name}: {kit.json(_sub_schema(tool, schema), where)}")
+                value = name
+            else:
+                raise RequestError(
+                    "invalid_request",
+                    f"{where}: Gemma 4's tool-call syntax is enforced for strings, numbers, "
+                    "booleans and null; an object or array argument (or one of no single "
+                    '"type") cannot be forced.',
+                    "tools",
+                )
+            pairs.append((f"{kit.literal(key + ':')} {value}", required))
+        rules += _keyword_rules(f"gemma_{i}", pairs, ",")
+        rules.append(f'gemma_fn_{i}: {kit.literal(f"call:{tool.name}{{")} gemma_{i}_s0 "}}"')
+    return "\n".join(rules)
 
 
 CHARACTERS_PER_TOKEN = 4

@@ -285,7 +285,7 @@ def test_forced_calls_need_a_format_with_a_grammar(tokenizer: Any, tools_tokeniz
         assert str(raised.value) == (
             f'tool_choice "{choice}" is not supported for this model\'s tool-call format '
             "(longcat): calls can be enforced in these formats: json_tools, qwen3_coder, "
-            "minimax_m2, glm47, kimi_k2, mistral, pythonic."
+            "minimax_m2, glm47, kimi_k2, mistral, pythonic, gemma4."
         )
     request = ask("r", tools=(WEATHER,), response_format=ResponseFormat("json_object"))
     with pytest.raises(RequestError, match="A JSON response_format with tools is not supported"):

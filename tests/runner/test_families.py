@@ -39,8 +39,6 @@ ANSWER: dict[str, Any] = {
     "additionalProperties": False,
 }
 SAMPLES = 50
-FORCEABLE = [family for family in FAMILIES if family != "gemma4"]
-"""Gemma 4's format has no grammar yet: its calls cannot be forced (docs/models.md)."""
 
 MARKUP = (*MARKERS, "<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]", "[ARGS]")
 
@@ -112,7 +110,7 @@ def no_markup(events: list[Output]) -> None:
             assert marker not in output.reasoning, f"{marker} in reasoning: {output.reasoning!r}"
 
 
-@pytest.mark.parametrize("family", FORCEABLE)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_forced_call_is_streamed_in_the_familys_syntax_with_exact_usage(
     fleet: Fleet, family: str
 ) -> None:
@@ -163,7 +161,7 @@ def test_a_forced_call_is_streamed_in_the_familys_syntax_with_exact_usage(
         assert bool(last.reasoning or any(o.reasoning for o in events)) == (analysis > 0)
 
 
-@pytest.mark.parametrize("family", FORCEABLE)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_forced_calls_fit_their_schema_in_every_seeded_sample(fleet: Fleet, family: str) -> None:
     requests = [
         ask(

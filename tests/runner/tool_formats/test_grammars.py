@@ -71,8 +71,27 @@ TOOLS = (
     Tool("now"),
 )
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "now": {"type": "object", "properties": {}}}
+GEMMA_SCHEMA = {
+    **WEATHER_SCHEMA,
+    "properties": {
+        key: value
+        for key, value in WEATHER_SCHEMA["properties"].items()
+        if key not in ("tags", "where")
+    },
+}
+GEMMA_TOOLS = (Tool("get_weather", parameters=json.dumps(GEMMA_SCHEMA)), Tool("now"))
+"""Gemma 4's forced calls take scalar arguments only (grammars.gemma4)."""
 
-FORMATS = ("json_tools", "qwen3_coder", "minimax_m2", "glm47", "kimi_k2", "mistral", "pythonic")
+FORMATS = (
+    "json_tools",
+    "qwen3_coder",
+    "minimax_m2",
+    "glm47",
+    "kimi_k2",
+    "mistral",
+    "pythonic",
+    "gemma4",
+)
 
 
 def wrapped(reference: Reference, name: str) -> TokenizerWrapper:
@@ -164,9 +183,10 @@ def template_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", FORMATS)
 def test_forced_calls_fit_their_schema_in_every_walk(reference: Reference, name: str) -> None:
     tokenizer = wrapped(reference, name)
-    constraint = constraint_for(ask("r", tools=TOOLS, tool_choice="required"), tokenizer)
+    forced = GEMMA_TOOLS if name == "gemma4" else TOOLS
+    constraint = constraint_for(ask("r", tools=forced, tool_choice="required"), tokenizer)
     assert constraint is not None
-    tools = template_tools(TOOLS)
+    tools = template_tools(forced)
     seen = set()
     for seed in range(WALKS):
         text = walk(constraint, tokenizer, seed)
@@ -181,13 +201,27 @@ def test_forced_calls_fit_their_schema_in_every_walk(reference: Reference, name:
     assert any(len(keys) > 2 for call_name, keys in seen if call_name == "get_weather")
 
 
+def test_gemma4s_nested_arguments_cannot_be_forced(reference: Reference) -> None:
+    with pytest.raises(RequestError) as raised:
+        constraint_for(ask("r", tools=TOOLS, tool_choice="required"), wrapped(reference, "gemma4"))
+    assert raised.value.param == "tools"
+    assert str(raised.value).startswith(
+        "tools[0].function.parameters.properties.tags: Gemma 4's tool-call syntax is enforced "
+        "for strings, numbers, booleans and null"
+    )
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_a_named_function_without_parallel_calls_is_one_call_of_it(
     reference: Reference, name: str
 ) -> None:
     tokenizer = wrapped(reference, name)
     request = ask(
-        "r", tools=TOOLS, tool_choice="function", tool_name="get_weather", parallel_tool_calls=False
+        "r",
+        tools=GEMMA_TOOLS if name == "gemma4" else TOOLS,
+        tool_choice="function",
+        tool_name="get_weather",
+        parallel_tool_calls=False,
     )
     constraint = constraint_for(request, tokenizer)
     assert constraint is not None
