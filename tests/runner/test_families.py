@@ -247,3 +247,59 @@ def test_harmonys_analysis_is_reasoning_counted_token_by_token(fleet: Fleet) -> 
         tokens.index(model.tokenizer.convert_tokens_to_ids("<|message|>")) + 1 : tokens.index(end)
     ]
     assert reasoning == model.tokenizer.decode(thought)
+
+
+REUSES_PROMPTS = [family for family in FAMILIES if family not in ("harmony", "lfm2", "gemma4")]
+"""Families whose caches mlx-lm can trim to a prefix (sliding windows and LFM2's convolutions
+cannot be: docs/models.md)."""
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_forced_call_cancelled_mid_way_then_the_same_prompt_again(
+    fleet: Fleet, family: str
+) -> None:
+    engine, collector = fleet(family)
+    # Parallel calls allowed: the random model calls on and on until it is cancelled.
+    long = ask(
+        family,
+        f"{family}-cancel",
+        tools=(WEATHER,),
+        tool_choice="required",
+        max_tokens=400,
+        sampling=SamplingParams(temperature=0),
+    )
+    seen: list[int] = []
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, Output) and event.request_id == long.request_id:
+            seen.append(event.usage.completion_tokens)
+            if len(seen) == 6:
+                engine.cancel(long.request_id)
+
+    collector.on_event = on_event
+    try:
+        engine.submit(long)
+        events = outputs(collector.wait(long.request_id))
+    finally:
+        collector.on_event = None
+    assert events[-1].finish_reason == "cancelled"
+    assert events[-1].usage.completion_tokens == seen[5] == sum(o.tokens for o in events)
+    no_markup(events)
+    # The same prompt again, forced to one call: it fits its schema, and where the family's
+    # cache can be cut back, all of its prompt but the last token came from the cancelled
+    # request's cache (the others reuse at most what lies inside their window, not checked).
+    again = ask(
+        family,
+        f"{family}-again",
+        tools=(WEATHER,),
+        tool_choice="required",
+        parallel_tool_calls=False,
+        sampling=SamplingParams(temperature=0),
+    )
+    (events,) = fleet.run(family, again)
+    ((name, arguments, _),) = calls_of(events)
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(arguments), SCHEMA)
+    usage = events[-1].usage
+    if family in REUSES_PROMPTS:
+        assert usage.cached_tokens == usage.prompt_tokens - 1
