@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,7 @@ from runner.demo_family_templates import (
     MISTRAL_TEMPLATE,
     QWEN3_CODER_TEMPLATE,
 )
-from runner.demo_model import _CORPUS, CONTEXT_LENGTH
+from runner.demo_model import _CORPUS, CONTEXT_LENGTH, silent_token_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -122,7 +121,8 @@ def build_family_model(family: str, path: Path) -> None:
     for name in ("config.json", "generation_config.json"):
         content = config if name == "config.json" else {"eos_token_id": config["eos_token_id"]}
         (path / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-    weights = _weights(spec, config, _silent_token_ids(spec, tokenizer))
+    markers = set(spec.special_tokens + spec.added_tokens)
+    weights = _weights(spec, config, silent_token_ids(tokenizer, markers))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
@@ -189,20 +189,6 @@ def _build_tokenizer(spec: Family, path: Path) -> Tokenizer:
         json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n"
     )
     return tokenizer
-
-
-def _silent_token_ids(spec: Family, tokenizer: Tokenizer) -> list[int]:
-    """The family's markers, and bytes that are not text (as `runner.demo_model` silences)."""
-    markers = set(spec.special_tokens + spec.added_tokens)
-    silent = []
-    for token_id in range(tokenizer.get_vocab_size(with_added_tokens=True)):
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
-        if text in markers or any(
-            char == "\ufffd" or (unicodedata.category(char) == "Cc" and char not in "\n\t")
-            for char in text
-        ):
-            silent.append(token_id)
-    return silent
 
 
 def _weights(spec: Family, config: dict[str, Any], silent_ids: list[int]) -> dict[str, Any]:

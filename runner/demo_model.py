@@ -37,7 +37,7 @@ import os
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -354,7 +354,7 @@ def build_demo_model(path: Path) -> None:
     texts = [
         tokenizer.decode([i], skip_special_tokens=False) for i in range(base_config["vocab_size"])
     ]
-    silent = _silent_token_ids(tokenizer)
+    silent = silent_token_ids(tokenizer)
     silent += demo_shaping.mode_tokens(texts) + demo_shaping.whitespace_tokens(texts)
     base = _base_weights(base_config, sorted(set(silent)))
     conversations = [
@@ -437,8 +437,8 @@ def _build_tokenizer(path: Path) -> Tokenizer:
     return tokenizer
 
 
-def _silent_token_ids(tokenizer: Tokenizer) -> list[int]:
-    """Tokens the model should never pick by itself: markers, and bytes that are not text.
+def silent_token_ids(tokenizer: Tokenizer, markers: Collection[str] = _MARKERS) -> list[int]:
+    """Tokens a model should never pick by itself: `markers`, and bytes that are not text.
 
     A lone byte of a multi-byte character decodes to U+FFFD; control characters other than
     newline and tab would only garble a terminal.
@@ -446,7 +446,7 @@ def _silent_token_ids(tokenizer: Tokenizer) -> list[int]:
     silent = []
     for token_id in range(tokenizer.get_vocab_size(with_added_tokens=True)):
         text = tokenizer.decode([token_id], skip_special_tokens=False)
-        if text in _MARKERS or any(
+        if text in markers or any(
             char == "\ufffd" or (unicodedata.category(char) == "Cc" and char not in "\n\t")
             for char in text
         ):

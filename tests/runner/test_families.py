@@ -110,6 +110,29 @@ def no_markup(events: list[Output]) -> None:
             assert marker not in output.reasoning, f"{marker} in reasoning: {output.reasoning!r}"
 
 
+def in_process(
+    family: str, request: Generate, max_tokens: int
+) -> tuple[MlxModel, list[int], list[int]]:
+    """The request through mlx-lm itself (`stream_generate`), greedy, with the same grammar:
+    the model, the prompt's tokens and the generated ones."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    model = MlxModel.load(FAMILIES[family].model_id)
+    prompt = model.prepare(request, 0.0).prompt
+    constraint = constraint_for(request, model.tokenizer, vocab_size=model.vocab_size)
+    assert constraint is not None
+    responses = stream_generate(
+        model.model,
+        model.tokenizer,
+        prompt,
+        max_tokens=max_tokens,
+        sampler=make_sampler(0.0),
+        logits_processors=[constraint.processor()],
+    )
+    return model, list(prompt), [response.token for response in responses]
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_forced_call_is_streamed_in_the_familys_syntax_with_exact_usage(
     fleet: Fleet, family: str
@@ -132,26 +155,9 @@ def test_a_forced_call_is_streamed_in_the_familys_syntax_with_exact_usage(
     assert pieces >= 2, f"arguments came whole: {arguments!r}"
     assert "".join(o.text for o in events).strip() == ""
     # The same request through mlx-lm itself, with the same grammar: the same tokens.
-    model = MlxModel.load(FAMILIES[family].model_id)
-    reference = model.prepare(request, 0.0)
-    constraint = constraint_for(request, model.tokenizer, vocab_size=model.vocab_size)
-    assert constraint is not None
-    from mlx_lm import stream_generate
-    from mlx_lm.sample_utils import make_sampler
-
-    tokens = [
-        response.token
-        for response in stream_generate(
-            model.model,
-            model.tokenizer,
-            reference.prompt,
-            max_tokens=200,
-            sampler=make_sampler(0.0),
-            logits_processors=[constraint.processor()],
-        )
-    ]
+    model, prompt, tokens = in_process(family, request, 200)
     usage = last.usage
-    assert usage.prompt_tokens == len(reference.prompt)
+    assert usage.prompt_tokens == len(prompt)
     assert usage.completion_tokens == len(tokens) == sum(o.tokens for o in events)
     if family == "harmony":
         # Every token of the analysis message, if the model wrote one before its call.
@@ -220,24 +226,7 @@ def test_harmonys_analysis_is_reasoning_counted_token_by_token(fleet: Fleet) -> 
     reasoning = "".join(o.reasoning for o in events)
     assert reasoning.strip()
     jsonschema.validate(json.loads("".join(o.text for o in events)), ANSWER)
-    model = MlxModel.load(FAMILIES["harmony"].model_id)
-    prepared = model.prepare(request, 0.0)
-    constraint = constraint_for(request, model.tokenizer, vocab_size=model.vocab_size)
-    assert constraint is not None
-    from mlx_lm import stream_generate
-    from mlx_lm.sample_utils import make_sampler
-
-    tokens = [
-        response.token
-        for response in stream_generate(
-            model.model,
-            model.tokenizer,
-            prepared.prompt,
-            max_tokens=400,
-            sampler=make_sampler(0.0),
-            logits_processors=[constraint.processor()],
-        )
-    ]
+    model, _, tokens = in_process("harmony", request, 400)
     end = model.tokenizer.convert_tokens_to_ids("<|end|>")
     usage = events[-1].usage
     # The analysis message: from the answer's first token through its <|end|>.
