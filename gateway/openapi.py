@@ -58,6 +58,7 @@ _ASSISTANT_MESSAGE = Schema(
         "name": _STRING,
         "tool_calls": Schema(type=OpenAPIType.ARRAY, items=_TOOL_CALL, max_items=MAX_TOOL_CALLS),
         "reasoning_content": _STRING,
+        "reasoning": _STRING,
     },
     additional_properties=False,
     # Content may be null or absent only when the message calls tools.

@@ -23,6 +23,7 @@ from gateway.openapi_common import (
     _COUNT,
     _EMPTY_STRING,
     _INT64_COUNT,
+    _JSON_SCHEMA,
     _MODEL,
     _NULL,
     _OBJECT,
@@ -115,12 +116,13 @@ _TOOL_USE = _closed(
     cache_control=_CACHE_CONTROL,
 )
 _THINKING_BLOCK = _closed(
-    ["type"],
+    ["type", "thinking"],
     type=_only("thinking"),
     thinking=_STRING,
     signature=_STRING,
 )
-"""Accepted in the history and not given back to the model."""
+"""The reasoning of the turn it is in, given back to the chat template (which decides
+whether it is rendered)."""
 _REDACTED_THINKING = _closed(["type"], type=_only("redacted_thinking"), data=_STRING)
 
 
@@ -221,6 +223,11 @@ _COMMON: dict[str, Schema | Reference] = {
     "tools": _TOOLS,
     "tool_choice": _TOOL_CHOICE,
     "thinking": _THINKING,
+    "output_config": _closed(
+        [],
+        format=_closed(["type", "schema"], type=_only("json_schema"), schema=_JSON_SCHEMA),
+        effort=_only("low", "medium", "high", "xhigh", "max"),
+    ),
 }
 
 _REQUEST = Schema(

@@ -103,7 +103,9 @@ class ResponseStore:
         response_id = str(response["id"])
         body = orjson.dumps(response)
         size = len(body) + sum(
-            len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+            len(m.content)
+            + len(m.reasoning or "")
+            + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
             for m in conversation
         )
         if size > self.max_bytes:

@@ -44,7 +44,7 @@ T = TypeVar("T")
 
 _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     # Message before Generate: a class's hook is built with the hooks of its fields' classes.
-    Message: ("name", "tool_calls", "tool_call_id"),
+    Message: ("name", "tool_calls", "tool_call_id", "reasoning"),
     PromptToken: ("logprob", "top_logprobs"),
     Echo: ("tokens",),
     GenerationStats: ("cached_disk_tokens",),  # before Chunk, which holds it

@@ -146,6 +146,11 @@ class Message:
     """An assistant message's calls."""
     tool_call_id: str | None = None
     """A tool message: the call it answers."""
+    reasoning: str | None = None
+    """An assistant message's reasoning, as the client gave it back (chat's
+    `reasoning_content`, a Responses reasoning item, Anthropic thinking blocks, Ollama's
+    `thinking`). The chat template decides where it is rendered: the families' templates
+    keep the reasoning of a turn still calling tools and drop that of answered turns."""
 
 
 @attrs.frozen

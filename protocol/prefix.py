@@ -94,7 +94,14 @@ def _parts(generate: Generate) -> Iterator[tuple[bytes, int]]:
 def _messages(messages: Iterable[Message]) -> Iterator[tuple[bytes, int]]:
     for message in messages:
         calls = [attrs.astuple(call) for call in message.tool_calls]
-        data = orjson.dumps(
-            [message.role, message.content, message.name, calls, message.tool_call_id]
-        )
-        yield data, len(message.content) + sum(len(call.arguments) for call in message.tool_calls)
+        parts: list[object] = [
+            message.role,
+            message.content,
+            message.name,
+            calls,
+            message.tool_call_id,
+        ]
+        if message.reasoning is not None:  # the same hash as before for the rest
+            parts.append(message.reasoning)
+        chars = len(message.content) + len(message.reasoning or "")
+        yield orjson.dumps(parts), chars + sum(len(call.arguments) for call in message.tool_calls)

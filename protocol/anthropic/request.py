@@ -9,14 +9,18 @@ not implement is a 400 whose message names the field. Mapping onto the one inter
     messages               user text blocks → a user message; tool_result blocks → tool
                            messages (before the user's text of the same turn); assistant text
                            and tool_use blocks → an assistant message with its tool calls;
-                           thinking blocks in the history are accepted and not re-fed (as the
-                           chat's reasoning_content)
+                           its thinking blocks → its reasoning (as the chat's
+                           reasoning_content: the chat template decides where it goes);
+                           redacted_thinking blocks are checked and left out
     max_tokens             the completion bound (0 allowed: no token is generated)
     temperature, top_p, top_k   sampling (Anthropic's ranges: temperature 0..1)
     tools, tool_choice     function tools; auto / any (= required) / tool (= one function) /
                            none; disable_parallel_tool_use → parallel_tool_calls false
     thinking               enabled / disabled: the chat template's enable_thinking, as the
                            chat's reasoning_effort; absent: the model's default
+    output_config          format (json_schema): the answer's text follows the schema, as
+                           the chat's response_format; effort: the chat's reasoning_effort
+                           (ignored when thinking is disabled)
     metadata               user_id accepted (no effect)
     cache_control          accepted on blocks and tools (the prefix cache is automatic)
 
@@ -37,7 +41,15 @@ from typing import Any, Literal, NoReturn
 import attrs
 import orjson
 
-from protocol.frames import Generate, Message, ReasoningEffort, SamplingParams, Tool, ToolCall
+from protocol.frames import (
+    Generate,
+    Message,
+    ReasoningEffort,
+    ResponseFormat,
+    SamplingParams,
+    Tool,
+    ToolCall,
+)
 from protocol.frames import ToolChoice as InternalToolChoice
 from protocol.openai._fields import (
     _array,
@@ -79,7 +91,7 @@ _THINKING_ON: ReasoningEffort = "medium"
 
 # fmt: off
 _COMMON = frozenset((
-    "model", "messages", "system", "tools", "tool_choice", "thinking",
+    "model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
 ))
 # fmt: on
 _KNOWN = _COMMON | {
@@ -109,6 +121,7 @@ class MessagesRequest:
     parallel_tool_calls: bool = True
     reasoning_effort: ReasoningEffort | None = None
     stop: tuple[str, ...] = ()
+    response_format: ResponseFormat | None = None
 
     def to_generate(self, request_id: str) -> Generate:
         """The internal request a runner executes."""
@@ -124,6 +137,7 @@ class MessagesRequest:
             tool_name=self.tool_name,
             parallel_tool_calls=self.parallel_tool_calls,
             reasoning_effort=self.reasoning_effort,
+            response_format=self.response_format,
         )
 
 
@@ -171,7 +185,7 @@ def _common(data: dict[str, Any], model: str, max_tokens: int) -> MessagesReques
     """The fields both endpoints take: system, messages, tools, tool_choice, thinking."""
     system = _system(data.get("system"))
     messages = _messages(_required(data, "messages", ""))
-    chars = sum(len(m.content) for m in (*system, *messages))
+    chars = sum(len(m.content) + len(m.reasoning or "") for m in (*system, *messages))
     if chars > MAX_PROMPT_CHARS:
         raise invalid_request(
             f"messages: too long ({chars} characters; at most {MAX_PROMPT_CHARS}).", "messages"
@@ -179,6 +193,9 @@ def _common(data: dict[str, Any], model: str, max_tokens: int) -> MessagesReques
     tools = _tools(data.get("tools"))
     tool_choice, tool_name, parallel = _tool_choice(data.get("tool_choice"), tools)
     effort = _thinking(data.get("thinking"), max_tokens)
+    response_format, level = _output_config(data.get("output_config"))
+    if level is not None and effort != "none":
+        effort = level
     return MessagesRequest(
         model=model,
         messages=(*system, *messages),
@@ -188,7 +205,51 @@ def _common(data: dict[str, Any], model: str, max_tokens: int) -> MessagesReques
         tool_name=tool_name,
         parallel_tool_calls=parallel,
         reasoning_effort=effort,
+        response_format=response_format,
     )
+
+
+_EFFORTS: dict[str, ReasoningEffort] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "xhigh",
+    "max": "max",
+}
+
+
+def _output_config(value: Any) -> tuple[ResponseFormat | None, ReasoningEffort | None]:
+    """`output_config`: `format` (a JSON Schema the answer's text follows, as the chat's
+    response_format json_schema) and `effort` (the chat's reasoning_effort, unless thinking
+    is disabled)."""
+    if value is None:
+        return None, None
+    if type(value) is not dict:
+        _fail_type("output_config", "an object", value)
+    _keys(value, ("format", "effort"), "output_config")
+    given = value.get("effort")
+    effort = None if given is None else _EFFORTS.get(given) if type(given) is str else None
+    if given is not None and effort is None:
+        if type(given) is not str:
+            _fail_type("output_config.effort", "a string", given)
+        _fail_value("output_config.effort", given, tuple(_EFFORTS))
+    spec = value.get("format")
+    if spec is None:
+        return None, effort
+    path = "output_config.format"
+    if type(spec) is not dict:
+        _fail_type(path, "an object", spec)
+    kind = _required(spec, "type", path)
+    if kind != "json_schema":
+        if type(kind) is not str:
+            _fail_type(f"{path}.type", "a string", kind)
+        _fail_value(f"{path}.type", kind, ("json_schema",))
+    _keys(spec, ("type", "schema"), path)
+    schema = _required(spec, "schema", path)
+    if type(schema) is not dict:
+        _fail_type(f"{path}.schema", "an object", schema)
+    text = orjson.dumps(schema).decode()
+    return ResponseFormat("json_schema", schema=text, strict=True), effort
 
 
 def _missing(param: str) -> NoReturn:
@@ -349,7 +410,11 @@ def _tool_result(block: dict[str, Any], path: str) -> Message:
 
 
 def _assistant_blocks(blocks: list[Any], path: str) -> Message:
+    """An assistant turn: its text blocks joined, its tool_use blocks as calls and its
+    thinking blocks as the reasoning (redacted thinking, which only Anthropic can read, is
+    checked and left out)."""
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCall] = []
     for j, value in enumerate(blocks):
         block_path = f"{path}[{j}]"
@@ -360,14 +425,19 @@ def _assistant_blocks(blocks: list[Any], path: str) -> Message:
             calls.append(_tool_use(block, block_path))
         elif kind == "thinking":
             _keys(block, ("type", "thinking", "signature"), block_path)
-            _str(block, "thinking", block_path)
+            thoughts.append(_required_str(block, "thinking", block_path))
             _str(block, "signature", block_path)
         elif kind == "redacted_thinking":
             _keys(block, ("type", "data"), block_path)
             _str(block, "data", block_path)
         else:
             _refuse_block(kind, block_path, ("text", "tool_use", "thinking", "redacted_thinking"))
-    return Message(role="assistant", content="".join(texts), tool_calls=tuple(calls))
+    return Message(
+        role="assistant",
+        content="".join(texts),
+        tool_calls=tuple(calls),
+        reasoning="\n".join(thoughts) if thoughts else None,
+    )
 
 
 def _tool_use(block: dict[str, Any], path: str) -> ToolCall:

@@ -114,8 +114,8 @@ _ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
 _MESSAGE_KEYS = {
     "system": frozenset({"role", "content", "images"}),
     "user": frozenset({"role", "content", "images"}),
-    # `thinking` is what a response's message carries back; earlier turns' thinking is not
-    # re-fed (as for Chat Completions' reasoning_content).
+    # `thinking` is what a response's message carries back: it goes back to the chat
+    # template (as Chat Completions' reasoning_content).
     "assistant": frozenset({"role", "content", "images", "thinking", "tool_calls"}),
     "tool": frozenset({"role", "content", "images", "tool_name", "tool_call_id"}),
 }
@@ -339,7 +339,7 @@ def _messages(value: Any) -> tuple[Message, ...]:
     """`messages`; absent or empty is Ollama's way to load a model (see `load_only`)."""
     items = _array(value, "messages", MAX_MESSAGES)
     messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(items))
-    _check_messages_chars(sum(len(m.content) for m in messages))
+    _check_messages_chars(sum(len(m.content) + len(m.reasoning or "") for m in messages))
     return messages
 
 
@@ -352,9 +352,9 @@ def _message(value: Any, path: str) -> Message:
         _fail_unsupported(f"{path}.images", "images are not supported")
     content = _str(value, "content", path) or ""
     if role == "assistant":
-        _str(value, "thinking", path)
+        thinking = _str(value, "thinking", path)
         calls = _tool_calls(value.get("tool_calls"), f"{path}.tool_calls")
-        return Message(role, content, tool_calls=calls)
+        return Message(role, content, tool_calls=calls, reasoning=thinking)
     if role == "tool":
         name = _str(value, "tool_name", path)
         call_id = _str(value, "tool_call_id", path)

@@ -116,10 +116,11 @@ _MESSAGE_KEYS: dict[str, frozenset[str]] = {
     "developer": frozenset({"role", "content", "name"}),
     "user": frozenset({"role", "content", "name"}),
     # What the OpenAI SDK sends back when a client appends a response's message to its history
-    # (reasoning_content is ours, from the response; earlier turns' reasoning is not re-fed).
+    # (reasoning_content is ours, from the response, and vLLM's older name; `reasoning` its
+    # newer one: either goes back to the chat template).
     "assistant": frozenset(
         {"role", "content", "name", "refusal", "audio", "tool_calls", "function_call"}
-        | {"annotations", "reasoning_content"}
+        | {"annotations", "reasoning_content", "reasoning"}
     ),
     "tool": frozenset({"role", "content", "tool_call_id"}),
 }
@@ -383,7 +384,9 @@ def _messages(value: Any) -> tuple[Message, ...]:
     if len(value) > MAX_MESSAGES:
         _fail_array_too_long("messages", MAX_MESSAGES, len(value))
     messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
-    _check_messages_chars(sum(len(m.content) + len(m.name or "") for m in messages))
+    _check_messages_chars(
+        sum(len(m.content) + len(m.name or "") + len(m.reasoning or "") for m in messages)
+    )
     return messages
 
 
@@ -414,12 +417,14 @@ def _message(value: Any, path: str) -> Message:
     _check_keys(value, path, allowed)
     name = _str(value, "name", path)
     tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id = None
+    tool_call_id = reasoning = None
     if role == "assistant":
-        tool_calls = _assistant_extras(value, path)
+        tool_calls, reasoning = _assistant_extras(value, path)
         if value.get("content") is None:
             if tool_calls:
-                return Message(role=role, content="", name=name, tool_calls=tool_calls)
+                return Message(
+                    role=role, content="", name=name, tool_calls=tool_calls, reasoning=reasoning
+                )
             raise invalid_request(
                 f"Missing required parameter: '{path}.content'.",
                 f"{path}.content",
@@ -429,11 +434,17 @@ def _message(value: Any, path: str) -> Message:
         tool_call_id = _required_str(value, "tool_call_id", path)
     content = _content(_required(value, "content", path), f"{path}.content", role)
     return Message(
-        role=role, content=content, name=name, tool_calls=tool_calls, tool_call_id=tool_call_id
+        role=role,
+        content=content,
+        name=name,
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        reasoning=reasoning,
     )
 
 
-def _assistant_extras(value: dict[str, Any], path: str) -> tuple[ToolCall, ...]:
+def _assistant_extras(value: dict[str, Any], path: str) -> tuple[tuple[ToolCall, ...], str | None]:
+    """An assistant message's calls and reasoning (`reasoning_content`, else `reasoning`)."""
     tool_calls = parse_tool_calls(value.get("tool_calls"), f"{path}.tool_calls")
     for key, reason in (
         ("function_call", "function calling is not implemented"),
@@ -443,11 +454,18 @@ def _assistant_extras(value: dict[str, Any], path: str) -> tuple[ToolCall, ...]:
             _fail_unsupported(f"{path}.{key}", reason)
     if _str(value, "refusal", path) is not None:
         _fail_unsupported(f"{path}.refusal", "refusals cannot be given back to the model")
-    _str(value, "reasoning_content", path)
+    reasoning = _str(value, "reasoning_content", path)
+    other = _str(value, "reasoning", path)
+    if reasoning is not None and other is not None and other != reasoning:
+        raise invalid_request(
+            f"Invalid '{path}': reasoning_content and reasoning differ; send one of them.",
+            f"{path}.reasoning",
+            "invalid_value",
+        )
     annotations = value.get("annotations")
     if annotations is not None and type(annotations) is not list:
         _fail_type(f"{path}.annotations", "an array", annotations)
-    return tool_calls
+    return tool_calls, reasoning if reasoning is not None else other
 
 
 def _content(value: Any, path: str, role: Role) -> str:

@@ -3,9 +3,10 @@
 A string is one user message. A list holds items: messages (`type` "message", or the SDK's
 easy form with only `role` and `content`), `function_call` items (the model's earlier calls:
 they join the assistant message before them, so that one turn's calls are one message, as in
-chat) and `function_call_output` items (tool messages). `reasoning` items given back are
-checked and not re-fed, as chat does with `reasoning_content`. Images, files, audio, the
-built-in tools' items and item references are refused, naming the item's `type`.
+chat) and `function_call_output` items (tool messages). A `reasoning` item given back is the
+reasoning of the assistant message or calls after it (chat's `reasoning_content`): the chat
+template decides whether it is rendered. Images, files, audio, the built-in tools' items and
+item references are refused, naming the item's `type`.
 """
 
 from __future__ import annotations
@@ -74,13 +75,15 @@ def parse_input(value: Any) -> tuple[Message, ...]:
         _fail_empty_array("input")
     if len(value) > MAX_MESSAGES:
         _fail_array_too_long("input", MAX_MESSAGES, len(value))
-    messages: list[Message] = []
+    found: list[Message] = []
     for i, item in enumerate(value):
-        _item(item, f"input[{i}]", messages)
+        _item(item, f"input[{i}]", found)
+    # A reasoning item that no assistant message or call followed has nothing to go with.
+    messages = [m for m in found if not _reasoning_only(m)]
     if not messages:
         raise invalid_request(
-            "Invalid 'input': no message, function_call or function_call_output item (reasoning "
-            "items given back are not given to the model).",
+            "Invalid 'input': no message, function_call or function_call_output item (a "
+            "reasoning item goes with the assistant message or call after it).",
             "input",
             "empty_array",
         )
@@ -89,7 +92,10 @@ def parse_input(value: Any) -> tuple[Message, ...]:
 
 def _bounded(messages: tuple[Message, ...]) -> tuple[Message, ...]:
     """The input's messages, at most MAX_PROMPT_CHARS in all (a plain string too)."""
-    chars = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
+    chars = sum(
+        len(m.content) + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls)
+        for m in messages
+    )
     if chars > MAX_PROMPT_CHARS:
         raise invalid_request(
             f"Invalid 'input': too long ({chars} characters; at most {MAX_PROMPT_CHARS}).",
@@ -111,11 +117,15 @@ def _item(value: Any, path: str, out: list[Message]) -> None:
         _required(value, "type", path)
     if type(kind) is not str:
         _fail_type(f"{path}.type", "a string", kind)
+    last = out[-1] if out else None
     if kind == "message":
-        out.append(_message(value, path))
+        message = _message(value, path)
+        if message.role == "assistant" and last is not None and _reasoning_only(last):
+            out[-1] = attrs.evolve(last, content=message.content)
+        else:
+            out.append(message)
     elif kind == "function_call":
         call = _function_call(value, path)
-        last = out[-1] if out else None
         if last is not None and last.role == "assistant":
             out[-1] = attrs.evolve(last, tool_calls=(*last.tool_calls, call))
         else:
@@ -123,7 +133,11 @@ def _item(value: Any, path: str, out: list[Message]) -> None:
     elif kind == "function_call_output":
         out.append(_function_call_output(value, path))
     elif kind == "reasoning":
-        _reasoning_item(value, path)
+        text = _reasoning_item(value, path)
+        if last is not None and _reasoning_only(last):
+            out[-1] = attrs.evolve(last, reasoning=f"{last.reasoning}\n{text}")
+        else:
+            out.append(Message("assistant", "", reasoning=text))
     elif kind in _OTHER_ITEM_TYPES:
         _fail_unsupported_kind(
             f"{path}.type",
@@ -210,14 +224,44 @@ def _function_call_output(value: dict[str, Any], path: str) -> Message:
     return Message("tool", text, tool_call_id=call_id)
 
 
-def _reasoning_item(value: dict[str, Any], path: str) -> None:
-    """A reasoning item given back: checked, not re-fed (the chat's reasoning_content)."""
+def _reasoning_only(message: Message) -> bool:
+    """An assistant message made by a reasoning item, before what the reasoning led to."""
+    return (
+        message.role == "assistant"
+        and message.reasoning is not None
+        and not message.content
+        and not message.tool_calls
+    )
+
+
+_REASONING_PARTS = {"content": "reasoning_text", "summary": "summary_text"}
+
+
+def _reasoning_item(value: dict[str, Any], path: str) -> str:
+    """A reasoning item given back: its text (the `reasoning_text` parts this server writes,
+    else the `summary_text` parts another server wrote), each part on a line."""
     _keys(value, path, ("type", "id", "summary", "content", "encrypted_content", "status"))
-    for key in ("summary", "content"):
-        if value.get(key) is not None and type(value[key]) is not list:
-            _fail_type(f"{path}.{key}", "an array", value[key])
+    texts: dict[str, list[str]] = {}
+    for key, kind in _REASONING_PARTS.items():
+        parts = value.get(key)
+        if parts is None:
+            continue
+        if type(parts) is not list:
+            _fail_type(f"{path}.{key}", "an array", parts)
+        if len(parts) > MAX_CONTENT_PARTS:
+            _fail_array_too_long(f"{path}.{key}", MAX_CONTENT_PARTS, len(parts))
+        texts[key] = []
+        for j, part in enumerate(parts):
+            part_path = f"{path}.{key}[{j}]"
+            if type(part) is not dict:
+                _fail_type(part_path, "an object", part)
+            _keys(part, part_path, ("type", "text"))
+            if _required_str(part, "type", part_path) != kind:
+                _fail_value(f"{part_path}.type", part["type"], (kind,))
+            texts[key].append(_required_str(part, "text", part_path))
     if value.get("encrypted_content") is not None:
         _fail_unsupported(
             f"{path}.encrypted_content", "this server neither writes nor reads encrypted reasoning"
         )
     _status(value, path)
+    return "\n".join(texts.get("content") or texts.get("summary") or [])

@@ -212,7 +212,15 @@ def output_items(
 
 def output_messages(output: Sequence[dict[str, Any]]) -> tuple[Message, ...]:
     """What a response said, as the assistant message that continues its conversation
-    (previous_response_id); its reasoning is not re-fed, as chat does."""
+    (previous_response_id), its reasoning included (the chat template decides whether it is
+    rendered)."""
+    reasoning = "".join(
+        part["text"]
+        for item in output
+        if item["type"] == "reasoning"
+        for part in item["content"]
+        if part["type"] == "reasoning_text"
+    )
     text = "".join(
         part["text"]
         for item in output
@@ -225,7 +233,7 @@ def output_messages(output: Sequence[dict[str, Any]]) -> tuple[Message, ...]:
         for item in output
         if item["type"] == "function_call"
     )
-    return (Message("assistant", text, tool_calls=calls),)
+    return (Message("assistant", text, tool_calls=calls, reasoning=reasoning or None),)
 
 
 def response_body(

@@ -453,6 +453,10 @@ def _message_dict(message: Message) -> dict[str, Any]:
         ]
     if message.tool_call_id is not None:
         data["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:
+        # Templates read it under either name: `reasoning_content` (Qwen3, GLM, MiniMax,
+        # Kimi, Gemma) or `thinking` (gpt-oss's Harmony template, Ollama's).
+        data["reasoning_content"] = data["thinking"] = message.reasoning
     return data
 
 

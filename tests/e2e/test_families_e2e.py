@@ -7,9 +7,10 @@ no markup anywhere."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import jsonschema
@@ -20,6 +21,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from runner.demo_families import FAMILIES
+from runner.engine.mlx_model import MlxModel
 from runner.harmony import MARKERS
 from tests.support import UNIT, Gateway, Process, start_runner
 
@@ -327,3 +329,170 @@ async def test_gemma4s_nested_arguments_cannot_be_forced_and_say_so(
         "for strings, numbers, booleans and null; an object or array argument (or one of no "
         'single "type") cannot be forced.'
     )
+
+
+async def test_harmonys_analysis_is_thinking_in_anthropics_messages(
+    gateway: Gateway, client: openai.AsyncOpenAI
+) -> None:
+    # A JSON answer (output_config.format), before which the random model reasons.
+    model = FAMILIES["harmony"].model_id
+    chat = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": QUESTION}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "w", "schema": SCHEMA, "strict": True},
+        },
+        reasoning_effort="low",
+        temperature=0,
+        max_tokens=400,
+    )
+    message: Any = chat.choices[0].message
+    assert message.reasoning_content
+    assert chat.usage is not None
+    async with anthropic.AsyncAnthropic(base_url=gateway.base, api_key="-") as claude:
+        request: Any = {
+            "model": model,
+            "max_tokens": 400,
+            "messages": [{"role": "user", "content": QUESTION}],
+            "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}, "effort": "low"},
+            "extra_body": {"temperature": 0},
+        }
+        said = await claude.messages.create(**request)
+        thought: list[str] = []
+        async with claude.messages.stream(**request) as stream:
+            async for part in stream:
+                if part.type == "content_block_delta" and part.delta.type == "thinking_delta":
+                    thought.append(part.delta.thinking)
+            streamed = await stream.get_final_message()
+    assert [block.type for block in said.content] == ["thinking", "text"]
+    thinking, text = said.content
+    assert thinking.type == "thinking"
+    assert text.type == "text"
+    clean(thinking.thinking)
+    clean(text.text)
+    assert thinking.thinking == message.reasoning_content
+    assert json.loads(text.text) == json.loads(message.content)
+    assert said.stop_reason == "end_turn"
+    assert said.usage.output_tokens == chat.usage.completion_tokens
+    assert len(thought) >= 2
+    assert "".join(thought) == thinking.thinking
+    assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in said.content]
+
+
+REASONING = "The user wants the weather in Paris; get_weather answers that."
+RESULT = "clear, 18 degrees"
+ARGUMENTS = {"city": "Paris", "days": 1}
+
+
+async def test_earlier_reasoning_goes_back_to_the_template_in_every_dialect(
+    gateway: Gateway, client: openai.AsyncOpenAI
+) -> None:
+    """A turn's reasoning given back with its call, in each dialect's way, is rendered by the
+    Harmony template before the call it led to: the prompt mlx-lm's tokenizer makes of the
+    conversation, the same in every dialect."""
+    model = FAMILIES["harmony"].model_id
+    tools: Any = [{"type": "function", "function": FUNCTION}]
+    call: Any = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps(ARGUMENTS)},
+    }
+    history: Any = [
+        {"role": "user", "content": QUESTION},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": REASONING,
+            "tool_calls": [call],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": RESULT},
+    ]
+    turn: Any = {"model": model, "tools": tools, "max_tokens": 1, "reasoning_effort": "medium"}
+    chat = await client.chat.completions.create(**turn, messages=history)
+    history[1]["reasoning"] = history[1].pop("reasoning_content")  # vLLM's newer name
+    renamed = await client.chat.completions.create(**turn, messages=history)
+    history[1].pop("reasoning")
+    plain = await client.chat.completions.create(**turn, messages=history)
+
+    responses = [
+        {"role": "user", "content": QUESTION},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": REASONING}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": json.dumps(ARGUMENTS)},
+        {"type": "function_call_output", "call_id": "call_1", "output": RESULT},
+    ]  # fmt: skip
+    responses_tools: Any = [{"type": "function", **FUNCTION}]
+    response = await client.responses.create(
+        model=model,
+        input=cast(Any, responses),
+        tools=responses_tools,
+        max_output_tokens=16,
+        reasoning={"effort": "medium"},
+    )
+
+    async with anthropic.AsyncAnthropic(base_url=gateway.base, api_key="-") as claude:
+        back = await claude.messages.create(
+            model=model,
+            max_tokens=1,
+            messages=[
+                {"role": "user", "content": QUESTION},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": REASONING, "signature": ""},
+                        {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                         "input": ARGUMENTS},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": RESULT}
+                    ],
+                },
+            ],
+            tools=[TOOL],
+        )  # fmt: skip
+
+    with ollama.Client(host=gateway.base) as local:
+        olla = local.chat(
+            model=model,
+            messages=[
+                {"role": "user", "content": QUESTION},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "thinking": REASONING,
+                    "tool_calls": [{"function": {"name": "get_weather", "arguments": ARGUMENTS}}],
+                },
+                {"role": "tool", "tool_name": "get_weather", "content": RESULT},
+            ],
+            tools=tools,
+            options={"num_predict": 1},
+            think="medium",
+        )
+
+    # The conversation as mlx-lm's tokenizer renders it, in this process.
+    tokenizer = MlxModel.load(model).tokenizer
+    rendered: Any = copy.deepcopy(history)
+    rendered[1] |= {"thinking": REASONING, "content": ""}
+    rendered[1]["tool_calls"][0]["function"]["arguments"] = ARGUMENTS
+    prompt = tokenizer.apply_chat_template(
+        rendered, tools=tools, add_generation_prompt=True, reasoning_effort="medium"
+    )
+    analysis = tokenizer.encode(
+        f"<|start|>assistant<|channel|>analysis<|message|>{REASONING}<|end|>",
+        add_special_tokens=False,
+    )
+    counts = {
+        "chat": chat.usage and chat.usage.prompt_tokens,
+        "chat, reasoning": renamed.usage and renamed.usage.prompt_tokens,
+        "responses": response.usage and response.usage.input_tokens,
+        "anthropic": back.usage.input_tokens,
+        "ollama": olla.prompt_eval_count,
+    }
+    assert counts == dict.fromkeys(counts, len(prompt))
+    assert plain.usage is not None
+    assert plain.usage.prompt_tokens == len(prompt) - len(analysis)

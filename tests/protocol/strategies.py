@@ -126,7 +126,7 @@ hellos = st.builds(
     members=_tuples(hardware),
 )
 welcomes = st.builds(Welcome, runner_id=text, protocol_version=ints, heartbeat_interval=floats)
-messages = st.builds(Message, role=roles, content=text, name=optional_text)
+messages = st.builds(Message, role=roles, content=text, name=optional_text, reasoning=optional_text)
 logit_biases = st.builds(LogitBias, token=ints, bias=floats)
 sampling_params = st.builds(
     SamplingParams,

@@ -12,7 +12,7 @@ from hypothesis import given
 
 from protocol.anthropic.request import parse_count_request, parse_messages_request
 from protocol.codec import decode_gateway_frame, encode
-from protocol.frames import Message, SamplingParams, Tool, ToolCall
+from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import OpenAIError
 from tests.protocol.strategies import json_values, mutations
 
@@ -110,6 +110,7 @@ def test_a_tool_conversation() -> None:
             role="assistant",
             content="Looking.",
             tool_calls=(ToolCall("toolu_1", "get_weather", '{"city":"Paris"}'),),
+            reasoning="t",
         ),
         Message(role="tool", content="Sunny", tool_call_id="toolu_1"),
         Message(role="user", content="And tomorrow?"),
@@ -133,6 +134,55 @@ def test_thinking_goes_through_the_chat_template_switch() -> None:
     assert parse(thinking={"type": "disabled"}).reasoning_effort == "none"
     enabled = parse(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024})
     assert enabled.reasoning_effort not in (None, "none", "minimal")
+
+
+def test_output_config_is_the_answers_schema_and_the_effort() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    gen = parse(output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert gen.response_format == ResponseFormat(
+        "json_schema", schema=orjson.dumps(schema).decode(), strict=True
+    )
+    assert gen.reasoning_effort is None
+    assert parse(output_config={"effort": "high"}).reasoning_effort == "high"
+    assert parse(
+        output_config={"effort": "low"}, thinking={"type": "disabled"}
+    ).reasoning_effort == ("none")
+    on = {"type": "enabled", "budget_tokens": 1024}
+    assert parse(
+        max_tokens=2048, thinking=on, output_config={"effort": "max"}
+    ).reasoning_effort == ("max")
+    assert parse(output_config={}).response_format is None
+
+
+@pytest.mark.parametrize(
+    ("config", "param"),
+    [
+        ("json", "output_config"),
+        ({"effort": "extreme"}, "output_config.effort"),
+        ({"effort": 3}, "output_config.effort"),
+        ({"format": {"type": "json_object"}}, "output_config.format.type"),
+        ({"format": {"type": "json_schema"}}, "output_config.format.schema"),
+        ({"format": {"type": "json_schema", "schema": "{}"}}, "output_config.format.schema"),
+        ({"format": {"type": "json_schema", "schema": {}, "x": 1}}, "output_config.format.x"),
+        ({"verbosity": "low"}, "output_config.verbosity"),
+    ],
+)
+def test_a_bad_output_config_names_its_field(config: Any, param: str) -> None:
+    with pytest.raises(OpenAIError) as err:
+        parse(output_config=config)
+    assert (err.value.status, err.value.param) == (400, param)
+
+
+def test_a_thinking_block_needs_its_text() -> None:
+    turn = {"role": "assistant", "content": [{"type": "thinking", "signature": ""}]}
+    with pytest.raises(OpenAIError) as err:
+        parse(messages=[{"role": "user", "content": "Hi"}, turn, {"role": "user", "content": "?"}])
+    assert err.value.param == "messages[1].content[0].thinking"
+    redacted = {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}
+    gen = parse(
+        messages=[{"role": "user", "content": "Hi"}, redacted, {"role": "user", "content": "?"}]
+    )
+    assert gen.messages[1] == Message(role="assistant", content="")
 
 
 @pytest.mark.parametrize(

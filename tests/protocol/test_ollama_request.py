@@ -149,7 +149,10 @@ def test_tools_and_a_tool_conversation() -> None:
         Message("system", "Be brief."),
         Message("user", "What is the weather like in Paris today?"),
         Message(
-            "assistant", "", tool_calls=(ToolCall("call_0", "get_weather", '{"city":"Paris"}'),)
+            "assistant",
+            "",
+            tool_calls=(ToolCall("call_0", "get_weather", '{"city":"Paris"}'),),
+            reasoning="I should call it.",
         ),
         Message("tool", "sunny", name="get_weather"),
     )

@@ -161,7 +161,7 @@ def test_full_request_maps_to_the_exact_generate() -> None:
             Message(role="developer", content="Be brief."),
             Message(role="system", content="Sys", name="s"),
             Message(role="user", content="a\nb", name="alice"),
-            Message(role="assistant", content="ok"),
+            Message(role="assistant", content="ok", reasoning="thinking..."),
             Message(role="user", content=""),
         ),
         max_tokens=64,
@@ -366,7 +366,28 @@ def test_assistant_message_as_the_openai_sdk_sends_it_back() -> None:
     # What `messages.append(completion.choices[0].message)` puts on the wire.
     message = {"role": "assistant", "content": "4", "refusal": None, "reasoning_content": "2+2"}
     chat = parse(request(messages=[USER, message, USER]))
-    assert chat.messages[1] == Message(role="assistant", content="4")
+    assert chat.messages[1] == Message(role="assistant", content="4", reasoning="2+2")
+
+
+def test_an_assistant_messages_reasoning_goes_back_under_either_name() -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for key in ("reasoning_content", "reasoning"):
+        message = {"role": "assistant", "content": None, key: "why", "tool_calls": [call]}
+        assert parse(request(messages=[USER, message])).messages[1] == Message(
+            role="assistant", content="", tool_calls=(ToolCall("c", "f", "{}"),), reasoning="why"
+        )
+    same = {"role": "assistant", "content": "4", "reasoning_content": "r", "reasoning": "r"}
+    assert parse(request(messages=[USER, same])).messages[1].reasoning == "r"
+    both = {"role": "assistant", "content": "4", "reasoning_content": "a", "reasoning": "b"}
+    err = refusal(request(messages=[USER, both]))
+    assert (err.status, err.param, err.code) == (400, "messages[1].reasoning", "invalid_value")
+    assert err.message == (
+        "Invalid 'messages[1]': reasoning_content and reasoning differ; send one of them."
+    )
+    wrong = {"role": "assistant", "content": "4", "reasoning": 7}
+    assert refusal(request(messages=[USER, wrong])).param == "messages[1].reasoning"
+    # Only an assistant's message carries reasoning.
+    assert refusal(request(messages=[{**USER, "reasoning": "x"}])).param == "messages[0].reasoning"
 
 
 def test_text_part_with_cache_breakpoint() -> None:

@@ -97,6 +97,7 @@ def test_message_items_function_calls_and_their_outputs() -> None:
                 ToolCall("c1", "get_weather", '{"city": "Paris"}'),
                 ToolCall("c2", "get_weather", "{}"),
             ),
+            reasoning="x",
         ),
         Message("tool", "sunny", tool_call_id="c1"),
         Message("tool", "rain", tool_call_id="c2"),
@@ -108,6 +109,60 @@ def test_a_function_call_first_is_its_own_assistant_message() -> None:
         input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]
     )
     assert request.input == (Message("assistant", "", tool_calls=(ToolCall("c", "f", "{}"),)),)
+
+
+def reasoning(text: str = "why", key: str = "content") -> dict[str, Any]:
+    kind = "reasoning_text" if key == "content" else "summary_text"
+    return {"type": "reasoning", "id": "rs", "summary": [], key: [{"type": kind, "text": text}]}
+
+
+CALL = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+ANSWER = {"type": "message", "role": "assistant", "content": "Done."}
+
+
+def test_a_reasoning_item_goes_with_what_follows_it() -> None:
+    user = {"role": "user", "content": "hi"}
+    assert parse(input=[user, reasoning(), CALL]).input == (
+        Message("user", "hi"),
+        Message("assistant", "", tool_calls=(ToolCall("c", "f", "{}"),), reasoning="why"),
+    )
+    # Two items of one turn, and a summary where the text is not given (another server's).
+    assert parse(input=[user, reasoning("a"), reasoning("b", "summary"), ANSWER]).input == (
+        Message("user", "hi"),
+        Message("assistant", "Done.", reasoning="a\nb"),
+    )
+    both = {**reasoning("whole"), "summary": [{"type": "summary_text", "text": "short"}]}
+    assert parse(input=[user, both, ANSWER]).input[1].reasoning == "whole"
+    # An answer before the reasoning is its own turn; reasoning with nothing after it is left
+    # out.
+    assert parse(input=[user, ANSWER, reasoning(), user]).input == (
+        Message("user", "hi"),
+        Message("assistant", "Done."),
+        Message("user", "hi"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("item", "param", "code"),
+    [
+        ({**reasoning(), "content": [{"type": "summary_text", "text": "x"}]},
+         "input[0].content[0].type", "invalid_value"),
+        ({**reasoning(), "content": [{"type": "reasoning_text"}]},
+         "input[0].content[0].text", "missing_required_parameter"),
+        ({**reasoning(), "content": ["x"]}, "input[0].content[0]", "invalid_type"),
+        ({**reasoning(), "summary": [{"type": "summary_text", "text": 1}]},
+         "input[0].summary[0].text", "invalid_type"),
+        ({**reasoning(), "content": [{"type": "reasoning_text", "text": "x", "y": 1}]},
+         "input[0].content[0].y", "unknown_parameter"),
+    ],
+)  # fmt: skip
+def test_a_bad_reasoning_item_names_its_part(item: dict[str, Any], param: str, code: str) -> None:
+    refused({"input": [item, ANSWER]}, param, code)
+
+
+def test_reasoning_alone_is_no_input() -> None:
+    message = refused({"input": [reasoning()]}, "input", "empty_array")
+    assert "a reasoning item goes with the assistant message or call after it" in message
 
 
 def test_tools_tool_choice_and_formats() -> None:

@@ -465,3 +465,10 @@ def test_output_messages_continue_the_conversation() -> None:
     assert message.role == "assistant"
     assert message.content == "Let me check."
     assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == [("call_a", "now", "{}")]
+    assert message.reasoning == "hidden"
+    quiet = response_body(
+        base(), reasoning="", text="Hi", tool_calls=(), reason="stop", usage=Usage(1, 1),
+        completed_at=1,
+    )  # fmt: skip
+    (message,) = output_messages(quiet["output"])
+    assert (message.content, message.reasoning) == ("Hi", None)

@@ -71,6 +71,23 @@ def test_a_message_that_differs_anywhere_ends_the_shared_part() -> None:
     assert prefix_chain(answer).hashes[-1] != prefix_chain(other).hashes[-1]
 
 
+def test_reasoning_given_back_is_part_of_its_message() -> None:
+    calls = (ToolCall("c1", "weather", "{}"),)
+    bare = chat(SYSTEM, Message("user", "Hi"), Message("assistant", "", tool_calls=calls))
+    why = attrs.evolve(
+        bare, messages=(*bare.messages[:2], attrs.evolve(bare.messages[2], reasoning="Why"))
+    )
+    ours, theirs = prefix_chain(bare), prefix_chain(why)
+    assert ours.hashes[:3] == theirs.hashes[:3]
+    assert ours.hashes[3] != theirs.hashes[3]
+    assert theirs.chars[3] - theirs.chars[2] == len("Why") + len("{}")
+    # Empty reasoning is still reasoning given (a template may render an empty analysis).
+    empty = attrs.evolve(
+        why, messages=(*why.messages[:2], attrs.evolve(why.messages[2], reasoning=""))
+    )
+    assert prefix_chain(empty).hashes[3] not in (ours.hashes[3], theirs.hashes[3])
+
+
 def test_a_raw_prompt_hashes_in_blocks_and_never_as_a_chat() -> None:
     text = "x" * (2 * RAW_BLOCK + 5)
     raw = Generate("r", "m", (), prompt=text)
