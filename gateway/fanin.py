@@ -69,21 +69,16 @@ class FanIn:
                 self._open -= 1
                 if self._open:
                     finish, choice_finish = None, finish
+            # The part's chunk as a choice of the merged request; every other field (text,
+            # matched_stop, ...) as it came.
             self.stream.push(
-                Chunk(
-                    item.request_id,
-                    item.seq,
-                    item.text,
-                    item.reasoning,
-                    item.tokens,
-                    self._usage(),
-                    finish,
-                    item.stats if finish is not None else None,
-                    item.tool_calls,
-                    item.logprobs,
-                    k * self._n + item.index,
-                    choice_finish,
-                    item.echo,
+                attrs.evolve(
+                    item,
+                    usage=self._usage(),
+                    finish_reason=finish,
+                    stats=item.stats if finish is not None else None,
+                    index=k * self._n + item.index,
+                    choice_finish=choice_finish,
                 )
             )
             return

@@ -56,21 +56,16 @@ def merge(chunks: list[Chunk]) -> list[Chunk]:
 def _merge_run(chunks: list[Chunk]) -> Chunk:
     if len(chunks) == 1:
         return chunks[0]
-    last = chunks[-1]
-    return Chunk(
-        last.request_id,
-        last.seq,
-        "".join(c.text for c in chunks),
-        "".join(c.reasoning for c in chunks),
-        sum(c.tokens for c in chunks),
-        last.usage,
-        last.finish_reason,
-        last.stats,
-        tuple(delta for c in chunks for delta in c.tool_calls),
-        tuple(entry for c in chunks for entry in c.logprobs),
-        last.index,
-        last.choice_finish,
-        joined_echo(chunks),
+    # The last chunk's fields (seq, usage, finish, stats, matched_stop, ...), with what
+    # accumulates joined: a field added to Chunk later is carried without a change here.
+    return attrs.evolve(
+        chunks[-1],
+        text="".join(c.text for c in chunks),
+        reasoning="".join(c.reasoning for c in chunks),
+        tokens=sum(c.tokens for c in chunks),
+        tool_calls=tuple(delta for c in chunks for delta in c.tool_calls),
+        logprobs=tuple(entry for c in chunks for entry in c.logprobs),
+        echo=joined_echo(chunks),
     )
 
 

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import attrs
+
 from gateway.errors import RunnerLost
 from gateway.fanin import FanIn
 from gateway.stream import Failed, RequestStream
-from protocol.frames import Chunk, Echo, Error, FinishReason, Generate, Usage
+from protocol.frames import (
+    Chunk,
+    Echo,
+    Error,
+    FinishReason,
+    Generate,
+    GenerationStats,
+    TokenLogprob,
+    Usage,
+)
 
 
 def part(k: int) -> RequestStream:
@@ -124,3 +135,26 @@ def test_cancel_stops_every_prompt_still_running() -> None:
     last = drain(fan_in.stream)[-1]
     assert isinstance(last, Chunk)
     assert (last.finish_reason, last.usage) == ("cancelled", Usage(6, 1))
+
+
+def test_a_prompts_chunk_keeps_every_field_but_its_place_and_the_usage() -> None:
+    """Each prompt's chunks go on as they came (a stop string, logprobs, tool calls: every
+    field), only renumbered, with the summed usage and the request's finish."""
+    parts = [part(0), part(1)]
+    fan_in = FanIn("cmpl-1", parts, 2, Cancels())
+    stats = GenerationStats(1.0, 2.0, 3, 0.5)
+    ended = attrs.evolve(
+        chunk(1, 0, "x END", 1, usage=Usage(4, 2), finish="stop"),
+        stats=stats,
+        matched_stop="END",
+        logprobs=(TokenLogprob("x", -0.5, ()),),
+    )
+    parts[1].push(ended)
+    parts[0].push(attrs.evolve(ended, request_id="cmpl-1-0", matched_stop="STOP"))
+    first, second = drain(fan_in.stream)
+    assert first == attrs.evolve(
+        ended, index=3, usage=Usage(4, 2), finish_reason=None, stats=None, choice_finish="stop"
+    )
+    assert second == attrs.evolve(
+        ended, request_id="cmpl-1-0", index=1, usage=Usage(8, 4), matched_stop="STOP"
+    )

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import attrs
+
 from gateway.errors import RunnerLost
 from gateway.stream import MAX_PENDING, Failed, RequestStream, merge
-from protocol.frames import Chunk, Echo, Generate, Message, Usage
+from protocol.frames import (
+    Chunk,
+    Echo,
+    Generate,
+    GenerationStats,
+    Message,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+)
 
 
 def chunk(seq: int, final: bool = False) -> Chunk:
@@ -86,3 +97,29 @@ def test_merging_joins_echo_pieces() -> None:
     ]
     (merged,) = merge(chunks)
     assert (merged.text, merged.echo) == ("a", Echo("Hello"))
+
+
+def test_a_merged_chunk_is_the_last_one_with_what_accumulates_joined() -> None:
+    """Every field of the last chunk that does not accumulate (finish, stats, the stop string
+    that ended it, choice, usage, seq: any added later too) is the merged chunk's."""
+    stats = GenerationStats(1.0, 2.0, 3, 0.5)
+    calls = (ToolCallDelta(0, "{", id="c", name="f"), ToolCallDelta(0, "}"))
+    logprob = TokenLogprob("a", -0.5, ())
+    first = Chunk("r", 0, "a", "r1", 1, Usage(5, 1), tool_calls=calls[:1], logprobs=(logprob,))
+    last = Chunk(
+        "r", 1, "b END", "r2", 2, Usage(5, 3), "stop", stats, calls[1:], (logprob,),
+        choice_finish="stop", matched_stop="END",
+    )  # fmt: skip
+    (merged,) = merge([first, last])
+    joined = {"text", "reasoning", "tokens", "tool_calls", "logprobs", "echo"}
+    for field in attrs.fields(Chunk):
+        if field.name not in joined:
+            assert getattr(merged, field.name) == getattr(last, field.name), field.name
+    assert (merged.text, merged.reasoning, merged.tokens) == ("ab END", "r1r2", 3)
+    assert (merged.tool_calls, merged.logprobs) == (calls, (logprob, logprob))
+    # Every field that is not joined differs between the two: the check above can fail.
+    assert all(
+        getattr(first, f.name) != getattr(last, f.name)
+        for f in attrs.fields(Chunk)
+        if f.name not in joined | {"request_id", "index", "echo"}
+    )
