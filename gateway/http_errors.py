@@ -18,15 +18,7 @@ import orjson
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from gateway.errors import (
-    ModelNotFound,
-    ModelUnavailable,
-    QueueFull,
-    QueueTimeout,
-    RunnerLost,
-    ShuttingDown,
-    StreamTimeout,
-)
+from gateway.errors import GatewayError
 from gateway.stream import Failed
 from protocol.anthropic.errors import error_body as anthropic_error
 from protocol.frames import Error
@@ -42,31 +34,17 @@ def openai_error_for(problem: object) -> OpenAIError:
     match problem:
         case OpenAIError():
             return problem
-        case ModelNotFound(model=model):
-            return errors.model_not_found(model)
-        case QueueFull() | QueueTimeout():
-            err = errors.queue_full(retry_after=problem.retry_after)
-            err.message = str(problem)
-            return err
-        case Failed(error=error):
-            return openai_error_for(error)
-        case RunnerLost():
-            return OpenAIError(502, str(problem), "server_error", None, "runner_lost")
-        case StreamTimeout():
-            return OpenAIError(504, str(problem), "server_error", None, "timeout")
-        case ModelUnavailable():
+        case GatewayError():
             return OpenAIError(
-                503,
+                problem.status,
                 str(problem),
-                "server_error",
+                problem.error_type,
                 None,
-                "model_unavailable",
+                problem.code,
                 retry_after=problem.retry_after,
             )
-        case ShuttingDown():
-            return OpenAIError(
-                503, str(problem), "server_error", None, "shutting_down", retry_after=1.0
-            )
+        case Failed(error=error):
+            return openai_error_for(error)
         case Error():
             return errors.runner_error(problem)
     log.error("unexpected error", exc_info=problem if isinstance(problem, BaseException) else None)
