@@ -63,6 +63,11 @@ class GatewayConfig:
     model_grace: float = 30.0
     """Seconds after its last runner left during which a model answers 503 (runners may be
     reconnecting) rather than 404."""
+    start_grace: float = 10.0
+    """Seconds after the gateway starts during which a model no runner has registered yet
+    answers 503 with Retry-After rather than 404: a restarted gateway's runners are on their
+    way back. Five times the runners' longest reconnect backoff (`runner.client.BACKOFF_MAX`,
+    2 s): each tries again within 2 s of the gateway coming up."""
     stream_timeout: float = 60.0
     """Seconds without a frame from the runner after which a request is ended with an error."""
     drain_timeout: float = 30.0

@@ -149,6 +149,8 @@ class Pool:
             collections.deque
         )
         self._last_served: dict[str, float] = {}
+        self._started = time.monotonic()
+        """When the gateway started (the start grace counts from it)."""
         self.rates = Rates()
         """What routing has measured (`gateway.affinity`)."""
         self._seq = itertools.count()
@@ -236,8 +238,13 @@ class Pool:
         return UNKNOWN_MODEL
 
     def _unserved(self, model: str) -> GatewayError:
+        """503 while the model's runners may be on their way (its last one left within the
+        model grace, or the gateway started within the start grace); else 404."""
+        now = time.monotonic()
         seen = self._last_served.get(model)
-        if seen is not None and time.monotonic() - seen < self.config.model_grace:
+        if seen is not None and now - seen < self.config.model_grace:
+            return ModelUnavailable(model, retry_after=1.0)
+        if now - self._started < self.config.start_grace:
             return ModelUnavailable(model, retry_after=1.0)
         return ModelNotFound(model)
 

@@ -134,6 +134,11 @@ def _store_options(command: F) -> F:
     "Seconds after a model's last runner left during which it answers 503, not 404.",
 )
 @_config_option(
+    "start_grace",
+    "Seconds after start during which a model no runner has registered yet answers 503, "
+    "not 404 (runners reconnecting to a restarted gateway).",
+)
+@_config_option(
     "stream_timeout", "Seconds without a runner frame before a request is ended with an error."
 )
 @_config_option("drain_timeout", "On SIGTERM, seconds to let requests in flight finish.")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import openai
 import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
@@ -830,6 +831,48 @@ async def test_gateway_killed_and_restarted_gets_all_runners_back(cluster: Clust
     async with httpx.AsyncClient(timeout=10 * UNIT) as http:
         reply = await stream_chat(back, http, body(5), Reply())
     reply.assert_complete(5)
+
+
+async def test_a_restarted_gateway_answers_503_until_its_runners_are_back(
+    cluster: Cluster,
+) -> None:
+    """Within its start grace a gateway does not know which models will come back: a model no
+    runner has registered yet is 503 model_unavailable with Retry-After (which OpenAI's SDKs
+    retry), not a 404 (which they do not); after the grace, a model nobody serves is 404."""
+    gw = cluster.gateway()
+    away = cluster.runner(gw, "away")
+    cluster.wait_listed(gw, "away")
+    kill(gw.process)
+    away.proc.send_signal(signal.SIGSTOP)  # kept from reconnecting until the test says so
+    back = cluster.gateway("--start-grace", secs(3), port=gw.port)
+    url = f"{back.base}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=10 * UNIT) as http:
+        for model in (MODEL, "nobody"):
+            early = await http.post(url, json=body(3, model=model, stream=False))
+            assert (early.status_code, early.headers.get("retry-after")) == (503, "1")
+            assert early.json()["error"]["code"] == "model_unavailable"
+
+        # An SDK client asking now gets its answer once the runner is back: it retries 503s.
+        async with openai.AsyncOpenAI(
+            base_url=f"{back.base}/v1", api_key="-", max_retries=8
+        ) as sdk:
+            asked = asyncio.ensure_future(
+                sdk.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=3)
+            )
+            await asyncio.sleep(0.2 * UNIT)
+            away.proc.send_signal(signal.SIGCONT)
+            answer = await asyncio.wait_for(asked, 20 * UNIT)
+        assert answer.choices[0].message.content == expected(3)
+
+        async def not_found() -> bool:
+            resp = await http.post(url, json=body(3, model="nobody", stream=False))
+            if resp.status_code == 503:
+                return False
+            assert resp.status_code == 404, resp.text
+            assert resp.json()["error"]["code"] == "model_not_found"
+            return True
+
+        await eventually(not_found, 5, "the start grace to end")
 
 
 # --- cancellation ---------------------------------------------------------------------------

@@ -98,6 +98,7 @@ def test_every_gateway_flag_sets_its_config_field(started: list[GatewayConfig]) 
         "--queue-timeout": ("queue_timeout", 1.5),
         "--liveness-timeout": ("liveness_timeout", 4.0),
         "--model-grace": ("model_grace", 2.0),
+        "--start-grace": ("start_grace", 4.0),
         "--stream-timeout": ("stream_timeout", 9.0),
         "--drain-timeout": ("drain_timeout", 8.0),
         "--first-token-wait": ("first_token_wait", 0.5),
