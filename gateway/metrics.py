@@ -14,6 +14,7 @@ is counted as "unknown"), `dialect` is the API the client spoke, `outcome` is "o
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
@@ -291,6 +292,12 @@ class PoolCollector(Collector):
         runners = list(pool.runners.values())
         yield _gauge("orchard_runners_connected", "Runners in the pool.", [([], len(runners))])
         yield _gauge(
+            "orchard_gateway_tasks",
+            "asyncio tasks alive on the gateway's event loop: flat under a steady load, so "
+            "that growth shows a leak (a stream or connection task never ended).",
+            [([], _tasks())],
+        )
+        yield _gauge(
             "orchard_requests_in_flight",
             "Requests running on a runner.",
             [([], pool.in_flight())],
@@ -391,6 +398,14 @@ def _model_gauges(runners: list[RunnerConn]) -> Iterable[Metric]:
 
 def _number(value: int | None) -> float:
     return float(value or 0)
+
+
+def _tasks() -> int:
+    """The event loop's tasks (0 when scraped off the loop, as a test may)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
 
 
 def _gauge(

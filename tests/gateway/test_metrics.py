@@ -361,6 +361,36 @@ async def test_runner_gauges_follow_the_pool(gateway: Gateway, http: httpx.Async
     assert not any(name == "orchard_runner_kv_cache_bytes" for name, _ in after)
 
 
+async def test_the_event_loops_tasks_rise_with_streams_and_fall_when_they_end(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    runner = await FakeRunner.connect(
+        gateway, models=("tasks-model",), name="tasks-runner", max_concurrent=8
+    )
+    before = value(await scrape(http), "orchard_gateway_tasks")
+    assert before >= 1  # the scrape's own task at least
+    clients = [httpx.AsyncClient(base_url=gateway.base, timeout=10 * UNIT) for _ in range(5)]
+    body = {**chat(model="tasks-model"), "stream": True}
+    try:
+        asked = [asyncio.ensure_future(c.post("/v1/chat/completions", json=body)) for c in clients]
+        generates = [await runner.next_request() for _ in clients]
+        during = value(await scrape(http), "orchard_gateway_tasks")
+        assert during >= before + 5, (before, during)
+        for generate in generates:
+            await runner.send(FakeRunner.chunk(generate.request_id, 0, "x", done=True))
+        for reply in asked:
+            assert (await reply).status_code == 200
+    finally:
+        for client in clients:
+            await client.aclose()
+        await runner.close()
+
+    async def settled() -> bool:
+        return value(await scrape(http), "orchard_gateway_tasks") <= before
+
+    await async_wait_until(settled, 10, "the streams' tasks to end")
+
+
 async def test_models_on_demand_their_states_downloads_and_loads(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
