@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 import openai
@@ -857,7 +857,7 @@ async def test_a_restarted_gateway_answers_503_until_its_runners_are_back(
             base_url=f"{back.base}/v1", api_key="-", max_retries=8
         ) as sdk:
             asked = asyncio.ensure_future(
-                sdk.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=3)
+                sdk.chat.completions.create(model=MODEL, messages=cast(Any, PROMPT), max_tokens=3)
             )
             await asyncio.sleep(0.2 * UNIT)
             away.proc.send_signal(signal.SIGCONT)
