@@ -3,6 +3,7 @@ runners ask for (`protocol.pinning`)."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import attrs
@@ -13,7 +14,7 @@ from prometheus_client.exposition import choose_encoder
 from gateway.auth import METRICS_PATH
 from gateway.config import GatewayConfig
 from gateway.pool import Pool, RunnerConn
-from protocol.pinning import PROOF_PATH, proof
+from protocol.pinning import PROOF_PATH, fingerprint, proof
 
 _STATE_RANK = {"loadable": 0, "loading": 1, "loaded": 2}
 
@@ -119,18 +120,21 @@ async def metrics(request: Request[Any, Any, Any], state: State) -> Response[byt
 
 @get(PROOF_PATH, include_in_schema=False)
 async def tls_proof(request: Request[Any, Any, Any], state: State) -> Response[dict[str, Any]]:
-    """A runner's question before it trusts this gateway's certificate: the proof that the
-    gateway knows the runner token, bound to the certificate it serves (protocol.pinning).
-    404 when the gateway serves no TLS or has no runner token to prove."""
+    """A runner's question before it trusts this gateway's certificate: the chain it serves
+    (the leaf, then its authority: public, any client sees them) and, with a runner token, the
+    proof that the gateway knows it, bound to the leaf (protocol.pinning). 404 when the
+    gateway serves no TLS."""
     config: GatewayConfig = state.config
     nonce = str(request.query_params.get("nonce", ""))
-    if config.tls_fingerprint is None or config.runner_token is None:
+    if config.tls_fingerprint is None:
         return Response({"error": "this gateway has no TLS proof to give"}, status_code=404)
     if not 16 <= len(nonce) <= 128:
         return Response({"error": "nonce: 16 to 128 characters"}, status_code=400)
-    return Response(
-        {
-            "fingerprint": config.tls_fingerprint,
-            "proof": proof(config.runner_token, nonce, config.tls_fingerprint),
-        }
-    )
+    chain = config.tls_chain
+    served = fingerprint(ssl.PEM_cert_to_DER_cert(chain[0])) if chain else config.tls_fingerprint
+    body: dict[str, Any] = {"fingerprint": served}
+    if chain:  # without one (an embedder's config), the leaf is its own authority
+        body["chain"] = list(chain)
+    if config.runner_token is not None:
+        body["proof"] = proof(config.runner_token, nonce, served)
+    return Response(body)

@@ -20,8 +20,12 @@ class GatewayConfig:
     metrics_open: bool = False
     """Serve `GET /metrics` without an API key (for a scraper on the LAN)."""
     tls_fingerprint: str | None = None
-    """The SHA-256 fingerprint of the certificate the gateway serves over TLS (set by the
-    `orchard gateway` command when it serves TLS); runners are proven it (protocol.pinning)."""
+    """The SHA-256 fingerprint of the certificate authority clients and runners trust: the
+    root of the chain the gateway serves over TLS (set by the `orchard gateway` command when
+    it serves TLS, with `tls_chain`)."""
+    tls_chain: tuple[str, ...] = ()
+    """The certificates served over TLS, as PEM: the leaf first, its authority last. Runners
+    are proven the leaf and pin the authority (protocol.pinning, runner.pinning)."""
     allowed_origins: frozenset[str] = frozenset()
     """Browser origins allowed besides the gateway's own ("*" for any)."""
     auth_timeout: float = 10.0

@@ -79,10 +79,12 @@ def _tls_options(command: F) -> F:
         click.option(
             "--tls/--no-tls",
             default=None,
-            help="Serve HTTPS / WSS. Default: on when listening off loopback. The certificate "
-            "is generated on first start and kept in $ORCHARD_TLS_DIR (~/.orchard/tls), "
-            "unless --tls-cert and --tls-key give one; runners pin it once the gateway "
-            "proves it knows the runner token (docs/security.md).",
+            help="Serve HTTPS / WSS. Default: on when listening off loopback. Unless "
+            "--tls-cert and --tls-key give a certificate, a local certificate authority made "
+            "on first start and kept in $ORCHARD_TLS_DIR (~/.orchard/tls, ca.pem) issues one "
+            "for the current addresses at each start where they changed; clients trust "
+            "ca.pem, runners pin it once the gateway proves it knows the runner token "
+            "(docs/security.md).",
         ),
         click.option(
             "--tls-cert",
@@ -249,14 +251,17 @@ def gateway(
 def _with_tls(
     config: GatewayConfig, tls: bool | None, cert: Path | None, key: Path | None
 ) -> tuple[GatewayConfig, tuple[Path, Path] | None]:
-    """The config with its certificate's fingerprint, and the certificate and key to serve
-    TLS with (None: plain HTTP)."""
+    """The config with the certificate chain it serves and its authority's fingerprint, and
+    the certificate and key to serve TLS with (None: plain HTTP)."""
     files = _tls_files(config, tls, cert, key)
     if files is None:
         return config, None
-    from gateway.tls import certificate_fingerprint
+    from gateway.tls import authority_fingerprint, served_chain
 
-    return attrs.evolve(config, tls_fingerprint=certificate_fingerprint(files[0])), files
+    served = attrs.evolve(
+        config, tls_fingerprint=authority_fingerprint(files[0]), tls_chain=served_chain(files[0])
+    )
+    return served, files
 
 
 def _tls_files(
@@ -353,12 +358,16 @@ async def _run_gateway(
 
 def _log_tls(config: GatewayConfig, tls: tuple[Path, Path] | None) -> None:
     if tls is not None:
+        from gateway.tls import trust_file
+
         logging.getLogger("gateway").info(
-            "serving HTTPS: certificate %s, SHA-256 fingerprint %s. Clients trust it with "
-            "SSL_CERT_FILE=%s (the openai SDK, httpx, curl --cacert)",
+            "serving HTTPS: certificate %s, its certificate authority %s, SHA-256 fingerprint "
+            "%s (what runners pin). Clients trust it with SSL_CERT_FILE=%s (the openai SDK, "
+            "httpx, curl --cacert)",
             tls[0],
+            trust_file(tls[0]),
             config.tls_fingerprint,
-            tls[0],
+            trust_file(tls[0]),
         )
 
 
@@ -837,7 +846,7 @@ async def _serve(
     server = _server(config, log_level, tls)
     _log_tls(config, tls)
     # Signals stop the runner first, then the server. The local runner pins the certificate
-    # as any runner does (the gateway proves it knows the token).
+    # authority as any runner does (the gateway proves it knows the token).
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
     base = f"{'https' if tls else 'http'}://{local}:{config.port}"
     runner_proc: subprocess.Popen[bytes] | None = None
@@ -871,7 +880,7 @@ async def _serve(
         ],
         env={**os.environ, "ORCHARD_RUNNER_TOKEN": config.runner_token or ""},
     )
-    print(_banner(base, model, tls[0] if tls else None), flush=True)
+    print(_banner(base, model, _trust(tls), config.tls_fingerprint), flush=True)
     runner_exit = asyncio.create_task(asyncio.to_thread(runner_proc.wait))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({server_task, runner_exit, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -887,12 +896,22 @@ async def _serve(
     stopper.cancel()
 
 
-def _banner(base: str, model: str, cert: Path | None = None) -> str:
+def _trust(tls: tuple[Path, Path] | None) -> Path | None:
+    """The file clients trust for the certificate served, if any."""
+    if tls is None:
+        return None
+    from gateway.tls import trust_file
+
+    return trust_file(tls[0])
+
+
+def _banner(base: str, model: str, cert: Path | None = None, fingerprint: str | None = None) -> str:
     trust = (
         f"""
-Its certificate is self-signed unless you gave one: clients trust it with
+Its certificate is issued by this gateway's own certificate authority unless you gave one
+(SHA-256 fingerprint {fingerprint}): clients trust it with
     export SSL_CERT_FILE={cert}
-(`orchard status` prints its fingerprint, and how to fetch it from another machine.)
+(`orchard status` prints the fingerprint, and how to fetch the authority from another machine.)
 """
         if cert is not None
         else ""

@@ -2,7 +2,8 @@
 
 `fetch` reads one endpoint (standard library only: httpx is a test dependency); `render` is
 pure, so the table is tested from recorded JSON without a network. A gateway whose TLS
-certificate this machine does not trust yet gets its fingerprint and one line to trust it.
+certificate this machine does not trust yet gets its certificate authority's fingerprint and
+one line that saves the authority and trusts it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from protocol.pinning import fingerprint
+from protocol.pinning import PROOF_PATH, fingerprint
+from runner.errors import UntrustedGateway
+from runner.pinning import authority
 
 HEADERS = ("NAME", "MODELS", "HARDWARE", "ACTIVE", "DRAINING", "TOKENS", "CONNECTED", "KV CACHE")
 
@@ -58,21 +61,58 @@ def fetch(base: str, path: str, api_key: str | None, timeout: float = 5.0) -> di
 
 
 def _untrusted(base: str) -> str:
-    """What to do about a gateway certificate this machine does not trust: its fingerprint,
-    to compare with the gateway's start-up log, and one line that trusts it."""
+    """What to do about a gateway certificate this machine does not trust: the fingerprint of
+    the authority that issued it (the root of the chain the gateway serves), to compare with
+    the gateway's start-up log, and one line that saves that authority and trusts it."""
     parts = urllib.parse.urlsplit(base)
     host, port = parts.hostname or "", parts.port or 443
     try:
         pem = ssl.get_server_certificate((host, port), timeout=5)
-        shown = fingerprint(ssl.PEM_cert_to_DER_cert(pem))
-    except (OSError, ValueError) as exc:
+        leaf = ssl.PEM_cert_to_DER_cert(pem)
+        chain = _served_chain(base)
+        root = authority(leaf, chain, f"{host}:{port}")
+    except (OSError, ValueError, UntrustedGateway) as exc:
         return f"the gateway at {base} shows a certificate this machine does not trust ({exc})"
-    fetch_it = f"import ssl; print(ssl.get_server_certificate(({host!r}, {port})))"
-    return (
-        f"the gateway at {base} shows a certificate this machine does not trust (self-signed), "
-        f"SHA-256 fingerprint {shown}. Compare it with the gateway's start-up log, then trust "
-        f'it: python3 -c "{fetch_it}" > gateway.pem && export SSL_CERT_FILE="$PWD/gateway.pem"'
+    if chain is None:  # a gateway from before its authority, or an operator's own certificate
+        fetch_it = f"import ssl; print(ssl.get_server_certificate(({host!r}, {port})))"
+        return (
+            f"the gateway at {base} shows a certificate this machine does not trust "
+            f"(self-signed), SHA-256 fingerprint {fingerprint(root)}. Compare it with the "
+            f'gateway\'s start-up log, then trust it: python3 -c "{fetch_it}" > gateway.pem '
+            '&& export SSL_CERT_FILE="$PWD/gateway.pem"'
+        )
+    fetch_it = (
+        "import json, ssl, urllib.request as u; "
+        f"print(json.load(u.urlopen({_proof_url(base)!r}, "
+        "context=ssl._create_unverified_context()))['chain'][-1])"
     )
+    return (
+        f"the gateway at {base} shows a certificate this machine does not trust, issued by "
+        f"the gateway's own certificate authority, SHA-256 fingerprint {fingerprint(root)}. "
+        "Compare it with the gateway's start-up log, then trust the authority: "
+        f'python3 -c "{fetch_it}" > orchard-ca.pem && export SSL_CERT_FILE="$PWD/orchard-ca.pem"'
+    )
+
+
+def _proof_url(base: str) -> str:
+    # The proof's nonce matters to runners only; the chain comes with any.
+    return f"{base.rstrip('/')}{PROOF_PATH}?nonce=orchard-status-chain"
+
+
+def _served_chain(base: str) -> object:
+    """The chain the gateway says it serves (its proof answer's, unverified: `authority`
+    checks it against the certificate shown), or None when it names none."""
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    try:
+        # https only: the caller saw a certificate there.
+        with urllib.request.urlopen(_proof_url(base), timeout=5, context=insecure) as answer:  # noqa: S310
+            body = json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return None
+    return body.get("chain") if isinstance(body, dict) else None
 
 
 def human_bytes(n: int) -> str:

@@ -113,7 +113,10 @@ class Runner:
         self.url = runner_url(gateway)
         self._token = token
         self._tls: ssl.SSLContext | None = None
-        """The pinned gateway certificate's context (wss:// only), once proven."""
+        """The context trusting the gateway's pinned authority (wss:// only), once proven."""
+        self._pinned: bytes | None = None
+        """The gateway's certificate authority once pinned, kept across reconnects and new
+        addresses: a leaf it issues again is trusted, another authority refused."""
         self._rediscover = rediscover
         """Where the gateway is now (mDNS), asked after a connection fails or is lost."""
         self.engine = engine
@@ -182,7 +185,9 @@ class Runner:
                 except (OSError, TimeoutError, websockets.WebSocketException) as exc:
                     log.warning("gateway %s: %s", self.url, exc or type(exc).__name__)
                     if isinstance(exc, ssl.SSLCertVerificationError):
-                        self._tls = None  # a new certificate: the gateway proves it again
+                        # Not from the pinned authority: asked again, the gateway proves the
+                        # token, and another authority than the pinned one is refused.
+                        self._tls = None
                 if registered:
                     delay = BACKOFF_MIN  # it was up: come back fast after a blip
                 if self._stopping.is_set():
@@ -218,12 +223,15 @@ class Runner:
             self._tls = None
 
     async def _tls_context(self) -> ssl.SSLContext | None:
-        """For a wss:// gateway, the context trusting its certificate once it has proven that
-        it knows the runner token (`runner.pinning`); None for ws://."""
+        """For a wss:// gateway, the context trusting its certificate authority once it has
+        proven that it knows the runner token (`runner.pinning`); None for ws://."""
         if not self.url.startswith("wss://"):
             return None
         if self._tls is None:
-            self._tls = await pinned_context(self.url, self._token)
+            trust = await pinned_context(self.url, self._token, self._pinned)
+            self._tls = trust.context
+            if trust.root is not None:
+                self._pinned = trust.root
         return self._tls
 
     def stop(self) -> None:

@@ -4,7 +4,8 @@
     ├── Unauthorized               the gateway refused this runner's credentials
     ├── GatewaySilent              no frame from the gateway for the liveness timeout
     ├── AmbiguousGateway           several gateways answer on the LAN and none was named
-    ├── UntrustedGateway           a TLS gateway did not prove it knows the runner token
+    ├── UntrustedGateway           a TLS gateway did not prove it knows the runner token,
+    │                              or showed another authority than the pinned one
     └── EngineError                an engine could not do what it was asked
         ├── EngineStateError       a call the engine's state forbids (submit before start,
         │                          start twice); also a RuntimeError
@@ -46,7 +47,8 @@ class AmbiguousGateway(RunnerError):
 
 class UntrustedGateway(RunnerError):
     """A gateway serving TLS did not prove it knows the runner token for the certificate it
-    showed (`runner.pinning`); the token was not sent."""
+    showed, or showed another certificate authority than the pinned one (`runner.pinning`);
+    the token was not sent."""
 
 
 class EngineError(RunnerError):

@@ -416,14 +416,16 @@ TLS_TOKEN = "tls-runner-token"
 
 
 class TlsGateway:
-    """`orchard gateway --tls` on loopback, its certificate in its own directory."""
+    """`orchard gateway --tls` on a loopback address, its certificates in their own directory:
+    `cert` the chain it serves, `ca` the authority clients trust."""
 
-    def __init__(self, tls_dir: Path, token: str = TLS_TOKEN) -> None:
+    def __init__(self, tls_dir: Path, token: str = TLS_TOKEN, host: str = "127.0.0.1") -> None:
         self.port = free_port()
-        self.base = f"https://127.0.0.1:{self.port}"
+        self.base = f"https://{host}:{self.port}"
         self.cert = tls_dir / "gateway.pem"
+        self.ca = tls_dir / "ca.pem"
         self.process = Process(
-            ["gateway", "--tls", "--port", str(self.port), "--log-level", "info"],
+            ["gateway", "--tls", "--host", host, "--port", str(self.port), "--log-level", "info"],
             env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(tls_dir)},
         )
         try:
@@ -441,7 +443,7 @@ class TlsGateway:
             return False
 
     def _verify(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.cert))
+        return ssl.create_default_context(cafile=str(self.ca))
 
     def runners(self) -> list[str]:
         got = httpx.get(f"{self.base}/v1/runners", verify=self._verify(), timeout=5).json()

@@ -42,6 +42,7 @@ THIRD_PARTY: dict[str, frozenset[str]] = {
             "zeroconf",
             "huggingface_hub",
             "httpx2",
+            "cryptography",
             "protocol",
         }
     ),

@@ -497,14 +497,14 @@ def test_console_over_tls_shows_the_certificates_fingerprint(
     browser: Browser, tmp_path: Path
 ) -> None:
     gateway = TlsGateway(tmp_path / "tls")
-    # The person has accepted the self-signed certificate in the browser (or trusts its file).
+    # The person has accepted the certificate in the browser (or trusts its authority's file).
     context = browser.new_context(ignore_https_errors=True)
     try:
         page = context.new_page()
         problems = page_problems(page)
         page.goto(f"{gateway.base}/")
         expect(page.locator("#connection")).to_have_attribute("data-status", "open")
-        shown = certificate_fingerprint(gateway.cert)
+        shown = certificate_fingerprint(gateway.ca)  # the authority, what people trust
         tls = page.locator("#tls")
         expect(tls).to_have_attribute("data-fingerprint", shown)
         expect(tls).to_have_text(f"TLS {shown[:11]}…")

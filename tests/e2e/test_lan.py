@@ -106,11 +106,15 @@ def _teardown(network: Lan) -> None:
     subprocess.run(["ip", "link", "del", network.bridge], capture_output=True, check=False)
 
 
-def _gateway(lan: Lan, ns: str, name: str, port: int = PORT, token: str = TOKEN) -> Process:
-    """A gateway on the LAN: TLS by default there, its certificate in its own directory."""
+def _gateway(
+    lan: Lan, ns: str, name: str, port: int = PORT, *, token: str = TOKEN, tls: Path | None = None
+) -> Process:
+    """A gateway on the LAN: TLS by default there, its certificates in its own directory
+    unless `tls` names one."""
+    tls = tls or _tls_dir(lan, ns)
     gateway = Process(
         ["gateway", "--host", "0.0.0.0", "--port", str(port), "--name", name],
-        env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(_tls_dir(lan, ns))},
+        env={"ORCHARD_RUNNER_TOKEN": token, "ORCHARD_TLS_DIR": str(tls)},
         netns=ns,
     )
     health = f"{lan.url(ns, port)}/health"
@@ -175,7 +179,7 @@ def test_a_runner_finds_the_gateway_by_mdns_and_serves_a_client_elsewhere(
                 base_url="{lan.url(gateway)}/v1",
                 api_key="unused",
                 http_client=openai.DefaultHttpxClient(
-                    verify="{_tls_dir(lan, gateway) / "gateway.pem"}"
+                    verify="{_tls_dir(lan, gateway) / "ca.pem"}"
                 ),
             )
             answer = client.chat.completions.create(
@@ -245,18 +249,38 @@ def test_a_second_gateway_makes_the_runner_ask_which(lan: Lan, gateway: str) -> 
         second.stop()
 
 
+def _verified(lan: Lan, url: str, ca: Path) -> str:
+    """`GET url` from the client's namespace by a client trusting `ca`: its status, or why
+    it failed."""
+    script = f"import httpx; print(httpx.get({url!r}, verify={str(ca)!r}, timeout=10).json())"
+    done = subprocess.run(
+        ["ip", "netns", "exec", f"{lan.tag}-cl", sys.executable, "-c", script],
+        capture_output=True,
+        timeout=60 * UNIT,
+        check=False,
+    )
+    return done.stdout.decode() if done.returncode == 0 else done.stderr.decode()
+
+
 def test_a_runner_follows_its_gateway_to_a_new_address(lan: Lan) -> None:
-    # The gateway named "moving" stops and comes back on another machine (namespace): the
-    # runner looks it up again and joins it there.
+    # The gateway named "moving" stops and comes back at another address (another network
+    # namespace), with the same TLS directory: a client trusting its authority verifies it by
+    # IP at both, and the runner looks it up again and joins it there, its pin unchanged.
     first_ns, second_ns = f"{lan.tag}-gw", f"{lan.tag}-gw2"
     port = PORT + 1  # beside the module's gateway, if it runs
-    first = _gateway(lan, first_ns, "moving", port)
+    tls = _tls_dir(lan, "moving")
+    first = _gateway(lan, first_ns, "moving", port, tls=tls)
     runner = _runner(lan, "follower", "--gateway", "moving")
     try:
         wait_until(lambda: "follower" in _runners(lan, first_ns, port), 60, "it to join")
+        assert "'status': 'ok'" in _verified(
+            lan, f"{lan.url(first_ns, port)}/health", tls / "ca.pem"
+        )
         first.stop()
-        second = _gateway(lan, second_ns, "moving", port)
+        second = _gateway(lan, second_ns, "moving", port, tls=tls)
         try:
+            health = _verified(lan, f"{lan.url(second_ns, port)}/health", tls / "ca.pem")
+            assert "'status': 'ok'" in health, health
             wait_until(lambda: "follower" in _runners(lan, second_ns, port), 60, "it to follow")
         finally:
             second.stop()
@@ -264,6 +288,8 @@ def test_a_runner_follows_its_gateway_to_a_new_address(lan: Lan) -> None:
         log = runner.stop()
         first.stop()
     assert f"the gateway is now at wss://{lan.hosts[second_ns]}:{port}" in log, log
+    assert log.count("pinned its certificate authority") == 1, log
+    assert "its certificate authority is still" in log, log
 
 
 def test_a_runner_refuses_an_impostor_that_advertises_the_gateways_name(lan: Lan) -> None:

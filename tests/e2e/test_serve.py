@@ -85,7 +85,7 @@ def test_serve_off_loopback_serves_https_to_clients_and_its_own_runner(
 ) -> None:
     port = free_port()
     base = f"https://127.0.0.1:{port}"
-    cert = tmp_path / "gateway.pem"
+    cert = tmp_path / "ca.pem"  # the authority: what clients trust, and the banner names
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchard", "serve", "--host", "0.0.0.0", "--port", str(port)],
@@ -105,7 +105,7 @@ def test_serve_off_loopback_serves_https_to_clients_and_its_own_runner(
                 return len(got.json()["data"]) == 1
 
             wait_until(runner_up, 60, "serve's local runner, over TLS")
-            # The local runner pinned the certificate as any runner does (the gateway proved
+            # The local runner pinned the authority as any runner does (the gateway proved
             # it knows the token) and serves over WSS.
             trusted = ssl.create_default_context(cafile=cert)
             http_client = openai.DefaultHttpxClient(verify=trusted)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from gateway.config import GatewayConfig
-from gateway.tls import certificate_fingerprint
+from gateway.tls import certificate_fingerprint, served_chain
 from orchard import cli
 from tests.fakehub import FakeHub
 from tests.support import UNIT
@@ -85,8 +85,11 @@ def test_tls_is_on_off_loopback_with_a_kept_certificate(
     assert (plain[1], opted_out[1]) == (None, None)
     assert plain[0].tls_fingerprint is None
     cert, key = tmp_path / "gateway.pem", tmp_path / "gateway.key"
-    assert lan[1] == loopback_tls[1] == (cert, key)  # made once, then kept
-    assert lan[0].tls_fingerprint == certificate_fingerprint(cert)
+    assert lan[1] == loopback_tls[1] == (cert, key)  # the same files, kept or issued again
+    # Each start serves the authority's fingerprint and the chain issued for its addresses.
+    assert lan[0].tls_fingerprint == loopback_tls[0].tls_fingerprint
+    assert lan[0].tls_fingerprint == certificate_fingerprint(tmp_path / "ca.pem")
+    assert loopback_tls[0].tls_chain == served_chain(cert)
     result = CliRunner().invoke(cli.main, ["gateway", "--tls-cert", str(cert)])
     assert result.exit_code == 2
     assert "--tls-cert and --tls-key go together" in result.output

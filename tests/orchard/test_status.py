@@ -260,7 +260,7 @@ def test_watch_redraws_every_n_seconds_until_ctrl_c(
     assert result.output.count("\nstudio ") == 2
 
 
-def test_a_gateway_certificate_not_trusted_yet_gets_its_fingerprint_and_the_line_to_trust_it(
+def test_a_gateway_certificate_not_trusted_yet_gets_its_authority_and_the_line_to_trust_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
@@ -268,12 +268,13 @@ def test_a_gateway_certificate_not_trusted_yet_gets_its_fingerprint_and_the_line
     try:
         result = status("--gateway", gateway.base)
         assert result.exit_code == 1
-        shown = certificate_fingerprint(gateway.cert)
-        assert f"SHA-256 fingerprint {shown}." in result.output
-        line = result.output.split("trust it: ", 1)[1].strip()
-        # The line works: it saves the certificate, and status then trusts it.
+        shown = certificate_fingerprint(gateway.ca)
+        assert f"own certificate authority, SHA-256 fingerprint {shown}." in result.output
+        line = result.output.split("trust the authority: ", 1)[1].strip()
+        # The line works: it saves the authority, and status then trusts it.
         subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True, timeout=30 * UNIT)
-        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "gateway.pem"))
+        assert (tmp_path / "orchard-ca.pem").read_text().strip() == gateway.ca.read_text().strip()
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "orchard-ca.pem"))
         trusted = status("--gateway", gateway.base)
         assert trusted.exit_code == 0, trusted.output
         assert trusted.output.endswith("0 runners; models: none; queue depth: 0\n")
