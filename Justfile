@@ -86,6 +86,8 @@ bench *ARGS: venv
 fuzz EXAMPLES="500": venv
     ORCHARD_FUZZ_EXAMPLES={{EXAMPLES}} {{bin}}/pytest -q tests/gateway/test_schemathesis.py tests/gateway/test_hostile.py
 
-# Soak: gateway + 4 scripted runners, every SSE stream verified: just soak [--requests N] [--concurrency C]
+# --chaos: the same with faults on a random schedule (runners killed, frozen, drained; the
+# gateway restarted) and four dialects at once, every stream classified (bench/chaos.py).
+# Soak: gateway + 4 scripted runners, every stream verified: just soak [--requests N] | --chaos [--minutes 60] [--seed S]
 soak *ARGS: venv
     {{bin}}/python -m bench.soak {{ARGS}}

@@ -9,6 +9,8 @@ must be none), latency percentiles and the gateway's memory and CPU, so that a l
 as RSS that grows with the number of requests.
 
     just soak [--requests 10000] [--concurrency 256] [--tokens 50] [--runners 4]
+
+With `--chaos`, the soak with faults instead: bench/chaos.py (its own options, `--chaos -h`).
 """
 
 from __future__ import annotations
@@ -269,6 +271,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--chaos" in argv:
+        from bench import chaos
+
+        return chaos.main([a for a in argv if a != "--chaos"])
     parser = argparse.ArgumentParser(
         prog="just soak", description="Soak the gateway with verified SSE streams."
     )
