@@ -23,7 +23,7 @@ import orjson
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.openapi_anthropic import CountTokensOperation, MessagesOperation
 from gateway.pool import Pool
 from gateway.relay import Relay, collect, first_item
@@ -36,9 +36,9 @@ from protocol.anthropic.request import (
     parse_messages_request,
 )
 from protocol.anthropic.stream import ANTHROPIC_SSE, PING, MessageWriter, message_body
+from protocol.core.errors import ApiError, invalid_request
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk
-from protocol.openai.errors import OpenAIError, invalid_request
-from protocol.openai.stream import CompletionBuilder, CompletionStream
 
 
 class PingTransport(SseTransport):
@@ -56,7 +56,7 @@ def _check_model(pool: Pool) -> CheckModel:
         try:
             pool.check_model(model, "anthropic")
         except Exception as exc:
-            raise openai_error_for(exc) from exc
+            raise api_error_for(exc) from exc
 
     return check_model
 
@@ -65,10 +65,10 @@ async def _submit(pool: Pool, parsed: MessagesRequest, request_id: str) -> Reque
     try:
         return await pool.submit(parsed.to_generate(request_id), "anthropic")
     except Exception as exc:
-        raise openai_error_for(exc) from exc
+        raise api_error_for(exc) from exc
 
 
-def _thinking_error(err: OpenAIError) -> OpenAIError:
+def _thinking_error(err: ApiError) -> ApiError:
     """A runner's refusal of reasoning_effort is, in this dialect, a refusal of `thinking`."""
     if err.param == "reasoning_effort":
         return invalid_request(
@@ -104,7 +104,7 @@ async def _streaming(
 ) -> Response[Any]:
     first = await first_item(stream, pool.config, pool.cancel)
     if first is not None and not isinstance(first, Chunk):
-        raise _thinking_error(openai_error_for(first))  # nothing sent yet: an HTTP error
+        raise _thinking_error(api_error_for(first))  # nothing sent yet: an HTTP error
     completion = CompletionStream(
         id=message_id,
         created=int(time.time()),
@@ -140,7 +140,7 @@ async def _non_streaming(
         return Response(content=b"", status_code=499)  # the client is gone: never read
     try:
         choices, usage = builder.result()
-    except OpenAIError as err:
+    except ApiError as err:
         raise _thinking_error(err) from err
     body = message_body(choices[0], usage, id=message_id, model=parsed.model)
     return Response(content=orjson.dumps(body), media_type="application/json")
@@ -157,7 +157,7 @@ async def count_tokens(request: Request[Any, Any, Any], state: State) -> Respons
         return Response(content=b"", status_code=499)
     try:
         _, usage = builder.result()
-    except OpenAIError as err:
+    except ApiError as err:
         raise _thinking_error(err) from err
     response = Response(
         content=orjson.dumps({"input_tokens": usage.prompt_tokens}),

@@ -20,7 +20,7 @@ from gateway.chat import chat_completions
 from gateway.client_ws import client_socket
 from gateway.completions import completions
 from gateway.config import GatewayConfig
-from gateway.http_errors import handle_http_exception, handle_openai_error, handle_unexpected
+from gateway.http_errors import handle_api_error, handle_http_exception, handle_unexpected
 from gateway.pool import Pool
 from gateway.runner_link import runner_socket
 from gateway.stored import CompletionStore
@@ -31,7 +31,7 @@ from gateway.stored_api import (
     list_stored_messages,
     update_stored,
 )
-from protocol.openai.errors import OpenAIError
+from protocol.core.errors import ApiError
 
 log = logging.getLogger("gateway")
 
@@ -80,7 +80,7 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
             }
         ),
         exception_handlers={
-            OpenAIError: handle_openai_error,
+            ApiError: handle_api_error,
             HTTPException: handle_http_exception,
             Exception: handle_unexpected,
         },

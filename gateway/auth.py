@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from litestar import Request
 
 from gateway.config import GatewayConfig
-from protocol.openai.errors import OpenAIError, authentication
+from protocol.core.errors import ApiError, authentication
 from protocol.pinning import PROOF_PATH
 
 AUTH_EXEMPT = frozenset({"/health", PROOF_PATH})
@@ -76,7 +76,7 @@ def origin_allowed(origin: str | None, host: str | None, config: GatewayConfig) 
 
 
 def check_http(request: Request[Any, Any, Any]) -> None:
-    """Raise the OpenAI error for a request that fails origin or API-key checks."""
+    """Raise the `ApiError` for a request that fails origin or API-key checks."""
     config: GatewayConfig = request.app.state.config
     path = request.url.path
     if path == METRICS_PATH:
@@ -85,7 +85,7 @@ def check_http(request: Request[Any, Any, Any]) -> None:
     elif not path.startswith(API_PREFIXES) or path in AUTH_EXEMPT:
         return
     if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
-        raise OpenAIError(
+        raise ApiError(
             403, "This origin is not allowed.", "permission_error", None, "origin_not_allowed"
         )
     if config.api_keys and not secret_in(api_key(request.headers), config.api_keys):

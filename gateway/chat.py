@@ -2,7 +2,7 @@
 
 The request is validated (protocol.openai.request) and handed to the pool. A streamed answer
 is relayed to the client by `gateway.relay.Relay` over `gateway.sse.SseTransport`; a plain
-one is collected by `protocol.openai.stream.CompletionBuilder`. Errors that happen before
+one is collected by `protocol.core.stream.CompletionBuilder`. Errors that happen before
 the first byte (bad input, unknown model, queue full, a runner refusing the request) are
 HTTP errors in OpenAI's shape; errors after it are an SSE error event followed by `[DONE]`.
 
@@ -21,13 +21,14 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway.config import GatewayConfig
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.openapi import ChatCompletionsOperation
 from gateway.pool import Pool
 from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stored import CompletionStore, Keeper, keepable
 from gateway.stream import RequestStream
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk
 from protocol.openai.request import (
     ChatRequest,
@@ -35,7 +36,8 @@ from protocol.openai.request import (
     check_max_tokens,
     parse_chat_request,
 )
-from protocol.openai.stream import CompletionBuilder, CompletionStream
+from protocol.openai.response import ChunkWriter, chat_completion_body
+from protocol.openai.stream import SSE
 
 
 def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
@@ -55,7 +57,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
         try:
             pool.check_model(model, "chat")
         except Exception as exc:
-            raise openai_error_for(exc) from exc
+            raise api_error_for(exc) from exc
 
     body = await request.body()
     chat = check_limits(parse_chat_request(body, check_model, store=store.enabled), pool.config)
@@ -64,7 +66,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     try:
         stream = await pool.submit(chat.to_generate(completion_id), "chat")
     except Exception as exc:
-        raise openai_error_for(exc) from exc
+        raise api_error_for(exc) from exc
     if chat.stream:
         response = await _streaming(
             pool, stream, chat, completion_id, store=store, request_id=request_id
@@ -88,7 +90,7 @@ async def _streaming(
 ) -> Response[Any]:
     first = await first_item(stream, pool.config, pool.cancel)
     if first is not None and not isinstance(first, Chunk):
-        raise openai_error_for(first)  # nothing sent yet: a proper HTTP error
+        raise api_error_for(first)  # nothing sent yet: a proper HTTP error
     created = int(time.time())
     fingerprint = pool.fingerprint(chat.model)
     completion = CompletionStream(
@@ -100,6 +102,8 @@ async def _streaming(
         logprobs=chat.logprobs,
         fingerprint=fingerprint,
         n=chat.n,
+        framing=SSE,
+        writer=ChunkWriter,
     )
     keeper = Keeper.of(
         store,
@@ -128,7 +132,8 @@ async def _non_streaming(
     timeout = pool.config.stream_timeout
     if not await collect(stream, builder, timeout, pool.cancel, disconnected(request)):
         return Response(content=b"", status_code=499)  # the client is gone: never read
-    body = builder.body(
+    body = chat_completion_body(
+        builder,
         id=completion_id,
         created=int(time.time()),
         model=chat.model,

@@ -26,7 +26,7 @@ from gateway.admin import runner_info
 from gateway.auth import bearer, origin_allowed, secret_in
 from gateway.config import GatewayConfig
 from gateway.history import RunnerReading
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.pool import Pool
 from gateway.relay import Relay, first_item
 from gateway.stored import CompletionStore, Keeper
@@ -35,9 +35,10 @@ from protocol.browser.framing import BrowserFraming
 from protocol.browser.messages import CLIENT_WS_PATH, PoolState, encode
 from protocol.browser.session import ClientSession, CloseSocket, Reply, Start, Stop, Subscribe
 from protocol.closecodes import CloseCode
+from protocol.core.stream import CompletionStream
 from protocol.frames import Generate
 from protocol.openai.request import ChatRequest
-from protocol.openai.stream import CompletionStream
+from protocol.openai.response import ChunkWriter
 
 log = logging.getLogger("gateway.client_ws")
 
@@ -226,6 +227,7 @@ class ClientSocket:
                 fingerprint=fingerprint,
                 n=chat.n,
                 framing=BrowserFraming(rid),
+                writer=ChunkWriter,
             ),
             Keeper.of(
                 self.store,
@@ -247,7 +249,7 @@ class ClientSocket:
             stream = await self.pool.submit(generate, "websocket")
         except Exception as exc:
             out: list[bytes] = []
-            request.completion.fail(openai_error_for(exc), out)
+            request.completion.fail(api_error_for(exc), out)
             self.write(out, True)
             return
         request.stream = stream

@@ -21,12 +21,13 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway.fanin import FanIn
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.openapi_completions import CompletionsOperation
 from gateway.pool import Pool
 from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stream import RequestStream
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk
 from protocol.openai.completions import (
     CompletionRequest,
@@ -35,7 +36,7 @@ from protocol.openai.completions import (
     parse_completion_request,
     text_completion_body,
 )
-from protocol.openai.stream import CompletionBuilder, CompletionStream
+from protocol.openai.stream import SSE
 
 Cancel = Callable[[RequestStream], None]
 
@@ -49,7 +50,7 @@ async def completions(request: Request[Any, Any, Any], state: State) -> Response
         try:
             pool.check_model(model, "completions")
         except Exception as exc:
-            raise openai_error_for(exc) from exc
+            raise api_error_for(exc) from exc
 
     parsed = parse_completion_request(await request.body(), check_model)
     check_limits(parsed, pool.config.max_tokens_limit, pool.config.max_choices)
@@ -57,7 +58,7 @@ async def completions(request: Request[Any, Any, Any], state: State) -> Response
     try:
         stream, cancel = await _submit(pool, completion_id, parsed)
     except Exception as exc:
-        raise openai_error_for(exc) from exc
+        raise api_error_for(exc) from exc
     if parsed.stream:
         response = await _streaming(pool, stream, cancel, parsed, completion_id)
     else:
@@ -100,7 +101,7 @@ async def _streaming(
 ) -> Response[Any]:
     first = await first_item(stream, pool.config, cancel)
     if first is not None and not isinstance(first, Chunk):
-        raise openai_error_for(first)  # nothing sent yet: a proper HTTP error
+        raise api_error_for(first)  # nothing sent yet: a proper HTTP error
     completion = CompletionStream(
         id=completion_id,
         created=int(time.time()),
@@ -110,6 +111,7 @@ async def _streaming(
         logprobs=parsed.logprobs is not None,
         fingerprint=pool.fingerprint(parsed.model),
         n=parsed.choices,
+        framing=SSE,
         writer=TextCompletionWriter.factory(echo=parsed.echo),
     )
     transport = SseTransport()

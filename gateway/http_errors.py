@@ -1,9 +1,9 @@
-"""Every error the gateway answers, decided once as an `OpenAIError` and written in the shape
+"""Every error the gateway answers, decided once as an `ApiError` and written in the shape
 of the API the client spoke: OpenAI's `{"error": {message, type, param, code}}`, Anthropic's
 `{"type": "error", "error": {type, message}}` under `/v1/messages`, Ollama's
 `{"error": message}` under `/api/` (`error_shape`).
 
-`openai_error_for` maps gateway errors and runner error frames to `OpenAIError`; the
+`api_error_for` maps gateway errors and runner error frames to `ApiError`; the
 exception handlers turn those, Litestar's own HTTP errors (404 route, 405, 413 body too
 large) and anything unexpected into error responses.
 """
@@ -21,21 +21,22 @@ from litestar.exceptions import HTTPException
 from gateway.errors import GatewayError
 from gateway.stream import Failed
 from protocol.anthropic.errors import error_body as anthropic_error
+from protocol.core import errors
+from protocol.core.errors import ApiError
 from protocol.frames import Error
 from protocol.ollama.errors import error_body as ollama_error
-from protocol.openai import errors
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body as openai_error
 
 log = logging.getLogger("gateway.errors")
 
 
-def openai_error_for(problem: object) -> OpenAIError:
-    """The OpenAI error for a gateway exception, a runner Error frame, or a lost runner."""
+def api_error_for(problem: object) -> ApiError:
+    """The `ApiError` for a gateway exception, a runner Error frame, or a lost runner."""
     match problem:
-        case OpenAIError():
+        case ApiError():
             return problem
         case GatewayError():
-            return OpenAIError(
+            return ApiError(
                 problem.status,
                 str(problem),
                 problem.error_type,
@@ -44,18 +45,14 @@ def openai_error_for(problem: object) -> OpenAIError:
                 retry_after=problem.retry_after,
             )
         case Failed(error=error):
-            return openai_error_for(error)
+            return api_error_for(error)
         case Error():
             return errors.runner_error(problem)
     log.error("unexpected error", exc_info=problem if isinstance(problem, BaseException) else None)
     return errors.server_error()
 
 
-ErrorShape = Callable[[OpenAIError], dict[str, Any]]
-
-
-def openai_shape(err: OpenAIError) -> dict[str, Any]:
-    return err.body()
+ErrorShape = Callable[[ApiError], dict[str, Any]]
 
 
 def error_shape(path: str) -> ErrorShape:
@@ -64,10 +61,10 @@ def error_shape(path: str) -> ErrorShape:
         return anthropic_error
     if path == "/api" or path.startswith("/api/"):
         return ollama_error
-    return openai_shape
+    return openai_error
 
 
-def error_response(err: OpenAIError, shape: ErrorShape = openai_shape) -> Response[bytes]:
+def error_response(err: ApiError, shape: ErrorShape = openai_error) -> Response[bytes]:
     headers = {}
     if err.retry_after is not None:
         headers["Retry-After"] = str(max(1, round(err.retry_after)))
@@ -79,7 +76,7 @@ def error_response(err: OpenAIError, shape: ErrorShape = openai_shape) -> Respon
     )
 
 
-def handle_openai_error(request: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes]:
+def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     return error_response(exc, error_shape(request.url.path))
 
 
@@ -92,8 +89,8 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     if status == 413:
         return error_response(errors.too_large(request.app.state.config.max_body_bytes), shape)
     kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return error_response(OpenAIError(status, str(exc.detail), kind, None, None), shape)
+    return error_response(ApiError(status, str(exc.detail), kind, None, None), shape)
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    return error_response(openai_error_for(exc), error_shape(request.url.path))
+    return error_response(api_error_for(exc), error_shape(request.url.path))

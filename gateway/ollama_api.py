@@ -25,12 +25,14 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway import ollama_models
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.openapi_ollama import ChatOperation, GenerateOperation
 from gateway.pool import Pool
 from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stream import RequestStream, StreamItem
+from protocol.core.errors import ApiError, invalid_request
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk
 from protocol.ollama.request import OllamaRequest, in_ollama_terms, parse_chat, parse_generate
 from protocol.ollama.stream import (
@@ -41,8 +43,6 @@ from protocol.ollama.stream import (
     answer_body,
     load_body,
 )
-from protocol.openai.errors import OpenAIError, invalid_request
-from protocol.openai.stream import CompletionStream
 
 NDJSON_TYPE = "application/x-ndjson"
 Parse = Callable[[bytes, Callable[[str], None]], OllamaRequest]
@@ -83,7 +83,7 @@ async def _answer(request: Request[Any, Any, Any], pool: Pool, parse: Parse) -> 
         try:
             pool.check_model(model, "ollama")
         except Exception as exc:
-            raise in_ollama_terms(openai_error_for(exc), model) from exc
+            raise in_ollama_terms(api_error_for(exc), model) from exc
 
     parsed = parse(await request.body(), check_model)
     limit = pool.config.max_tokens_limit
@@ -101,7 +101,7 @@ async def _answer(request: Request[Any, Any, Any], pool: Pool, parse: Parse) -> 
     try:
         stream = await pool.submit(parsed.to_generate(f"ollama-{uuid.uuid4().hex}"), "ollama")
     except Exception as exc:
-        raise openai_error_for(exc) from exc
+        raise api_error_for(exc) from exc
     timings = Timings(arrived, time.perf_counter_ns())
     if parsed.stream:
         return await _streaming(pool, stream, parsed, timings)
@@ -114,7 +114,7 @@ async def _streaming(
     first = await first_item(stream, pool.config, pool.cancel)
     if first is not None and not isinstance(first, Chunk):
         # Nothing sent yet: a proper HTTP error.
-        raise in_ollama_terms(openai_error_for(first), parsed.model)
+        raise in_ollama_terms(api_error_for(first), parsed.model)
     completion = CompletionStream(
         id=stream.request_id,
         created=0,
@@ -144,7 +144,7 @@ async def _non_streaming(
         body = answer_body(
             builder, parsed.endpoint, parsed.model, wall=time.time_ns, mono=time.perf_counter_ns
         )
-    except OpenAIError as err:
+    except ApiError as err:
         raise in_ollama_terms(err, parsed.model) from None
     return Response(content=orjson.dumps(body), media_type="application/json")
 

@@ -16,13 +16,13 @@ from litestar import Request, Response, get, post, route
 from litestar.datastructures import State
 
 from gateway.errors import ModelNotFound
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.openapi_ollama import PsOperation, ShowOperation, TagsOperation, VersionOperation
 from gateway.pool import Pool
+from protocol.core.errors import ApiError, invalid_request
+from protocol.core.fields import fail_type, fail_unknown, read_json, read_object
 from protocol.ollama.models import ServedModel, ps_body, show_body, tags_body, version_body
 from protocol.ollama.request import in_ollama_terms
-from protocol.openai._fields import _fail_type, _fail_unknown, _json, _object
-from protocol.openai.errors import OpenAIError, invalid_request
 
 MANAGEMENT = (
     "/api/pull",
@@ -74,28 +74,28 @@ async def version() -> dict[str, Any]:
 @post("/api/show", status_code=200, operation_class=ShowOperation)
 async def show(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """What is known of one model."""
-    data = _object(_json(await request.body()))
+    data = read_object(read_json(await request.body()))
     for key in data:
         if key not in ("model", "name", "verbose"):
-            _fail_unknown(key)
+            fail_unknown(key)
     model = data.get("model", data.get("name"))  # "name" is the field's older spelling
     if model is None:
         raise invalid_request(
             "Missing required parameter: 'model'.", "model", "missing_required_parameter"
         )
     if type(model) is not str:
-        _fail_type("model", "a string", model)
+        fail_type("model", "a string", model)
     verbose = data.get("verbose")
     if verbose is not None and type(verbose) is not bool:
-        _fail_type("verbose", "a boolean", verbose)
+        fail_type("verbose", "a boolean", verbose)
     pool: Pool = state.pool
     try:
         pool.check_model(model)
     except Exception as exc:
-        raise in_ollama_terms(openai_error_for(exc), model) from exc
+        raise in_ollama_terms(api_error_for(exc), model) from exc
     found = served(pool).get(model)
     if found is None:  # the last runner left meanwhile
-        raise in_ollama_terms(openai_error_for(ModelNotFound(model)), model)
+        raise in_ollama_terms(api_error_for(ModelNotFound(model)), model)
     return Response(content=orjson.dumps(show_body(found)), media_type="application/json")
 
 
@@ -103,7 +103,7 @@ async def show(request: Request[Any, Any, Any], state: State) -> Response[bytes]
 async def manage(request: Request[Any, Any, Any]) -> None:
     """Pulling, pushing, creating, copying and deleting models: not here."""
     call = request.url.path.removeprefix("/api/").split("/")[0]
-    raise OpenAIError(
+    raise ApiError(
         501,
         f"/api/{call} is not available: Orchard's models are served by its runners "
         "(start one with `orchard runner --model <model>`), not managed through this API.",

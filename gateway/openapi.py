@@ -32,14 +32,14 @@ from gateway.openapi_common import (
     _output_format,
 )
 from gateway.openapi_responses import _TOOL_CALL, CHAT_COMPLETION, CHAT_COMPLETION_CHUNK
+from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.core.tools import MAX_TOOLS
 from protocol.frames import ReasoningEffort
 from protocol.openai.request import (
-    MAX_MESSAGES,
-    MAX_PROMPT_CHARS,
     MAX_TEMPLATE_KWARGS_BYTES,
     MAX_TOP_LOGPROBS,
 )
-from protocol.openai.tools import MAX_TOOL_CALLS, MAX_TOOLS
+from protocol.openai.tools import MAX_TOOL_CALLS
 
 # --- messages (protocol.openai.request._message) --------------------------------------------
 

@@ -42,7 +42,7 @@ from gateway.openapi_common import (
     _streamed_response,
     _with_server_error,
 )
-from protocol.anthropic.errors import _TYPES, error_type
+from protocol.anthropic.errors import ERROR_TYPES, error_type
 from protocol.anthropic.request import (
     MAX_BLOCKS,
     MAX_STOP_SEQUENCES,
@@ -50,7 +50,7 @@ from protocol.anthropic.request import (
     MIN_THINKING_BUDGET,
 )
 from protocol.anthropic.stream import StopReason
-from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.core.limits import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
 
 # --- errors ---------------------------------------------------------------------------------
 
@@ -63,7 +63,7 @@ def _error_schema(kind: Schema) -> Schema:
     )
 
 
-ERROR = _error_schema(_only(*sorted({*_TYPES.values(), "invalid_request_error", "api_error"})))
+ERROR = _error_schema(_only(*sorted({*ERROR_TYPES.values(), "invalid_request_error", "api_error"})))
 """Any Anthropic error (an `error` event may end a stream with any of them)."""
 
 

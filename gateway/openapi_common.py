@@ -19,7 +19,7 @@ from litestar.openapi.spec import OpenAPIResponse, Reference, RequestBody, Schem
 from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.config import GatewayConfig
-from protocol.openai.request import (
+from protocol.core.limits import (
     INT64_MAX,
     INT64_MIN,
     MAX_MODEL_CHARS,
@@ -29,7 +29,7 @@ from protocol.openai.request import (
     SAMPLING_RANGES,
     TOP_K_MIN,
 )
-from protocol.openai.tools import MAX_NAME_CHARS, NAME_PATTERN
+from protocol.core.tools import MAX_NAME_CHARS, NAME_PATTERN
 
 _STRING = Schema(type=OpenAPIType.STRING)
 _BOOLEAN = Schema(type=OpenAPIType.BOOLEAN)

@@ -27,6 +27,7 @@ from gateway.openapi_common import (
     _only_or_null,
 )
 from gateway.openapi_responses import _USAGE, _openai_object
+from protocol.core.limits import MAX_PROMPT_CHARS
 from protocol.openai.completions import (
     DEFAULT_MAX_TOKENS,
     MAX_BEST_OF,
@@ -34,7 +35,7 @@ from protocol.openai.completions import (
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPTS,
 )
-from protocol.openai.request import MAX_LOGIT_BIAS, MAX_PROMPT_CHARS, MAX_TOKEN_ID
+from protocol.openai.request import MAX_LOGIT_BIAS, MAX_TOKEN_ID
 
 # --- the request ----------------------------------------------------------------------------
 

@@ -41,9 +41,8 @@ from gateway.openapi_common import (
     _streamed_response,
     _with_server_error,
 )
+from protocol.core.limits import INT64_MAX, INT64_MIN, MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP
 from protocol.ollama.models import CAPABILITIES
-from protocol.ollama.request import INT64_MAX, INT64_MIN
-from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP
 
 NDJSON_TYPE = "application/x-ndjson"
 

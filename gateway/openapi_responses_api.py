@@ -43,8 +43,8 @@ from gateway.openapi_common import (
     _streamed_response,
     _with_server_error,
 )
+from protocol.core.limits import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.frames import ReasoningEffort
-from protocol.openai.request import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.openai.responses import MAX_INSTRUCTIONS_CHARS, MAX_TOOLS, MIN_OUTPUT_TOKENS
 from protocol.openai.responses_input import MAX_CONTENT_PARTS
 from protocol.openai.stored import (

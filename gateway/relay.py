@@ -1,7 +1,7 @@
 """One request's output on its way to its client, the same for every transport.
 
 A `Relay` reads one `RequestStream` and writes what the request's `CompletionStream`
-(protocol.openai.stream) renders to a `Transport`, which only knows how to write: an SSE
+(protocol.core.stream) renders to a `Transport`, which only knows how to write: an SSE
 response body (gateway.sse) or the browser socket's outbox (gateway.client_ws).
 
 - **Push, not a task per token.** The relay is the stream's `sink`: the runner link's receive
@@ -34,12 +34,12 @@ from typing import Protocol
 
 from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.stored import Keeper
 from gateway.stream import Failed, RequestStream, StreamItem, next_item
+from protocol.core.errors import server_error
+from protocol.core.stream import CompletionBuilder, CompletionStream, Item
 from protocol.frames import Chunk
-from protocol.openai.errors import server_error
-from protocol.openai.stream import CompletionBuilder, CompletionStream, Item
 
 log = logging.getLogger("gateway.relay")
 
@@ -58,8 +58,8 @@ class Transport(Protocol):
 
 
 def as_item(item: StreamItem) -> Item:
-    """A stream item as the completion stream takes it (gateway failures in OpenAI's terms)."""
-    return openai_error_for(item.error) if isinstance(item, Failed) else item
+    """A stream item as the completion stream takes it (gateway failures as `ApiError`s)."""
+    return api_error_for(item.error) if isinstance(item, Failed) else item
 
 
 async def first_item(
@@ -306,7 +306,7 @@ class Relay:
                     self._end()  # the client is not reading either: give up on it
                     return
                 out: list[bytes] = []
-                self.completion.fail(openai_error_for(StreamTimeout(timeout)), out)
+                self.completion.fail(api_error_for(StreamTimeout(timeout)), out)
                 self._write(out, True)
                 return
             keepalive = self.transport.keepalive

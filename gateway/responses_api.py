@@ -24,7 +24,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
 from gateway.openapi_responses_api import (
     CreateResponseOperation,
     DeleteResponseOperation,
@@ -35,9 +35,10 @@ from gateway.relay import Relay, collect, first_item
 from gateway.responses_store import ResponseStore
 from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stream import RequestStream
+from protocol.core.errors import invalid_request
+from protocol.core.fields import fail_unknown
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Message
-from protocol.openai._fields import _fail_unknown
-from protocol.openai.errors import invalid_request
 from protocol.openai.responses import parse_responses_request
 from protocol.openai.responses_stream import (
     ResponseEvents,
@@ -45,7 +46,6 @@ from protocol.openai.responses_stream import (
     response_base,
     response_body,
 )
-from protocol.openai.stream import CompletionBuilder, CompletionStream
 
 
 def response_store(state: State) -> ResponseStore:
@@ -67,7 +67,7 @@ async def create_response(request: Request[Any, Any, Any], state: State) -> Resp
         try:
             pool.check_model(model, "responses")
         except Exception as exc:
-            raise openai_error_for(exc) from exc
+            raise api_error_for(exc) from exc
 
     parsed = parse_responses_request(await request.body(), check_model, store=store.enabled)
     limit = pool.config.max_tokens_limit
@@ -92,11 +92,11 @@ async def create_response(request: Request[Any, Any, Any], state: State) -> Resp
     try:
         stream = await pool.submit(parsed.to_generate(response_id, history), "responses")
     except Exception as exc:
-        raise openai_error_for(exc) from exc
+        raise api_error_for(exc) from exc
     if parsed.stream:
         first = await first_item(stream, pool.config, pool.cancel)
         if first is not None and not isinstance(first, Chunk):
-            raise openai_error_for(first)  # nothing sent yet: a proper HTTP error
+            raise api_error_for(first)  # nothing sent yet: a proper HTTP error
         events = ResponseEvents(base, clock=lambda: int(time.time()), on_finished=keep)
         completion = CompletionStream(
             id=response_id,
@@ -144,7 +144,7 @@ async def _non_streaming(
 def _no_query(request: Request[Any, Any, Any]) -> None:
     """Query parameters (include, stream, starting_after) are not implemented: refused."""
     for key in request.query_params:
-        _fail_unknown(key)
+        fail_unknown(key)
 
 
 @get("/v1/responses/{response_id:str}", operation_class=GetResponseOperation)

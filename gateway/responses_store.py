@@ -24,8 +24,8 @@ import attrs
 import orjson
 
 from gateway.config import GatewayConfig
+from protocol.core.errors import ApiError
 from protocol.frames import Message
-from protocol.openai.errors import OpenAIError
 
 log = logging.getLogger("gateway.responses_store")
 
@@ -41,8 +41,8 @@ class StoredResponse:
     expires: float
 
 
-def response_not_found(response_id: str) -> OpenAIError:
-    return OpenAIError(
+def response_not_found(response_id: str) -> ApiError:
+    return ApiError(
         404,
         f"Response with id '{response_id}' not found.",
         "invalid_request_error",
@@ -51,8 +51,8 @@ def response_not_found(response_id: str) -> OpenAIError:
     )
 
 
-def previous_not_found(response_id: str) -> OpenAIError:
-    return OpenAIError(
+def previous_not_found(response_id: str) -> ApiError:
+    return ApiError(
         400,
         f"Previous response with id '{response_id}' not found (never stored here, or "
         "expired: responses are kept in memory for a bounded time).",

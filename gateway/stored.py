@@ -26,9 +26,11 @@ import attrs
 import orjson
 
 from gateway.config import GatewayConfig
+from protocol.core.stream import CompletionBuilder
 from protocol.frames import Chunk
 from protocol.openai.errors import completion_not_found
 from protocol.openai.request import ChatRequest
+from protocol.openai.response import chat_completion_body
 from protocol.openai.stored import (
     ListQuery,
     PageQuery,
@@ -39,7 +41,6 @@ from protocol.openai.stored import (
     stored_completion,
     stored_messages,
 )
-from protocol.openai.stream import CompletionBuilder
 
 log = logging.getLogger("gateway.stored")
 
@@ -306,7 +307,11 @@ class Keeper:
         """A chunk the request's stream rendered; the last one stores the completion."""
         builder = self._builder
         if builder.feed(chunk) and keepable(builder):
-            body = builder.body(
-                id=self.id, created=self.created, model=self.model, fingerprint=self.fingerprint
+            body = chat_completion_body(
+                builder,
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                fingerprint=self.fingerprint,
             )
             self.store.keep(body, self.request, self.request_id)

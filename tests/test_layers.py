@@ -91,3 +91,54 @@ def test_the_rules_can_fail() -> None:
     assert {"runner", "gateway", "click"} <= imports(cli)
     assert "gateway" not in THIRD_PARTY["runner"]
     assert "runner" not in THIRD_PARTY["gateway"]
+
+
+def imported_from(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of each `from module import name` in a module."""
+    return [
+        (node.module, alias.name)
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+        for alias in node.names
+    ]
+
+
+def test_the_core_imports_no_dialect() -> None:
+    """protocol/core is every dialect's: it names none of them."""
+    dialects = ("protocol.openai", "protocol.anthropic", "protocol.ollama", "protocol.browser")
+    found = [
+        (str(path.relative_to(REPO)), module)
+        for path in modules("protocol/core")
+        for module, _ in imported_from(path)
+        if module.startswith(dialects)
+    ]
+    assert found == []
+    assert modules("protocol/core"), "the package exists"
+
+
+BROWSER_FROM_OPENAI = frozenset(
+    {"protocol.openai.request", "protocol.openai.response", "protocol.openai.errors"}
+)
+"""The browser socket carries the Chat Completions API: its request, chunks and error object."""
+
+
+def test_the_other_dialects_import_nothing_from_openai() -> None:
+    found = [
+        (str(path.relative_to(REPO)), module)
+        for package in ("protocol/anthropic", "protocol/ollama", "protocol/browser")
+        for path in modules(package)
+        for module, _ in imported_from(path)
+        if module.startswith("protocol.openai")
+        and not (package == "protocol/browser" and module in BROWSER_FROM_OPENAI)
+    ]
+    assert found == []
+
+
+def test_no_private_name_is_imported_across_protocol_modules() -> None:
+    found = [
+        (str(path.relative_to(REPO)), module, name)
+        for path in modules("protocol")
+        for module, name in imported_from(path)
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert found == []

@@ -1,6 +1,6 @@
 """Errors in Anthropic's wire shape: `{"type": "error", "error": {"type", "message"}}`.
 
-The gateway decides every error once, as an `OpenAIError` (protocol.openai.errors: the HTTP
+The gateway decides every error once, as an `ApiError` (protocol.core.errors: the HTTP
 status and what went wrong); a request to the Messages API gets it in Anthropic's shape, its
 `type` from the status as Anthropic's API documents them. The anthropic SDK picks its
 exception class from the status and retries 408, 409, 429 and 5xx.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.openai.errors import OpenAIError
+from protocol.core.errors import ApiError
 
-_TYPES = {
+ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -26,9 +26,9 @@ _TYPES = {
 
 def error_type(status: int) -> str:
     """Anthropic's error type for an HTTP status."""
-    return _TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
-def error_body(err: OpenAIError) -> dict[str, Any]:
+def error_body(err: ApiError) -> dict[str, Any]:
     """The body of an error response, or of a stream's `error` event."""
     return {"type": "error", "error": {"type": error_type(err.status), "message": err.message}}

@@ -1,9 +1,9 @@
 """Parse an Anthropic Messages request body (`POST /v1/messages`) into `Generate`.
 
-The body is checked as strictly as the chat's (protocol.openai.request, whose field readers
-and opening checks this reuses: the model first, then unknown fields): a wrong type, a
-missing required field (`max_tokens` included, as at Anthropic) or a field this server does
-not implement is a 400 whose message names the field. Mapping onto the one internal request:
+The body is checked as strictly as the chat's, with the same field readers and opening checks
+(protocol.core.fields, protocol.core.limits: the model first, then unknown fields): a wrong
+type, a missing required field (`max_tokens` included, as at Anthropic) or a field this server
+does not implement is a 400 whose message names the field. Mapping onto the one internal request:
 
     system                 string or text blocks → a system message (blocks joined by "\\n")
     messages               user text blocks → a user message; tool_result blocks → tool
@@ -41,6 +41,30 @@ from typing import Any, Literal, NoReturn
 import attrs
 import orjson
 
+from protocol.core.errors import invalid_request
+from protocol.core.fields import (
+    fail_array_too_long,
+    fail_type,
+    fail_unsupported,
+    fail_value,
+    read_array,
+    read_bool,
+    read_int,
+    read_json,
+    read_number,
+    read_one_of,
+    read_required,
+    read_required_str,
+    read_str,
+    show,
+)
+from protocol.core.limits import (
+    INT64_MAX,
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    read_model_first,
+    read_stop_strings,
+)
 from protocol.frames import (
     Generate,
     Message,
@@ -51,30 +75,6 @@ from protocol.frames import (
     ToolCall,
 )
 from protocol.frames import ToolChoice as InternalToolChoice
-from protocol.openai._fields import (
-    _array,
-    _bool,
-    _fail_array_too_long,
-    _fail_type,
-    _fail_unsupported,
-    _fail_value,
-    _int,
-    _json,
-    _number,
-    _one_of,
-    _required,
-    _required_str,
-    _show,
-    _str,
-)
-from protocol.openai.errors import invalid_request
-from protocol.openai.request import (
-    INT64_MAX,
-    MAX_MESSAGES,
-    MAX_PROMPT_CHARS,
-    _model_first,
-    _stop_strings,
-)
 
 MAX_TOOLS = 128
 MAX_STOP_SEQUENCES = 16
@@ -145,19 +145,19 @@ CheckModel = Callable[[str], None]
 
 
 def parse_messages_request(body: bytes, check_model: CheckModel | None = None) -> MessagesRequest:
-    """Validate a `POST /v1/messages` body; raise `OpenAIError` (400) on any problem."""
-    data = _json(body)
-    model = _model_first(data, _KNOWN, check_model)
-    max_tokens = _int(data, "max_tokens", 0, INT64_MAX)
+    """Validate a `POST /v1/messages` body; raise `ApiError` (400) on any problem."""
+    data = read_json(body)
+    model = read_model_first(data, _KNOWN, check_model)
+    max_tokens = read_int(data, "max_tokens", 0, INT64_MAX)
     if max_tokens is None:
         _missing("max_tokens")
-    stream = _bool(data, "stream") or False
-    stop = _stop_strings(
+    stream = read_bool(data, "stream") or False
+    stop = read_stop_strings(
         data.get("stop_sequences"), "stop_sequences", MAX_STOP_SEQUENCES, "an array of strings"
     )
-    temperature = _number(data, "temperature", 0, 1)
-    top_p = _number(data, "top_p", 0, 1)
-    top_k = _int(data, "top_k", 0, INT64_MAX)
+    temperature = read_number(data, "temperature", 0, 1)
+    top_p = read_number(data, "top_p", 0, 1)
+    top_k = read_int(data, "top_k", 0, INT64_MAX)
     _metadata(data.get("metadata"))
     common = _common(data, model, max_tokens)
     return attrs.evolve(
@@ -176,15 +176,15 @@ def parse_count_request(body: bytes, check_model: CheckModel | None = None) -> M
     """Validate a `POST /v1/messages/count_tokens` body (no max_tokens, sampling or stream):
     the request to count has `max_tokens` 0, so a runner reads its prompt and generates
     nothing."""
-    data = _json(body)
-    model = _model_first(data, _COUNT_KNOWN, check_model)
+    data = read_json(body)
+    model = read_model_first(data, _COUNT_KNOWN, check_model)
     return _common(data, model, 0)
 
 
 def _common(data: dict[str, Any], model: str, max_tokens: int) -> MessagesRequest:
     """The fields both endpoints take: system, messages, tools, tool_choice, thinking."""
     system = _system(data.get("system"))
-    messages = _messages(_required(data, "messages", ""))
+    messages = _messages(read_required(data, "messages", ""))
     chars = sum(len(m.content) + len(m.reasoning or "") for m in (*system, *messages))
     if chars > MAX_PROMPT_CHARS:
         raise invalid_request(
@@ -225,29 +225,29 @@ def _output_config(value: Any) -> tuple[ResponseFormat | None, ReasoningEffort |
     if value is None:
         return None, None
     if type(value) is not dict:
-        _fail_type("output_config", "an object", value)
+        fail_type("output_config", "an object", value)
     _keys(value, ("format", "effort"), "output_config")
     given = value.get("effort")
     effort = None if given is None else _EFFORTS.get(given) if type(given) is str else None
     if given is not None and effort is None:
         if type(given) is not str:
-            _fail_type("output_config.effort", "a string", given)
-        _fail_value("output_config.effort", given, tuple(_EFFORTS))
+            fail_type("output_config.effort", "a string", given)
+        fail_value("output_config.effort", given, tuple(_EFFORTS))
     spec = value.get("format")
     if spec is None:
         return None, effort
     path = "output_config.format"
     if type(spec) is not dict:
-        _fail_type(path, "an object", spec)
-    kind = _required(spec, "type", path)
+        fail_type(path, "an object", spec)
+    kind = read_required(spec, "type", path)
     if kind != "json_schema":
         if type(kind) is not str:
-            _fail_type(f"{path}.type", "a string", kind)
-        _fail_value(f"{path}.type", kind, ("json_schema",))
+            fail_type(f"{path}.type", "a string", kind)
+        fail_value(f"{path}.type", kind, ("json_schema",))
     _keys(spec, ("type", "schema"), path)
-    schema = _required(spec, "schema", path)
+    schema = read_required(spec, "schema", path)
     if type(schema) is not dict:
-        _fail_type(f"{path}.schema", "an object", schema)
+        fail_type(f"{path}.schema", "an object", schema)
     text = orjson.dumps(schema).decode()
     return ResponseFormat("json_schema", schema=text, strict=True), effort
 
@@ -270,9 +270,9 @@ def _metadata(value: Any) -> None:
     if value is None:
         return
     if type(value) is not dict:
-        _fail_type("metadata", "an object", value)
+        fail_type("metadata", "an object", value)
     _keys(value, ("user_id",), "metadata")
-    _str(value, "user_id", "metadata")
+    read_str(value, "user_id", "metadata")
 
 
 def _cache_control(block: dict[str, Any], path: str) -> None:
@@ -281,13 +281,13 @@ def _cache_control(block: dict[str, Any], path: str) -> None:
     if value is None:
         return
     if type(value) is not dict:
-        _fail_type(f"{path}.cache_control", "an object", value)
+        fail_type(f"{path}.cache_control", "an object", value)
     _keys(value, ("type", "ttl"), f"{path}.cache_control")
     if value.get("type") != "ephemeral":
-        _fail_value(f"{path}.cache_control.type", value.get("type"), ("ephemeral",))
+        fail_value(f"{path}.cache_control.type", value.get("type"), ("ephemeral",))
     ttl = value.get("ttl")
     if ttl is not None and ttl not in ("5m", "1h"):
-        _fail_value(f"{path}.cache_control.ttl", ttl, ("5m", "1h"))
+        fail_value(f"{path}.cache_control.ttl", ttl, ("5m", "1h"))
 
 
 # --- system and messages --------------------------------------------------------------------
@@ -296,36 +296,36 @@ def _cache_control(block: dict[str, Any], path: str) -> None:
 def _system(value: Any) -> tuple[Message, ...]:
     if type(value) is str:
         return (Message(role="system", content=value),)
-    blocks = _array(value, "system", MAX_BLOCKS, "a string or an array of text blocks")
+    blocks = read_array(value, "system", MAX_BLOCKS, "a string or an array of text blocks")
     texts = [_text_block(block, f"system[{i}]") for i, block in enumerate(blocks)]
     return (Message(role="system", content="\n".join(texts)),) if texts else ()
 
 
 def _block(value: Any, path: str) -> tuple[dict[str, Any], str]:
     if type(value) is not dict:
-        _fail_type(path, "an object", value)
-    kind = _required_str(value, "type", path)
+        fail_type(path, "an object", value)
+    kind = read_required_str(value, "type", path)
     return value, kind
 
 
 def _text_block(value: Any, path: str) -> str:
     block, kind = _block(value, path)
     if kind != "text":
-        _fail_value(f"{path}.type", kind, ("text",))
+        fail_value(f"{path}.type", kind, ("text",))
     _keys(block, ("type", "text", "cache_control", "citations"), path)
     if block.get("citations") is not None:
-        _fail_unsupported(f"{path}.citations", "citations are not implemented")
+        fail_unsupported(f"{path}.citations", "citations are not implemented")
     _cache_control(block, path)
-    return _required_str(block, "text", path)
+    return read_required_str(block, "text", path)
 
 
 def _messages(value: Any) -> tuple[Message, ...]:
     if type(value) is not list:
-        _fail_type("messages", "an array", value)
+        fail_type("messages", "an array", value)
     if not value:
         raise invalid_request("messages: at least one message is required", "messages")
     if len(value) > MAX_MESSAGES:
-        _fail_array_too_long("messages", MAX_MESSAGES, len(value))
+        fail_array_too_long("messages", MAX_MESSAGES, len(value))
     out: list[Message] = []
     for i, item in enumerate(value):
         out.extend(_message(item, f"messages[{i}]"))
@@ -342,16 +342,16 @@ def _messages(value: Any) -> tuple[Message, ...]:
 
 def _message(value: Any, path: str) -> list[Message]:
     if type(value) is not dict:
-        _fail_type(path, "an object", value)
+        fail_type(path, "an object", value)
     _keys(value, ("role", "content"), path)
-    role = _one_of(value, "role", path, _ROLES)
-    content = _required(value, "content", path)
+    role = read_one_of(value, "role", path, _ROLES)
+    content = read_required(value, "content", path)
     if type(content) is str:
         return [Message(role=role, content=content)]
     if type(content) is not list:
-        _fail_type(f"{path}.content", "a string or an array of content blocks", content)
+        fail_type(f"{path}.content", "a string or an array of content blocks", content)
     if len(content) > MAX_BLOCKS:
-        _fail_array_too_long(f"{path}.content", MAX_BLOCKS, len(content))
+        fail_array_too_long(f"{path}.content", MAX_BLOCKS, len(content))
     if role == "user":
         return _user_blocks(content, f"{path}.content")
     return [_assistant_blocks(content, f"{path}.content")]
@@ -368,8 +368,8 @@ _REFUSED_BLOCKS = {
 def _refuse_block(kind: str, path: str, supported: tuple[str, ...]) -> NoReturn:
     reason = _REFUSED_BLOCKS.get(kind)
     if reason is not None:
-        _fail_unsupported(f"{path}.type", f"{reason}; only {', '.join(supported)} blocks are")
-    _fail_value(f"{path}.type", kind, supported)
+        fail_unsupported(f"{path}.type", f"{reason}; only {', '.join(supported)} blocks are")
+    fail_value(f"{path}.type", kind, supported)
 
 
 def _user_blocks(blocks: list[Any], path: str) -> list[Message]:
@@ -392,9 +392,9 @@ def _user_blocks(blocks: list[Any], path: str) -> list[Message]:
 def _tool_result(block: dict[str, Any], path: str) -> Message:
     _keys(block, ("type", "tool_use_id", "content", "is_error", "cache_control"), path)
     _cache_control(block, path)
-    call_id = _required_str(block, "tool_use_id", path)
+    call_id = read_required_str(block, "tool_use_id", path)
     # The chat template has no error flag: the model reads the error in the content.
-    _bool(block, "is_error", path)
+    read_bool(block, "is_error", path)
     content = block.get("content")
     if content is None:
         text = ""
@@ -405,7 +405,7 @@ def _tool_result(block: dict[str, Any], path: str) -> Message:
             _text_block(part, f"{path}.content[{k}]") for k, part in enumerate(content)
         )
     else:
-        _fail_type(f"{path}.content", "a string or an array of text blocks", content)
+        fail_type(f"{path}.content", "a string or an array of text blocks", content)
     return Message(role="tool", content=text, tool_call_id=call_id)
 
 
@@ -425,11 +425,11 @@ def _assistant_blocks(blocks: list[Any], path: str) -> Message:
             calls.append(_tool_use(block, block_path))
         elif kind == "thinking":
             _keys(block, ("type", "thinking", "signature"), block_path)
-            thoughts.append(_required_str(block, "thinking", block_path))
-            _str(block, "signature", block_path)
+            thoughts.append(read_required_str(block, "thinking", block_path))
+            read_str(block, "signature", block_path)
         elif kind == "redacted_thinking":
             _keys(block, ("type", "data"), block_path)
-            _str(block, "data", block_path)
+            read_str(block, "data", block_path)
         else:
             _refuse_block(kind, block_path, ("text", "tool_use", "thinking", "redacted_thinking"))
     return Message(
@@ -443,11 +443,11 @@ def _assistant_blocks(blocks: list[Any], path: str) -> Message:
 def _tool_use(block: dict[str, Any], path: str) -> ToolCall:
     _keys(block, ("type", "id", "name", "input", "cache_control"), path)
     _cache_control(block, path)
-    call_id = _required_str(block, "id", path)
-    name = _required_str(block, "name", path)
-    arguments = _required(block, "input", path)
+    call_id = read_required_str(block, "id", path)
+    name = read_required_str(block, "name", path)
+    arguments = read_required(block, "input", path)
     if type(arguments) is not dict:
-        _fail_type(f"{path}.input", "an object", arguments)
+        fail_type(f"{path}.input", "an object", arguments)
     return ToolCall(id=call_id, name=name, arguments=orjson.dumps(arguments).decode())
 
 
@@ -456,20 +456,20 @@ def _tool_use(block: dict[str, Any], path: str) -> ToolCall:
 
 def _tools(value: Any) -> tuple[Tool, ...]:
     tools: list[Tool] = []
-    for i, item in enumerate(_array(value, "tools", MAX_TOOLS)):
+    for i, item in enumerate(read_array(value, "tools", MAX_TOOLS)):
         path = f"tools[{i}]"
         if type(item) is not dict:
-            _fail_type(path, "an object", item)
+            fail_type(path, "an object", item)
         kind = item.get("type")
         if kind not in (None, "custom"):
             if type(kind) is not str:
-                _fail_type(f"{path}.type", "a string", kind)
-            _fail_unsupported(f"{path}.type", f"server tools ({_show(kind)}) are not implemented")
+                fail_type(f"{path}.type", "a string", kind)
+            fail_unsupported(f"{path}.type", f"server tools ({show(kind)}) are not implemented")
         _keys(
             item, ("type", "name", "description", "input_schema", "cache_control", "strict"), path
         )
         _cache_control(item, path)
-        name = _required_str(item, "name", path)
+        name = read_required_str(item, "name", path)
         if not _TOOL_NAME.fullmatch(name):
             raise invalid_request(
                 f"{path}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'",
@@ -477,13 +477,13 @@ def _tools(value: Any) -> tuple[Tool, ...]:
             )
         if any(tool.name == name for tool in tools):
             raise invalid_request(f"{path}.name: tool names must be unique", f"{path}.name")
-        description = _str(item, "description", path)
-        schema = _required(item, "input_schema", path)
+        description = read_str(item, "description", path)
+        schema = read_required(item, "input_schema", path)
         if type(schema) is not dict:
-            _fail_type(f"{path}.input_schema", "an object", schema)
+            fail_type(f"{path}.input_schema", "an object", schema)
         if schema.get("type") != "object":
-            _fail_value(f"{path}.input_schema.type", schema.get("type"), ("object",))
-        strict = _bool(item, "strict", path) or False
+            fail_value(f"{path}.input_schema.type", schema.get("type"), ("object",))
+        strict = read_bool(item, "strict", path) or False
         tools.append(
             Tool(name, description, parameters=orjson.dumps(schema).decode(), strict=strict)
         )
@@ -505,18 +505,18 @@ def _tool_choice(
     if value is None:
         return "auto", None, True
     if type(value) is not dict:
-        _fail_type("tool_choice", "an object", value)
-    kind = _one_of(value, "type", "tool_choice", tuple(_CHOICES))
+        fail_type("tool_choice", "an object", value)
+    kind = read_one_of(value, "type", "tool_choice", tuple(_CHOICES))
     choice = _CHOICES[kind]
     allowed = ("type",) if kind == "none" else ("type", "disable_parallel_tool_use")
     _keys(value, ("name", *allowed) if kind == "tool" else allowed, "tool_choice")
-    serial = _bool(value, "disable_parallel_tool_use", "tool_choice") or False
+    serial = read_bool(value, "disable_parallel_tool_use", "tool_choice") or False
     name = None
     if kind == "tool":
-        name = _required_str(value, "name", "tool_choice")
+        name = read_required_str(value, "name", "tool_choice")
         if all(tool.name != name for tool in tools):
             raise invalid_request(
-                f"tool_choice.name: no tool named {_show(name)} in 'tools'", "tool_choice.name"
+                f"tool_choice.name: no tool named {show(name)} in 'tools'", "tool_choice.name"
             )
     elif kind == "any" and not tools:
         raise invalid_request(
@@ -529,19 +529,19 @@ def _thinking(value: Any, max_tokens: int) -> ReasoningEffort | None:
     if value is None:
         return None
     if type(value) is not dict:
-        _fail_type("thinking", "an object", value)
-    kind: Literal["enabled", "disabled"] | Any = _required(value, "type", "thinking")
+        fail_type("thinking", "an object", value)
+    kind: Literal["enabled", "disabled"] | Any = read_required(value, "type", "thinking")
     if kind == "disabled":
         _keys(value, ("type",), "thinking")
         return "none"
     if kind == "adaptive":
-        _fail_unsupported("thinking.type", "adaptive thinking is not implemented")
+        fail_unsupported("thinking.type", "adaptive thinking is not implemented")
     if kind != "enabled":
         if type(kind) is not str:
-            _fail_type("thinking.type", "a string", kind)
-        _fail_value("thinking.type", kind, ("enabled", "disabled"))
+            fail_type("thinking.type", "a string", kind)
+        fail_value("thinking.type", kind, ("enabled", "disabled"))
     _keys(value, ("type", "budget_tokens", "display"), "thinking")
-    budget = _int(value, "budget_tokens", MIN_THINKING_BUDGET, INT64_MAX, "thinking")
+    budget = read_int(value, "budget_tokens", MIN_THINKING_BUDGET, INT64_MAX, "thinking")
     if budget is None:
         _missing("thinking.budget_tokens")
     if max_tokens and budget >= max_tokens:
@@ -551,5 +551,5 @@ def _thinking(value: Any, max_tokens: int) -> ReasoningEffort | None:
     display = value.get("display")
     if display not in (None, "summarized"):
         # Thinking is sent whole; "omitted" would have to leave it out.
-        _fail_value("thinking.display", display, ("summarized",))
+        fail_value("thinking.display", display, ("summarized",))
     return _THINKING_ON

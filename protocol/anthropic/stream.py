@@ -1,7 +1,7 @@
 """A Messages answer in Anthropic's wire shape, streamed and whole. No I/O.
 
-Streamed, `MessageWriter` is the dialect's `ChoiceWriter` in the chat's `CompletionStream`
-(protocol.openai.stream, which owns the order, the errors and the cancel), framed by
+Streamed, `MessageWriter` is the dialect's `ChoiceWriter` in the shared `CompletionStream`
+(protocol.core.stream, which owns the order, the errors and the cancel), framed by
 `ANTHROPIC_SSE` (`event: <name>` then `data: <json>`):
 
     message_start        the message with no content, stop_reason null, usage with the prompt
@@ -37,9 +37,9 @@ import orjson
 
 from protocol.anthropic.errors import error_body
 from protocol.calls import call_input, call_text
+from protocol.core.errors import ApiError, server_error
+from protocol.core.stream import CollectedChoice
 from protocol.frames import Chunk, FinishReason, ToolCallDelta, Usage
-from protocol.openai.errors import OpenAIError, server_error
-from protocol.openai.stream import CollectedChoice
 
 StopReason = Literal["end_turn", "max_tokens", "tool_use", "stop_sequence"]
 STOP_REASONS: dict[FinishReason, StopReason] = {
@@ -87,7 +87,7 @@ class AnthropicSseFraming:
     chunk_prefix = b""
     chunk_suffix = b""
 
-    def error(self, err: OpenAIError) -> bytes:
+    def error(self, err: ApiError) -> bytes:
         return event("error", error_body(err))
 
     def end(self, finish_reason: FinishReason | None, usage: Usage | None) -> bytes:

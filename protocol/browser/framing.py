@@ -1,6 +1,6 @@
 """How one request's completion is framed on the browser socket.
 
-`BrowserFraming` is the `protocol.openai.stream.Framing` of the browser socket: a
+`BrowserFraming` is the `protocol.core.stream.Framing` of the browser socket: a
 `CompletionStream` built with it renders exactly the messages of docs/websocket-api.md,
 
     chunk   {"type":"chunk","request_id":…,"chunk":<chat.completion.chunk>}
@@ -10,15 +10,17 @@
 a request ending with one `done` or one `error`, never both. The bytes are the same as
 `protocol.browser.messages.encode` of `ChunkMessage`, `Done` and `ErrorMessage` (the tests
 check it), but built from prefixes made once per request: the chunk prefix and suffix are on
-the per-token path.
+the per-token path. The chunks, the usage and the error object are the chat's, in OpenAI's
+shape (protocol.openai): the socket carries the Chat Completions API.
 """
 
 from __future__ import annotations
 
 import orjson
 
+from protocol.core.errors import ApiError
 from protocol.frames import FinishReason, Usage
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body
 from protocol.openai.response import usage_dict
 
 _ZERO_USAGE = Usage(0, 0)
@@ -39,9 +41,9 @@ class BrowserFraming:
         self._done_head = b'{"type":"done","request_id":' + rid + b',"finish_reason":'
         self._error_head = b'{"type":"error","request_id":' + rid + b',"error":'
 
-    def error(self, err: OpenAIError) -> bytes:
+    def error(self, err: ApiError) -> bytes:
         """The `error` message that ends the request."""
-        return self._error_head + orjson.dumps(err.body()["error"]) + b"}"
+        return self._error_head + orjson.dumps(error_body(err)["error"]) + b"}"
 
     def end(self, finish_reason: FinishReason | None, usage: Usage | None) -> bytes:
         """The `done` message after the request's last chunk; nothing after an error (the

@@ -201,7 +201,7 @@ M = TypeVar("M", bound=ClientMessage)
 
 def load(data: bytes | str, max_bytes: int) -> dict[str, Any]:
     """Parse one client message into a JSON object with a string `type` (not yet checked
-    against the known types). Raises `OpenAIError`: message_too_large, invalid_json,
+    against the known types). Raises `ApiError`: message_too_large, invalid_json,
     invalid_message."""
     # A str is measured as the UTF-8 the client sent (surrogatepass: a str that is not
     # valid UTF-8 must still be measured, then refused as invalid JSON below).
@@ -218,7 +218,7 @@ def load(data: bytes | str, max_bytes: int) -> dict[str, Any]:
 
 
 def request_id_of(obj: dict[str, Any]) -> str:
-    """The message's request_id; raises `OpenAIError` invalid_request_id."""
+    """The message's request_id; raises `ApiError` invalid_request_id."""
     rid = obj.get("request_id")
     if type(rid) is not str or not 0 < len(rid) <= errors.MAX_REQUEST_ID_CHARS:
         raise errors.invalid_request_id()
@@ -228,7 +228,7 @@ def request_id_of(obj: dict[str, Any]) -> str:
 def structure(obj: dict[str, Any], cls: type[M]) -> M:
     """`obj` (a loaded message whose type is `cls`'s tag) as a `cls`.
 
-    Raises `OpenAIError` unknown_parameter for keys `cls` does not have, checked first so that
+    Raises `ApiError` unknown_parameter for keys `cls` does not have, checked first so that
     the error names them all; then `FrameError`, with the path, for a field of the wrong type
     (only `Auth.api_key` can be: callers check request_id first, and a body is any JSON).
     """
@@ -248,7 +248,7 @@ def chat_request(
 ) -> ChatRequest:
     """A create's body as a `ChatRequest`, validated as the HTTP API does, plus the socket's
     rule that it always streams. `store`: the gateway keeps stored completions. Raises
-    `OpenAIError`."""
+    `ApiError`."""
     if type(body) is dict and "stream" not in body:
         body = {**body, "stream": True}  # streaming is implied
     chat = parse_chat_object(body, store=store)

@@ -52,8 +52,9 @@ from protocol.browser.messages import (
     structure,
 )
 from protocol.closecodes import CloseCode
+from protocol.core.errors import ApiError
 from protocol.errors import FrameError
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body
 from protocol.openai.request import MAX_N, ChatRequest
 
 H = TypeVar("H")
@@ -161,7 +162,7 @@ class ClientSession(Generic[H]):
             return []
         try:
             obj = load(data, self.max_message_bytes)
-        except OpenAIError as err:
+        except ApiError as err:
             return self._error(None, err)
         if self.state is State.AWAIT_AUTH:
             return self._authenticate(obj)
@@ -183,7 +184,7 @@ class ClientSession(Generic[H]):
             return self._refuse("authenticate first")
         try:
             auth = structure(obj, Auth)
-        except OpenAIError as err:
+        except ApiError as err:
             return self._error(None, err)  # unknown fields: the key is not even looked at
         except FrameError:
             return self._refuse("invalid API key")  # missing, or not a string
@@ -193,8 +194,8 @@ class ClientSession(Generic[H]):
         self.state = State.OPEN
         return [Reply(_AUTH_OK)]
 
-    def _error(self, request_id: str | None, err: OpenAIError) -> list[Event[H]]:
-        return [Reply(encode(ErrorMessage(request_id, err.body()["error"])))]
+    def _error(self, request_id: str | None, err: ApiError) -> list[Event[H]]:
+        return [Reply(encode(ErrorMessage(request_id, error_body(err)["error"])))]
 
     def _refuse(self, reason: str) -> list[Event[H]]:
         self.state = State.CLOSED
@@ -204,7 +205,7 @@ class ClientSession(Generic[H]):
         # The order of the checks is the API's: each later error names the request.
         try:
             rid = request_id_of(obj)
-        except OpenAIError as err:
+        except ApiError as err:
             return self._error(None, err)
         if rid in self._requests:
             # Refused with request_id null: an error naming rid would end the original.
@@ -216,7 +217,7 @@ class ClientSession(Generic[H]):
             chat = chat_request(
                 create.body, self.max_tokens_limit, store=self.store, max_choices=self.max_choices
             )
-        except OpenAIError as err:
+        except ApiError as err:
             return self._error(rid, err)  # refused requests are not tracked
         self._requests[rid] = _Request()
         return [Start(rid, chat)]
@@ -225,7 +226,7 @@ class ClientSession(Generic[H]):
         try:
             rid = request_id_of(obj)
             structure(obj, CancelRequest)
-        except OpenAIError as err:
+        except ApiError as err:
             # Null even with a valid id: the request it names goes on (see the docstring).
             return self._error(None, err)
         req = self._requests.get(rid)
@@ -238,14 +239,14 @@ class ClientSession(Generic[H]):
     def _ping(self, obj: dict[str, Any]) -> list[Event[H]]:
         try:
             structure(obj, Ping)
-        except OpenAIError as err:
+        except ApiError as err:
             return self._error(None, err)
         return [Reply(_PONG)]
 
     def _subscribe(self, obj: dict[str, Any]) -> list[Event[H]]:
         try:
             structure(obj, PoolSubscribe)
-        except OpenAIError as err:
+        except ApiError as err:
             return self._error(None, err)
         if self.subscribed:
             return []

@@ -10,8 +10,9 @@ keep their models loaded, so it changes nothing.
 
 Everything else is refused with a 400 naming the field, never dropped: unknown fields and
 options, images, a generate `suffix`, `template` or `context`, logprobs, image generation.
-Field readers and the wording of the messages are protocol.openai's (`_fields`), the model is
-checked first as there; the gateway writes the errors in Ollama's shape (`{"error": ...}`).
+Field readers and the wording of the messages are the chat's (protocol.core.fields), the model
+is checked first as there (protocol.core.limits); the gateway writes the errors in Ollama's
+shape (`{"error": ...}`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,34 @@ from typing import Any, Literal
 import attrs
 import orjson
 
+from protocol.core.errors import ApiError, invalid_request
+from protocol.core.fields import (
+    check_keys,
+    fail_type,
+    fail_unsupported,
+    fail_value,
+    read_array,
+    read_bool,
+    read_int,
+    read_json,
+    read_number,
+    read_one_of,
+    read_required,
+    read_required_str,
+    read_str,
+)
+from protocol.core.limits import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    MAX_STOP,
+    SAMPLING_RANGES,
+    check_messages_chars,
+    read_model_first,
+    read_stop_strings,
+)
+from protocol.core.tools import parse_tools
 from protocol.frames import (
     Generate,
     Message,
@@ -31,37 +60,9 @@ from protocol.frames import (
     Tool,
     ToolCall,
 )
-from protocol.openai._fields import (
-    _array,
-    _bool,
-    _check_keys,
-    _fail_type,
-    _fail_unsupported,
-    _fail_value,
-    _int,
-    _json,
-    _number,
-    _one_of,
-    _required,
-    _required_str,
-    _str,
-)
-from protocol.openai.errors import OpenAIError, invalid_request
-from protocol.openai.request import (
-    MAX_MESSAGES,
-    MAX_PROMPT_CHARS,
-    MAX_STOP,
-    SAMPLING_RANGES,
-    _check_messages_chars,
-    _model_first,
-    _stop_strings,
-)
-from protocol.openai.tools import parse_tools
 
 Endpoint = Literal["chat", "generate"]
 CheckModel = Callable[[str], None]
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
 
 OLLAMA_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.9, top_k=40)
 """Ollama's sampling defaults where neither the request nor a Modelfile sets them."""
@@ -132,7 +133,7 @@ _THINK: dict[object, ReasoningEffort | None] = {
 _NO_THINKING = '{"enable_thinking":false}'
 
 
-def in_ollama_terms(err: OpenAIError, model: str) -> OpenAIError:
+def in_ollama_terms(err: ApiError, model: str) -> ApiError:
     """An error in the terms of this API: an unknown model worded as Ollama does, and the
     thinking the runner calls `reasoning_effort` is Ollama's `think`."""
     if err.code == "model_not_found":
@@ -186,24 +187,24 @@ class OllamaRequest:
 
 
 def parse_chat(body: bytes, check_model: CheckModel | None = None) -> OllamaRequest:
-    """Validate a `POST /api/chat` body; raise `OpenAIError` (400) on any problem."""
-    data = _json(body)
-    model = _model_first(data, _CHAT_KNOWN, check_model)
+    """Validate a `POST /api/chat` body; raise `ApiError` (400) on any problem."""
+    data = read_json(body)
+    model = read_model_first(data, _CHAT_KNOWN, check_model)
     messages = _messages(data.get("messages"))
     return _request(data, "chat", model, messages=messages, tools=parse_tools(data.get("tools")))
 
 
 def parse_generate(body: bytes, check_model: CheckModel | None = None) -> OllamaRequest:
-    """Validate a `POST /api/generate` body; raise `OpenAIError` (400) on any problem."""
-    data = _json(body)
-    model = _model_first(data, _GENERATE_KNOWN, check_model)
+    """Validate a `POST /api/generate` body; raise `ApiError` (400) on any problem."""
+    data = read_json(body)
+    model = read_model_first(data, _GENERATE_KNOWN, check_model)
     for key, reason in _GENERATE_REFUSED.items():
         value = data.get(key)
         if value not in (None, "", [], 0):
-            _fail_unsupported(key, reason)
-    prompt = _str(data, "prompt") or ""
-    system = _str(data, "system")
-    raw = _bool(data, "raw") or False
+            fail_unsupported(key, reason)
+    prompt = read_str(data, "prompt") or ""
+    system = read_str(data, "system")
+    raw = read_bool(data, "raw") or False
     if len(prompt) + len(system or "") > MAX_PROMPT_CHARS:
         raise invalid_request(
             f"Invalid 'prompt': too long (at most {MAX_PROMPT_CHARS} characters).",
@@ -233,13 +234,13 @@ def _request(
     prompt: str | None = None,
     tools: tuple[Tool, ...] = (),
 ) -> OllamaRequest:
-    stream = _bool(data, "stream")
+    stream = read_bool(data, "stream")
     max_tokens, stop, sampling = _options(data.get("options"))
     _keep_alive(data.get("keep_alive"))
-    if _bool(data, "logprobs"):
-        _fail_unsupported("logprobs", "log-probabilities are not implemented for this API")
+    if read_bool(data, "logprobs"):
+        fail_unsupported("logprobs", "log-probabilities are not implemented for this API")
     if data.get("top_logprobs") not in (None, 0):
-        _fail_unsupported("top_logprobs", "log-probabilities are not implemented for this API")
+        fail_unsupported("top_logprobs", "log-probabilities are not implemented for this API")
     return OllamaRequest(
         endpoint=endpoint,
         model=model,
@@ -263,9 +264,9 @@ def _format(value: Any) -> ResponseFormat | None:
     if value == "json":
         return ResponseFormat("json_object")
     if type(value) is str:
-        _fail_value("format", value, ("json",))
+        fail_value("format", value, ("json",))
     if type(value) is not dict:
-        _fail_type("format", 'the string "json" or a JSON Schema object', value)
+        fail_type("format", 'the string "json" or a JSON Schema object', value)
     return ResponseFormat("json_schema", schema=orjson.dumps(value).decode(), name="format")
 
 
@@ -273,23 +274,23 @@ def _think(value: Any) -> ReasoningEffort | None:
     if value is None:
         return None
     if type(value) not in (bool, str):
-        _fail_type("think", "a boolean or a string", value)
+        fail_type("think", "a boolean or a string", value)
     if value not in _THINK:
-        _fail_value("think", value, ("true", "false", "low", "medium", "high"))
+        fail_value("think", value, ("true", "false", "low", "medium", "high"))
     return _THINK[value]
 
 
 def _keep_alive(value: Any) -> None:
     """Accepted (a duration string like "5m", or seconds); models stay loaded on runners."""
     if value is not None and type(value) not in (int, float, str):
-        _fail_type("keep_alive", "a duration string or a number of seconds", value)
+        fail_type("keep_alive", "a duration string or a number of seconds", value)
 
 
 def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
     if value is None:
         return None, (), OLLAMA_DEFAULTS
     if type(value) is not dict:
-        _fail_type("options", "an object", value)
+        fail_type("options", "an object", value)
     for key in value:
         if key not in _OPTIONS:
             raise invalid_request(
@@ -299,7 +300,7 @@ def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
                 "unsupported_parameter",
             )
     path = "options"
-    num_predict = _int(value, "num_predict", -2, INT64_MAX, path)
+    num_predict = read_int(value, "num_predict", -2, INT64_MAX, path)
     if num_predict == 0:
         raise invalid_request(
             "Invalid 'options.num_predict': 0. Expected a positive number of tokens, or -1 "
@@ -308,13 +309,13 @@ def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
             "invalid_value",
         )
     defaults = OLLAMA_DEFAULTS
-    temperature = _number(value, "temperature", *SAMPLING_RANGES["temperature"], path)
-    top_p = _number(value, "top_p", *SAMPLING_RANGES["top_p"], path)
-    min_p = _number(value, "min_p", *SAMPLING_RANGES["min_p"], path)
-    presence = _number(value, "presence_penalty", *SAMPLING_RANGES["presence_penalty"], path)
-    frequency = _number(value, "frequency_penalty", *SAMPLING_RANGES["frequency_penalty"], path)
-    top_k = _int(value, "top_k", 0, INT64_MAX, path)
-    seed = _int(value, "seed", INT64_MIN, INT64_MAX, path)
+    temperature = read_number(value, "temperature", *SAMPLING_RANGES["temperature"], path)
+    top_p = read_number(value, "top_p", *SAMPLING_RANGES["top_p"], path)
+    min_p = read_number(value, "min_p", *SAMPLING_RANGES["min_p"], path)
+    presence = read_number(value, "presence_penalty", *SAMPLING_RANGES["presence_penalty"], path)
+    frequency = read_number(value, "frequency_penalty", *SAMPLING_RANGES["frequency_penalty"], path)
+    top_k = read_int(value, "top_k", 0, INT64_MAX, path)
+    seed = read_int(value, "seed", INT64_MIN, INT64_MAX, path)
     sampling = SamplingParams(
         temperature=defaults.temperature if temperature is None else temperature,
         top_p=defaults.top_p if top_p is None else top_p,
@@ -327,7 +328,7 @@ def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
     )
     return (
         num_predict if num_predict is not None and num_predict > 0 else None,
-        _stop_strings(value.get("stop"), "options.stop", MAX_STOP, "an array of strings"),
+        read_stop_strings(value.get("stop"), "options.stop", MAX_STOP, "an array of strings"),
         sampling,
     )
 
@@ -337,27 +338,27 @@ def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
 
 def _messages(value: Any) -> tuple[Message, ...]:
     """`messages`; absent or empty is Ollama's way to load a model (see `load_only`)."""
-    items = _array(value, "messages", MAX_MESSAGES)
+    items = read_array(value, "messages", MAX_MESSAGES)
     messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(items))
-    _check_messages_chars(sum(len(m.content) + len(m.reasoning or "") for m in messages))
+    check_messages_chars(sum(len(m.content) + len(m.reasoning or "") for m in messages))
     return messages
 
 
 def _message(value: Any, path: str) -> Message:
     if type(value) is not dict:
-        _fail_type(path, "an object", value)
-    role = _ROLES[_one_of(value, "role", path, tuple(_ROLES))]
-    _check_keys(value, path, _MESSAGE_KEYS[role])
+        fail_type(path, "an object", value)
+    role = _ROLES[read_one_of(value, "role", path, tuple(_ROLES))]
+    check_keys(value, path, _MESSAGE_KEYS[role])
     if value.get("images"):
-        _fail_unsupported(f"{path}.images", "images are not supported")
-    content = _str(value, "content", path) or ""
+        fail_unsupported(f"{path}.images", "images are not supported")
+    content = read_str(value, "content", path) or ""
     if role == "assistant":
-        thinking = _str(value, "thinking", path)
+        thinking = read_str(value, "thinking", path)
         calls = _tool_calls(value.get("tool_calls"), f"{path}.tool_calls")
         return Message(role, content, tool_calls=calls, reasoning=thinking)
     if role == "tool":
-        name = _str(value, "tool_name", path)
-        call_id = _str(value, "tool_call_id", path)
+        name = read_str(value, "tool_name", path)
+        call_id = read_str(value, "tool_call_id", path)
         return Message(role, content, name=name, tool_call_id=call_id)
     return Message(role, content)
 
@@ -368,27 +369,27 @@ def _tool_calls(value: Any, path: str) -> tuple[ToolCall, ...]:
     if value is None:
         return ()
     if type(value) is not list:
-        _fail_type(path, "an array", value)
+        fail_type(path, "an array", value)
     calls = []
     for i, item in enumerate(value):
         item_path = f"{path}[{i}]"
         if type(item) is not dict:
-            _fail_type(item_path, "an object", item)
-        _check_keys(item, item_path, ("id", "type", "function"))
-        call_id = _str(item, "id", item_path)
-        kind = _str(item, "type", item_path)
+            fail_type(item_path, "an object", item)
+        check_keys(item, item_path, ("id", "type", "function"))
+        call_id = read_str(item, "id", item_path)
+        kind = read_str(item, "type", item_path)
         if kind not in (None, "function"):
-            _fail_value(f"{item_path}.type", kind, ("function",))
-        function = _required(item, "function", item_path)
+            fail_value(f"{item_path}.type", kind, ("function",))
+        function = read_required(item, "function", item_path)
         if type(function) is not dict:
-            _fail_type(f"{item_path}.function", "an object", function)
-        _check_keys(function, f"{item_path}.function", ("index", "name", "arguments"))
-        _int(function, "index", 0, INT64_MAX, f"{item_path}.function")
-        name = _required_str(function, "name", f"{item_path}.function")
+            fail_type(f"{item_path}.function", "an object", function)
+        check_keys(function, f"{item_path}.function", ("index", "name", "arguments"))
+        read_int(function, "index", 0, INT64_MAX, f"{item_path}.function")
+        name = read_required_str(function, "name", f"{item_path}.function")
         arguments = function.get("arguments")
         if arguments is None:
             arguments = {}
         if type(arguments) is not dict:
-            _fail_type(f"{item_path}.function.arguments", "an object", arguments)
+            fail_type(f"{item_path}.function.arguments", "an object", arguments)
         calls.append(ToolCall(call_id or f"call_{i}", name, orjson.dumps(arguments).decode()))
     return tuple(calls)

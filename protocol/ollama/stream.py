@@ -12,7 +12,7 @@ and `/api/generate` the same with `"response"` (and `"thinking"`) in place of `"
 `"done"` before `"done_reason"`, as Ollama orders them. An error ends a stream as the line
 `{"error": "<message>"}` (which the ollama library raises as `ResponseError`).
 
-`OllamaWriter` is the dialect's `ChoiceWriter` for `protocol.openai.stream.CompletionStream`,
+`OllamaWriter` is the dialect's `ChoiceWriter` for `protocol.core.stream.CompletionStream`,
 which keeps the order, the errors and the cancel; `NDJSON` is its framing. `answer_body`
 builds the non-streaming answer from what a `TimedBuilder` collected.
 
@@ -38,10 +38,10 @@ import attrs
 import orjson
 
 from protocol.calls import call_input, call_text
+from protocol.core.errors import ApiError
+from protocol.core.stream import CollectedChoice, CompletionBuilder, Item
 from protocol.frames import Chunk, FinishReason, ToolCallDelta, Usage
 from protocol.ollama.errors import error_body
-from protocol.openai.errors import OpenAIError
-from protocol.openai.stream import CollectedChoice, CompletionBuilder, Item
 
 Endpoint = Literal["chat", "generate"]
 Clock = Callable[[], int]
@@ -254,7 +254,7 @@ class NdjsonFraming:
     chunk_prefix = b""
     chunk_suffix = b"\n"
 
-    def error(self, err: OpenAIError) -> bytes:
+    def error(self, err: ApiError) -> bytes:
         return orjson.dumps(error_body(err)) + b"\n"
 
     def end(self, finish_reason: FinishReason | None, usage: Usage | None) -> bytes:

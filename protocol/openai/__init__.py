@@ -1,20 +1,19 @@
-"""The OpenAI Chat Completions dialect: request parsing, the completion stream, response
-objects, errors. No I/O."""
+"""The OpenAI dialects (Chat Completions, legacy completions, Responses): request parsing,
+response objects, SSE framing, the error shape. No I/O; the completion stream and the error
+type they use are every dialect's (`protocol.core`)."""
 
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body
 from protocol.openai.request import ChatRequest, parse_chat_request
-from protocol.openai.response import ChunkWriter, completion, usage_dict
-from protocol.openai.stream import SSE, CompletionBuilder, CompletionStream, Framing
+from protocol.openai.response import ChunkWriter, chat_completion_body, completion, usage_dict
+from protocol.openai.stream import SSE
 
 __all__ = [
     "SSE",
     "ChatRequest",
     "ChunkWriter",
-    "CompletionBuilder",
-    "CompletionStream",
-    "Framing",
-    "OpenAIError",
+    "chat_completion_body",
     "completion",
+    "error_body",
     "parse_chat_request",
     "usage_dict",
 ]

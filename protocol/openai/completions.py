@@ -29,6 +29,22 @@ from typing import Any
 import attrs
 import orjson
 
+from protocol.core.errors import invalid_request
+from protocol.core.fields import (
+    check_range,
+    fail_array_too_long,
+    fail_empty_array,
+    fail_type,
+    fail_unsupported,
+    fail_unsupported_value,
+    read_bool,
+    read_int,
+    read_json,
+    read_required,
+    read_str,
+)
+from protocol.core.limits import INT64_MAX, MAX_PROMPT_CHARS, CheckModel, read_model_first
+from protocol.core.stream import CollectedChoice, CompletionBuilder
 from protocol.frames import (
     Chunk,
     Echo,
@@ -39,33 +55,14 @@ from protocol.frames import (
     TokenLogprob,
     Usage,
 )
-from protocol.openai._fields import (
-    _bool,
-    _check_range,
-    _fail_array_too_long,
-    _fail_empty_array,
-    _fail_type,
-    _fail_unsupported,
-    _fail_unsupported_value,
-    _int,
-    _json,
-    _required,
-    _str,
-)
-from protocol.openai.errors import invalid_request
 from protocol.openai.request import (
-    INT64_MAX,
     MAX_N,
-    MAX_PROMPT_CHARS,
     MAX_TOKEN_ID,
-    CheckModel,
-    _model_first,
-    _sampling,
-    _stop,
-    _stream_options,
+    parse_sampling,
+    parse_stop,
+    parse_stream_options,
 )
 from protocol.openai.response import openai_finish_reason, usage_dict
-from protocol.openai.stream import CollectedChoice, CompletionBuilder
 
 MAX_PROMPTS = 32
 """Prompts in one request (each is its own runner request)."""
@@ -136,29 +133,29 @@ class CompletionRequest:
 def parse_completion_request(
     body: bytes, check_model: CheckModel | None = None
 ) -> CompletionRequest:
-    """Validate a `POST /v1/completions` body; raise `OpenAIError` (400) on any problem."""
-    return parse_completion_object(_json(body), check_model)
+    """Validate a `POST /v1/completions` body; raise `ApiError` (400) on any problem."""
+    return parse_completion_object(read_json(body), check_model)
 
 
 def parse_completion_object(data: Any, check_model: CheckModel | None = None) -> CompletionRequest:
     """Validate an already-decoded body. The model is examined first, as for chat."""
-    model = _model_first(data, _KNOWN, check_model)
-    prompts = _prompts(_required(data, "prompt", ""))
-    stream = _bool(data, "stream") or False
-    include_usage, continuous = _stream_options(data.get("stream_options"), stream)
-    max_tokens = _int(data, "max_tokens", 0, INT64_MAX)
-    sampling = _sampling(data)
-    stop = _stop(data.get("stop"))
-    logprobs = _int(data, "logprobs", 0, MAX_LOGPROBS)
-    echo = _bool(data, "echo") or False
-    n = _int(data, "n", 1, MAX_N) or 1
-    _best_of(_int(data, "best_of", 0, MAX_BEST_OF), n, stream)
+    model = read_model_first(data, _KNOWN, check_model)
+    prompts = _prompts(read_required(data, "prompt", ""))
+    stream = read_bool(data, "stream") or False
+    include_usage, continuous = parse_stream_options(data.get("stream_options"), stream)
+    max_tokens = read_int(data, "max_tokens", 0, INT64_MAX)
+    sampling = parse_sampling(data)
+    stop = parse_stop(data.get("stop"))
+    logprobs = read_int(data, "logprobs", 0, MAX_LOGPROBS)
+    echo = read_bool(data, "echo") or False
+    n = read_int(data, "n", 1, MAX_N) or 1
+    _best_of(read_int(data, "best_of", 0, MAX_BEST_OF), n, stream)
     if data.get("suffix") is not None:
-        _str(data, "suffix")
-        _fail_unsupported(
+        read_str(data, "suffix")
+        fail_unsupported(
             "suffix", "inserting text (a suffix after the completion) is not implemented"
         )
-    _str(data, "user")
+    read_str(data, "user")
     return CompletionRequest(
         model=model,
         prompts=prompts,
@@ -206,20 +203,20 @@ def _prompts(value: Any) -> tuple[Prompt, ...]:
     if type(value) is str:
         prompts: tuple[Prompt, ...] = (value,)
     elif type(value) is not list:
-        _fail_type("prompt", _PROMPT_TYPES, value)
+        fail_type("prompt", _PROMPT_TYPES, value)
     elif not value:
-        _fail_empty_array("prompt")
+        fail_empty_array("prompt")
     elif type(value[0]) is int:
         prompts = (_token_ids(value, "prompt"),)
     else:
         if len(value) > MAX_PROMPTS:
-            _fail_array_too_long("prompt", MAX_PROMPTS, len(value))
+            fail_array_too_long("prompt", MAX_PROMPTS, len(value))
         if type(value[0]) is str:
             prompts = tuple(_string(item, f"prompt[{i}]") for i, item in enumerate(value))
         elif type(value[0]) is list:
             prompts = tuple(_token_list(item, f"prompt[{i}]") for i, item in enumerate(value))
         else:
-            _fail_type("prompt[0]", "one of a string, an integer or an array of integers", value[0])
+            fail_type("prompt[0]", "one of a string, an integer or an array of integers", value[0])
     chars = sum(len(p) for p in prompts if isinstance(p, str))
     if chars > MAX_PROMPT_CHARS:
         raise invalid_request(
@@ -241,25 +238,25 @@ def _prompts(value: Any) -> tuple[Prompt, ...]:
 
 def _string(value: Any, param: str) -> str:
     if type(value) is not str:
-        _fail_type(param, "a string", value)
+        fail_type(param, "a string", value)
     return value
 
 
 def _token_list(value: Any, param: str) -> tuple[int, ...]:
     if type(value) is not list:
-        _fail_type(param, "an array of integers", value)
+        fail_type(param, "an array of integers", value)
     if not value:
-        _fail_empty_array(param)
+        fail_empty_array(param)
     return _token_ids(value, param)
 
 
 def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:
     if len(value) > MAX_PROMPT_TOKEN_IDS:
-        _fail_array_too_long(param, MAX_PROMPT_TOKEN_IDS, len(value))
+        fail_array_too_long(param, MAX_PROMPT_TOKEN_IDS, len(value))
     for i, token in enumerate(value):
         if type(token) is not int:  # a bool is not a token id
-            _fail_type(f"{param}[{i}]", "an integer", token)
-        _check_range(f"{param}[{i}]", "integer", token, 0, MAX_TOKEN_ID)
+            fail_type(f"{param}[{i}]", "an integer", token)
+        check_range(f"{param}[{i}]", "integer", token, 0, MAX_TOKEN_ID)
     return tuple(value)
 
 
@@ -276,7 +273,7 @@ def _best_of(best_of: int | None, n: int, stream: bool) -> None:
             "invalid_value",
         )
     if best_of > n:
-        _fail_unsupported_value("best_of", best_of, f"{n}, the value of n")
+        fail_unsupported_value("best_of", best_of, f"{n}, the value of n")
     if stream and best_of > 1:
         raise invalid_request(
             "Invalid value for 'best_of': results cannot be streamed with best_of greater than 1.",

@@ -27,12 +27,48 @@ Extensions beyond OpenAI (vLLM's names): `top_k` (-1 or 0: off), `min_p`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 import attrs
 import orjson
 
+from protocol.core.errors import invalid_request
+from protocol.core.fields import (
+    check_keys,
+    check_range,
+    fail_array_too_long,
+    fail_empty_array,
+    fail_too_long,
+    fail_too_many,
+    fail_type,
+    fail_unsupported,
+    fail_unsupported_kind,
+    fail_unsupported_value,
+    fail_value,
+    read_bool,
+    read_int,
+    read_json,
+    read_number,
+    read_one_of,
+    read_required,
+    read_required_str,
+    read_str,
+    show,
+)
+from protocol.core.limits import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_MESSAGES,
+    MAX_STOP,
+    SAMPLING_RANGES,
+    TOP_K_MIN,
+    CheckModel,
+    check_messages_chars,
+    check_stop_string,
+    read_model_first,
+    read_stop_strings,
+)
+from protocol.core.tools import parse_tools
 from protocol.frames import (
     Generate,
     LogitBias,
@@ -44,63 +80,18 @@ from protocol.frames import (
     ToolCall,
     ToolChoice,
 )
-from protocol.openai._fields import (
-    _array,
-    _bool,
-    _check_keys,
-    _check_range,
-    _clip,
-    _fail_array_too_long,
-    _fail_empty_array,
-    _fail_too_long,
-    _fail_too_many,
-    _fail_type,
-    _fail_unsupported,
-    _fail_unsupported_kind,
-    _fail_unsupported_value,
-    _fail_value,
-    _int,
-    _json,
-    _number,
-    _object,
-    _one_of,
-    _required,
-    _required_str,
-    _show,
-    _str,
-)
-from protocol.openai.errors import invalid_request
 from protocol.openai.stored import StoreRequest, parse_metadata, store_request
 from protocol.openai.tools import (
     check_parallel_tool_calls,
     parse_response_format,
     parse_tool_calls,
     parse_tool_choice,
-    parse_tools,
 )
 
-MAX_MODEL_CHARS = 256
-MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 256
 """Content parts in one message."""
-MAX_PROMPT_CHARS = 4 * 1024 * 1024
-"""Characters of all message contents and names together; the real bound is the context."""
-MAX_STOP = 4
-MAX_STOP_CHARS = 256
 MAX_LOGIT_BIAS = 1024
 MAX_TOKEN_ID = 2**31 - 1
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-SAMPLING_RANGES: dict[str, tuple[float, float]] = {
-    "temperature": (0, 2),
-    "top_p": (0, 1),
-    "min_p": (0, 1),
-    "presence_penalty": (-2, 2),
-    "frequency_penalty": (-2, 2),
-}
-"""The accepted range of each number parameter (OpenAI's; min_p is vLLM's)."""
-TOP_K_MIN = -1
-"""top_k of -1 or 0 means no top-k filter."""
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: dict[str, Role] = {
@@ -144,7 +135,7 @@ _KNOWN = frozenset((
     "verbosity", "moderation", "service_tier",
     # Refused where the server stores nothing (_check_unimplemented); metadata needs it.
     "store", "metadata",
-    # Accepted, no effect on the output (_check_accepted).
+    # Accepted, no effect on the output (check_accepted).
     "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "audio",
 ))
@@ -214,31 +205,27 @@ class ChatRequest:
         )
 
 
-CheckModel = Callable[[str], None]
-"""Raises the error for a model nothing serves (404 model_not_found)."""
-
-
 def parse_chat_request(
     body: bytes, check_model: CheckModel | None = None, *, store: bool = False
 ) -> ChatRequest:
-    """Validate a `POST /v1/chat/completions` body; raise `OpenAIError` (400) on any problem.
+    """Validate a `POST /v1/chat/completions` body; raise `ApiError` (400) on any problem.
     `store`: the server keeps stored completions (else `store: true` is refused)."""
-    return parse_chat_object(_json(body), check_model, store=store)
+    return parse_chat_object(read_json(body), check_model, store=store)
 
 
 def parse_chat_object(
     data: Any, check_model: CheckModel | None = None, *, store: bool = False
 ) -> ChatRequest:
     """Validate an already-decoded request body (the WebSocket API's `body`)."""
-    model = _model_first(data, _KNOWN, check_model)
+    model = read_model_first(data, _KNOWN, check_model)
 
-    messages = _messages(_required(data, "messages", ""))
+    messages = _messages(read_required(data, "messages", ""))
 
-    stream = _bool(data, "stream") or False
-    include_usage, continuous = _stream_options(data.get("stream_options"), stream)
+    stream = read_bool(data, "stream") or False
+    include_usage, continuous = parse_stream_options(data.get("stream_options"), stream)
 
-    max_tokens = _int(data, "max_tokens", 1, INT64_MAX)
-    max_completion_tokens = _int(data, "max_completion_tokens", 1, INT64_MAX)
+    max_tokens = read_int(data, "max_tokens", 1, INT64_MAX)
+    max_completion_tokens = read_int(data, "max_completion_tokens", 1, INT64_MAX)
     if max_tokens is not None and max_completion_tokens is not None:
         raise invalid_request(
             "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
@@ -246,15 +233,15 @@ def parse_chat_object(
             "invalid_parameter_combination",
         )
 
-    sampling = _sampling(data)
-    stop = _stop(data.get("stop"))
+    sampling = parse_sampling(data)
+    stop = parse_stop(data.get("stop"))
     tools = parse_tools(data.get("tools"))
     tool_choice, tool_name = parse_tool_choice(data.get("tool_choice"), tools)
     parallel_tool_calls = check_parallel_tool_calls(data.get("parallel_tool_calls"), tools)
     response_format = parse_response_format(data.get("response_format"))
     logprobs, top_logprobs = _logprobs(data)
     _check_unimplemented(data, store)
-    _check_accepted(data)
+    check_accepted(data)
     metadata = parse_metadata(data.get("metadata"))
     stored = data.get("store") is True
     if metadata is not None and not stored:
@@ -280,38 +267,15 @@ def parse_chat_object(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         chat_template_kwargs=_template_kwargs(data.get("chat_template_kwargs")),
-        reasoning_effort=_reasoning_effort(data.get("reasoning_effort")),
-        n=_int(data, "n", 1, MAX_N) or 1,
+        reasoning_effort=parse_reasoning_effort(data.get("reasoning_effort")),
+        n=read_int(data, "n", 1, MAX_N) or 1,
         store=store_request(data, messages, sampling, metadata) if stored else None,
     )
 
 
-def _model_first(data: Any, known: frozenset[str], check_model: CheckModel | None) -> str:
-    """A body's opening checks, shared with legacy completions: it is an object, its `model`
-    (required, a string, at most MAX_MODEL_CHARS), then with `check_model` whether anything
-    serves it, then that every field is one of `known`, before anything else is read, as
-    OpenAI does. Returns the model."""
-    data = _object(data)
-    model = _required_str(data, "model")
-    if len(model) > MAX_MODEL_CHARS:
-        _fail_too_long("model", MAX_MODEL_CHARS, len(model))
-    if check_model is not None:
-        check_model(model)
-    unknown = [key for key in data if key not in known]
-    if unknown:
-        names = ", ".join(_clip(key) for key in unknown[:10])
-        plural = "s" if len(unknown) > 1 else ""
-        raise invalid_request(
-            f"Unrecognized request argument{plural} supplied: {names}",
-            _clip(unknown[0]),
-            "unknown_parameter",
-        )
-    return model
-
-
 def _logprobs(data: dict[str, Any]) -> tuple[bool, int]:
-    logprobs = _bool(data, "logprobs") or False
-    top = _int(data, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    logprobs = read_bool(data, "logprobs") or False
+    top = read_int(data, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
         raise invalid_request(
             "Invalid value for 'top_logprobs': 'logprobs' must be set to true when "
@@ -326,7 +290,7 @@ def _template_kwargs(value: Any) -> str | None:
     if value is None:
         return None
     if type(value) is not dict:
-        _fail_type("chat_template_kwargs", "an object", value)
+        fail_type("chat_template_kwargs", "an object", value)
     text = orjson.dumps(value)
     if len(text) > MAX_TEMPLATE_KWARGS_BYTES:
         raise invalid_request(
@@ -338,13 +302,13 @@ def _template_kwargs(value: Any) -> str | None:
     return text.decode()
 
 
-def _reasoning_effort(value: Any) -> ReasoningEffort | None:
+def parse_reasoning_effort(value: Any) -> ReasoningEffort | None:
     if value is None:
         return None
     if type(value) is not str:
-        _fail_type("reasoning_effort", "a string", value)
+        fail_type("reasoning_effort", "a string", value)
     if value not in _REASONING_EFFORTS:
-        _fail_value("reasoning_effort", value, _REASONING_EFFORTS)
+        fail_value("reasoning_effort", value, _REASONING_EFFORTS)
     effort: ReasoningEffort = value  # type: ignore[assignment]  # checked against the Literal
     return effort
 
@@ -378,44 +342,32 @@ def check_choices(chat: ChatRequest, limit: int) -> None:
 
 def _messages(value: Any) -> tuple[Message, ...]:
     if type(value) is not list:
-        _fail_type("messages", "an array", value)
+        fail_type("messages", "an array", value)
     if not value:
-        _fail_empty_array("messages")
+        fail_empty_array("messages")
     if len(value) > MAX_MESSAGES:
-        _fail_array_too_long("messages", MAX_MESSAGES, len(value))
+        fail_array_too_long("messages", MAX_MESSAGES, len(value))
     messages = tuple(_message(item, f"messages[{i}]") for i, item in enumerate(value))
-    _check_messages_chars(
+    check_messages_chars(
         sum(len(m.content) + len(m.name or "") + len(m.reasoning or "") for m in messages)
     )
     return messages
 
 
-def _check_messages_chars(chars: int) -> None:
-    """The messages' `chars` (as the dialect counts them) within MAX_PROMPT_CHARS; shared
-    with Ollama's chat."""
-    if chars > MAX_PROMPT_CHARS:
-        raise invalid_request(
-            f"Invalid 'messages': the messages are too long ({chars} characters; at most "
-            f"{MAX_PROMPT_CHARS} are accepted).",
-            "messages",
-            "string_above_max_length",
-        )
-
-
 def _message(value: Any, path: str) -> Message:
     if type(value) is not dict:
-        _fail_type(path, "an object", value)
-    role_name = _one_of(value, "role", path, _ALL_ROLES)
+        fail_type(path, "an object", value)
+    role_name = read_one_of(value, "role", path, _ALL_ROLES)
     if role_name == "function":
-        _fail_unsupported_kind(
+        fail_unsupported_kind(
             f"{path}.role",
             role_name,
             "the deprecated function role is not implemented; use tool messages",
         )
     role = ROLES[role_name]
     allowed = _MESSAGE_KEYS[role]
-    _check_keys(value, path, allowed)
-    name = _str(value, "name", path)
+    check_keys(value, path, allowed)
+    name = read_str(value, "name", path)
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id = reasoning = None
     if role == "assistant":
@@ -431,8 +383,8 @@ def _message(value: Any, path: str) -> Message:
                 "missing_required_parameter",
             )
     elif role == "tool":
-        tool_call_id = _required_str(value, "tool_call_id", path)
-    content = _content(_required(value, "content", path), f"{path}.content", role)
+        tool_call_id = read_required_str(value, "tool_call_id", path)
+    content = _content(read_required(value, "content", path), f"{path}.content", role)
     return Message(
         role=role,
         content=content,
@@ -451,11 +403,11 @@ def _assistant_extras(value: dict[str, Any], path: str) -> tuple[tuple[ToolCall,
         ("audio", "audio is not implemented"),
     ):
         if value.get(key) is not None:
-            _fail_unsupported(f"{path}.{key}", reason)
-    if _str(value, "refusal", path) is not None:
-        _fail_unsupported(f"{path}.refusal", "refusals cannot be given back to the model")
-    reasoning = _str(value, "reasoning_content", path)
-    other = _str(value, "reasoning", path)
+            fail_unsupported(f"{path}.{key}", reason)
+    if read_str(value, "refusal", path) is not None:
+        fail_unsupported(f"{path}.refusal", "refusals cannot be given back to the model")
+    reasoning = read_str(value, "reasoning_content", path)
+    other = read_str(value, "reasoning", path)
     if reasoning is not None and other is not None and other != reasoning:
         raise invalid_request(
             f"Invalid '{path}': reasoning_content and reasoning differ; send one of them.",
@@ -464,7 +416,7 @@ def _assistant_extras(value: dict[str, Any], path: str) -> tuple[tuple[ToolCall,
         )
     annotations = value.get("annotations")
     if annotations is not None and type(annotations) is not list:
-        _fail_type(f"{path}.annotations", "an array", annotations)
+        fail_type(f"{path}.annotations", "an array", annotations)
     return tool_calls, reasoning if reasoning is not None else other
 
 
@@ -472,33 +424,33 @@ def _content(value: Any, path: str, role: Role) -> str:
     if type(value) is str:
         return value
     if type(value) is not list:
-        _fail_type(path, "one of a string or array of objects", value)
+        fail_type(path, "one of a string or array of objects", value)
     if not value:
-        _fail_empty_array(path)
+        fail_empty_array(path)
     if len(value) > MAX_CONTENT_PARTS:
-        _fail_array_too_long(path, MAX_CONTENT_PARTS, len(value))
+        fail_array_too_long(path, MAX_CONTENT_PARTS, len(value))
     # Text parts are joined with a newline, as vLLM does.
     return "\n".join(_text_part(part, f"{path}[{j}]", role) for j, part in enumerate(value))
 
 
 def _text_part(part: Any, path: str, role: Role) -> str:
     if type(part) is not dict:
-        _fail_type(path, "an object", part)
-    kind = _one_of(part, "type", path, _PART_TYPES[role])
+        fail_type(path, "an object", part)
+    kind = read_one_of(part, "type", path, _PART_TYPES[role])
     if kind != "text":
-        _fail_unsupported_kind(f"{path}.type", kind, "only text content parts are supported")
-    _check_keys(part, path, ("type", "text", "prompt_cache_breakpoint"))
-    text = _required_str(part, "text", path)
+        fail_unsupported_kind(f"{path}.type", kind, "only text content parts are supported")
+    check_keys(part, path, ("type", "text", "prompt_cache_breakpoint"))
+    text = read_required_str(part, "text", path)
     breakpoint_ = part.get("prompt_cache_breakpoint")
     if breakpoint_ is not None and breakpoint_ != {"mode": "explicit"}:
-        _fail_value(f"{path}.prompt_cache_breakpoint", breakpoint_, ('{"mode": "explicit"}',))
+        fail_value(f"{path}.prompt_cache_breakpoint", breakpoint_, ('{"mode": "explicit"}',))
     return text
 
 
 # --- generation parameters ------------------------------------------------------------------
 
 
-def _stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
+def parse_stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
     if value is None:
         return False, False
     if not stream:
@@ -508,12 +460,12 @@ def _stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
             "invalid_parameter_combination",
         )
     if type(value) is not dict:
-        _fail_type("stream_options", "an object", value)
-    _check_keys(value, "stream_options", _STREAM_OPTIONS)
-    include_usage = _bool(value, "include_usage", "stream_options") or False
+        fail_type("stream_options", "an object", value)
+    check_keys(value, "stream_options", _STREAM_OPTIONS)
+    include_usage = read_bool(value, "include_usage", "stream_options") or False
     # We never obfuscate; OpenAI's default is to, and false only saves bandwidth.
-    _bool(value, "include_obfuscation", "stream_options")
-    continuous = _bool(value, "continuous_usage_stats", "stream_options") or False
+    read_bool(value, "include_obfuscation", "stream_options")
+    continuous = read_bool(value, "continuous_usage_stats", "stream_options") or False
     if continuous and not include_usage:
         raise invalid_request(
             "'stream_options.continuous_usage_stats' requires "
@@ -527,15 +479,15 @@ def _stream_options(value: Any, stream: bool) -> tuple[bool, bool]:
 _DEFAULTS = SamplingParams()
 
 
-def _sampling(data: dict[str, Any]) -> SamplingParams:
+def parse_sampling(data: dict[str, Any]) -> SamplingParams:
     defaults = _DEFAULTS
-    temperature = _number(data, "temperature", *SAMPLING_RANGES["temperature"])
-    top_p = _number(data, "top_p", *SAMPLING_RANGES["top_p"])
-    top_k = _int(data, "top_k", TOP_K_MIN, INT64_MAX)
-    min_p = _number(data, "min_p", *SAMPLING_RANGES["min_p"])
-    presence = _number(data, "presence_penalty", *SAMPLING_RANGES["presence_penalty"])
-    frequency = _number(data, "frequency_penalty", *SAMPLING_RANGES["frequency_penalty"])
-    seed = _int(data, "seed", INT64_MIN, INT64_MAX)
+    temperature = read_number(data, "temperature", *SAMPLING_RANGES["temperature"])
+    top_p = read_number(data, "top_p", *SAMPLING_RANGES["top_p"])
+    top_k = read_int(data, "top_k", TOP_K_MIN, INT64_MAX)
+    min_p = read_number(data, "min_p", *SAMPLING_RANGES["min_p"])
+    presence = read_number(data, "presence_penalty", *SAMPLING_RANGES["presence_penalty"])
+    frequency = read_number(data, "frequency_penalty", *SAMPLING_RANGES["frequency_penalty"])
+    seed = read_int(data, "seed", INT64_MIN, INT64_MAX)
     return SamplingParams(
         temperature=defaults.temperature if temperature is None else temperature,
         top_p=defaults.top_p if top_p is None else top_p,
@@ -548,55 +500,32 @@ def _sampling(data: dict[str, Any]) -> SamplingParams:
     )
 
 
-def _stop(value: Any) -> tuple[str, ...]:
+def parse_stop(value: Any) -> tuple[str, ...]:
     if type(value) is str:
-        return (_stop_string(value, "stop"),)
-    return _stop_strings(value, "stop", MAX_STOP, "one of a string or array of strings")
-
-
-def _stop_strings(value: Any, param: str, maximum: int, expected: str) -> tuple[str, ...]:
-    """An optional array of at most `maximum` stop strings (`expected`: the type the error
-    names); shared with Anthropic's stop_sequences and Ollama's options.stop."""
-    items = _array(value, param, maximum, expected)
-    for i, item in enumerate(items):
-        if type(item) is not str:
-            _fail_type(f"{param}[{i}]", "a string", item)
-        _stop_string(item, f"{param}[{i}]")
-    return tuple(items)
-
-
-def _stop_string(value: str, param: str) -> str:
-    if not value:
-        raise invalid_request(
-            f"Invalid '{param}': empty string. A stop sequence must not be empty.",
-            param,
-            "empty_string",
-        )
-    if len(value) > MAX_STOP_CHARS:
-        _fail_too_long(param, MAX_STOP_CHARS, len(value))
-    return value
+        return (check_stop_string(value, "stop"),)
+    return read_stop_strings(value, "stop", MAX_STOP, "one of a string or array of strings")
 
 
 def _logit_bias(value: Any) -> tuple[LogitBias, ...]:
     if value is None:
         return ()
     if type(value) is not dict:
-        _fail_type("logit_bias", "an object", value)
+        fail_type("logit_bias", "an object", value)
     if len(value) > MAX_LOGIT_BIAS:
-        _fail_too_many("logit_bias", MAX_LOGIT_BIAS, len(value))
+        fail_too_many("logit_bias", MAX_LOGIT_BIAS, len(value))
     biases: dict[int, float] = {}
     for key, bias in value.items():
         if not (len(key) <= 10 and key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
             raise invalid_request(
-                f"Invalid key in 'logit_bias': {_show(key)} is not a token id (a non-negative "
+                f"Invalid key in 'logit_bias': {show(key)} is not a token id (a non-negative "
                 "integer, as a string).",
                 "logit_bias",
                 "invalid_value",
             )
         param = f"logit_bias.{key}"
         if type(bias) not in (int, float):
-            _fail_type(param, "a number", bias)
-        _check_range(param, "decimal", bias, -100, 100)
+            fail_type(param, "a number", bias)
+        check_range(param, "decimal", bias, -100, 100)
         biases[int(key)] = float(bias)
     return tuple(LogitBias(token=token, bias=bias) for token, bias in biases.items())
 
@@ -606,50 +535,50 @@ def _check_unimplemented(data: dict[str, Any], store: bool) -> None:
     where the server keeps no stored completions)."""
     for key, reason in _NOT_IMPLEMENTED.items():
         if data.get(key) is not None:
-            _fail_unsupported(key, reason)
+            fail_unsupported(key, reason)
     if data.get("function_call") not in (None, "none"):
-        _fail_unsupported("function_call", "the deprecated function_call is not implemented")
+        fail_unsupported("function_call", "the deprecated function_call is not implemented")
     modalities = data.get("modalities")
     if modalities is not None and modalities != ["text"]:
         if type(modalities) is not list:
-            _fail_type("modalities", "an array", modalities)
-        _fail_unsupported_value("modalities", modalities, '["text"]')
-    if _bool(data, "store") and not store:
-        _fail_unsupported_value("store", True, "false")
+            fail_type("modalities", "an array", modalities)
+        fail_unsupported_value("modalities", modalities, '["text"]')
+    if read_bool(data, "store") and not store:
+        fail_unsupported_value("store", True, "false")
 
-    tier = _str(data, "service_tier")
+    tier = read_str(data, "service_tier")
     if tier is not None and tier not in ("auto", "default"):
         if tier not in ("flex", "scale", "priority", "fast"):
-            _fail_value(
+            fail_value(
                 "service_tier", tier, ("auto", "default", "flex", "scale", "priority", "fast")
             )
-        _fail_unsupported_value("service_tier", tier, "auto")
+        fail_unsupported_value("service_tier", tier, "auto")
 
 
-def _check_accepted(data: dict[str, Any]) -> None:
+def check_accepted(data: dict[str, Any]) -> None:
     """Type-check the fields that are accepted but change nothing here."""
     audio = data.get("audio")
     if audio is not None and type(audio) is not dict:
-        _fail_type("audio", "an object", audio)
-    _str(data, "user")
-    _str(data, "prompt_cache_key")
-    safety_identifier = _str(data, "safety_identifier")
+        fail_type("audio", "an object", audio)
+    read_str(data, "user")
+    read_str(data, "prompt_cache_key")
+    safety_identifier = read_str(data, "safety_identifier")
     if safety_identifier is not None and len(safety_identifier) > 64:
-        _fail_too_long("safety_identifier", 64, len(safety_identifier))
-    retention = _str(data, "prompt_cache_retention")
+        fail_too_long("safety_identifier", 64, len(safety_identifier))
+    retention = read_str(data, "prompt_cache_retention")
     if retention is not None and retention not in ("in_memory", "24h"):
-        _fail_value("prompt_cache_retention", retention, ("in_memory", "24h"))
+        fail_value("prompt_cache_retention", retention, ("in_memory", "24h"))
     options = data.get("prompt_cache_options")
     if options is not None:
         if type(options) is not dict:
-            _fail_type("prompt_cache_options", "an object", options)
-        _check_keys(options, "prompt_cache_options", ("ttl", "mode"))
-        ttl = _str(options, "ttl", "prompt_cache_options")
+            fail_type("prompt_cache_options", "an object", options)
+        check_keys(options, "prompt_cache_options", ("ttl", "mode"))
+        ttl = read_str(options, "ttl", "prompt_cache_options")
         if ttl is not None and ttl != "30m":
-            _fail_value("prompt_cache_options.ttl", ttl, ("30m",))
-        mode = _str(options, "mode", "prompt_cache_options")
+            fail_value("prompt_cache_options.ttl", ttl, ("30m",))
+        mode = read_str(options, "mode", "prompt_cache_options")
         if mode == "explicit":
             # Our prefix cache is always implicit; it cannot be limited to breakpoints.
-            _fail_unsupported_value("prompt_cache_options.mode", mode, "implicit")
+            fail_unsupported_value("prompt_cache_options.mode", mode, "implicit")
         if mode not in (None, "implicit"):
-            _fail_value("prompt_cache_options.mode", mode, ("implicit", "explicit"))
+            fail_value("prompt_cache_options.mode", mode, ("implicit", "explicit"))

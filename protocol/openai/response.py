@@ -2,7 +2,7 @@
 
 The shapes follow openapi.yaml (CreateChatCompletionStreamResponse,
 CreateChatCompletionResponse, CompletionUsage); the order chunks go in is
-`protocol.openai.stream`'s. Every chunk has id, object, created, model, system_fingerprint and
+`protocol.core.stream`'s. Every chunk has id, object, created, model, system_fingerprint and
 one choice {index 0, delta, logprobs, finish_reason}; with include_usage every chunk also has
 "usage": null (the usage so far with continuous_usage_stats), without it no usage key.
 `system_fingerprint` names the serving configuration: it changes when the model, the runner's
@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from protocol.core.stream import CompletionBuilder
 from protocol.frames import Chunk, FinishReason, TokenLogprob, ToolCallDelta, Usage
 
 _FINISH_REASONS: dict[str, str] = {
@@ -103,7 +104,7 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
 
 class ChunkWriter:
     """Renders the chunk objects of one streamed chat completion (the order they go in is
-    `protocol.openai.stream.CompletionStream`'s).
+    `protocol.core.stream.CompletionStream`'s).
 
     The parts of a chunk that never change (id, created, model) are serialized once, so
     each token costs one small `orjson.dumps` of the delta.
@@ -329,6 +330,38 @@ def completion_body(
         "choices": choices,
         "usage": usage_dict(usage),
     }
+
+
+def chat_completion_body(
+    builder: CompletionBuilder,
+    *,
+    id: str,
+    created: int,
+    model: str,
+    fingerprint: str | None = None,
+) -> dict[str, Any]:
+    """The chat.completion body of what `builder` collected; raises the request's error if it
+    failed (or never finished)."""
+    choices, usage = builder.result()
+    return completion_body(
+        id=id,
+        created=created,
+        model=model,
+        choices=[
+            choice(
+                index,
+                "".join(c.content),
+                "".join(c.reasoning),
+                # A choice still open when the request ended was cut short with it.
+                c.finish or "cancelled",
+                tool_calls=c.tool_calls,
+                logprobs=c.logprobs if builder.wants_logprobs else None,
+            )
+            for index, c in enumerate(choices)
+        ],
+        usage=usage,
+        fingerprint=fingerprint,
+    )
 
 
 def choice(

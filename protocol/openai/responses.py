@@ -19,7 +19,7 @@ openapi.yaml's CreateResponse:
   `top_logprobs`, `reasoning.summary`, `text.verbosity` other than "medium",
   `context_management`, `moderation`, `stream_options` (only with `stream`).
 
-The model is examined first, then unknown fields, as for chat (`_model_first`).
+The model is examined first, then unknown fields, as for chat (`read_model_first`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,30 @@ from typing import Any
 import attrs
 import orjson
 
+from protocol.core.errors import ApiError, invalid_request
+from protocol.core.fields import (
+    check_keys,
+    fail_array_too_long,
+    fail_type,
+    fail_unsupported,
+    fail_unsupported_value,
+    fail_value,
+    read_bool,
+    read_int,
+    read_json,
+    read_number,
+    read_required,
+    read_str,
+    show,
+)
+from protocol.core.limits import (
+    INT64_MAX,
+    MAX_PROMPT_CHARS,
+    SAMPLING_RANGES,
+    CheckModel,
+    read_model_first,
+)
+from protocol.core.tools import check_function_name
 from protocol.frames import (
     Generate,
     Message,
@@ -38,34 +62,13 @@ from protocol.frames import (
     Tool,
     ToolChoice,
 )
-from protocol.openai._fields import (
-    _bool,
-    _fail_array_too_long,
-    _fail_type,
-    _fail_unsupported,
-    _fail_unsupported_value,
-    _fail_value,
-    _int,
-    _json,
-    _number,
-    _required,
-    _show,
-    _str,
-)
-from protocol.openai.errors import OpenAIError, invalid_request
 from protocol.openai.request import (
-    INT64_MAX,
-    MAX_PROMPT_CHARS,
-    SAMPLING_RANGES,
-    CheckModel,
-    _check_accepted,
-    _model_first,
-    _reasoning_effort,
+    check_accepted,
+    parse_reasoning_effort,
 )
-from protocol.openai.responses_input import _keys, parse_input
+from protocol.openai.responses_input import parse_input
 from protocol.openai.stored import parse_metadata
 from protocol.openai.tools import (
-    _function_name,
     parse_response_format,
     parse_tool_choice,
 )
@@ -149,19 +152,19 @@ class ResponsesRequest:
 def parse_responses_request(
     body: bytes, check_model: CheckModel | None = None, *, store: bool = False
 ) -> ResponsesRequest:
-    """Validate a `POST /v1/responses` body; raise `OpenAIError` (400) on any problem.
+    """Validate a `POST /v1/responses` body; raise `ApiError` (400) on any problem.
     `store`: the server keeps responses (else `store: true` and `previous_response_id` are
     refused, and a request that leaves `store` out is not stored)."""
-    return parse_responses_object(_json(body), check_model, store=store)
+    return parse_responses_object(read_json(body), check_model, store=store)
 
 
 def parse_responses_object(
     data: Any, check_model: CheckModel | None = None, *, store: bool = False
 ) -> ResponsesRequest:
     """Validate an already-decoded body. The model is examined first, as for chat."""
-    model = _model_first(data, _KNOWN, check_model)
-    messages = parse_input(_required(data, "input", ""))
-    instructions = _str(data, "instructions")
+    model = read_model_first(data, _KNOWN, check_model)
+    messages = parse_input(read_required(data, "input", ""))
+    instructions = read_str(data, "instructions")
     if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
         raise invalid_request(
             f"Invalid 'instructions': too long ({len(instructions)} characters; at most "
@@ -169,11 +172,11 @@ def parse_responses_object(
             "instructions",
             "string_above_max_length",
         )
-    stream = _bool(data, "stream") or False
+    stream = read_bool(data, "stream") or False
     _stream_options(data.get("stream_options"), stream)
-    max_output_tokens = _int(data, "max_output_tokens", MIN_OUTPUT_TOKENS, INT64_MAX)
-    temperature = _number(data, "temperature", *SAMPLING_RANGES["temperature"])
-    top_p = _number(data, "top_p", *SAMPLING_RANGES["top_p"])
+    max_output_tokens = read_int(data, "max_output_tokens", MIN_OUTPUT_TOKENS, INT64_MAX)
+    temperature = read_number(data, "temperature", *SAMPLING_RANGES["temperature"])
+    top_p = read_number(data, "top_p", *SAMPLING_RANGES["top_p"])
     sampling = SamplingParams(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
@@ -181,18 +184,18 @@ def parse_responses_object(
     tools = _tools(data.get("tools"))
     tool_choice, tool_name = _tool_choice(data.get("tool_choice"), tools)
     # Unlike chat's, Responses' parallel_tool_calls and tool_choice "auto" need no tools.
-    parallel = _bool(data, "parallel_tool_calls")
+    parallel = read_bool(data, "parallel_tool_calls")
     response_format, text_format = _text(data.get("text"))
     effort = _reasoning(data.get("reasoning"))
     _check_unimplemented(data)
-    _check_accepted(data)
-    max_tool_calls = _int(data, "max_tool_calls", 1, INT64_MAX)
-    truncation = _str(data, "truncation")
+    check_accepted(data)
+    max_tool_calls = read_int(data, "max_tool_calls", 1, INT64_MAX)
+    truncation = read_str(data, "truncation")
     if truncation is not None and truncation != "disabled":
         if truncation != "auto":
-            _fail_value("truncation", truncation, ("auto", "disabled"))
-        _fail_unsupported_value("truncation", truncation, '"disabled"')
-    stored = _bool(data, "store")
+            fail_value("truncation", truncation, ("auto", "disabled"))
+        fail_unsupported_value("truncation", truncation, '"disabled"')
+    stored = read_bool(data, "store")
     if stored and not store:
         raise invalid_request(
             "Unsupported value: 'store' does not support true with this server: it keeps no "
@@ -200,7 +203,7 @@ def parse_responses_object(
             "store",
             "unsupported_value",
         )
-    previous = _str(data, "previous_response_id")
+    previous = read_str(data, "previous_response_id")
     if previous is not None and not store:
         raise invalid_request(
             "Unsupported parameter: 'previous_response_id' is not supported with this "
@@ -228,9 +231,9 @@ def parse_responses_object(
         store=store if stored is None else stored,
         previous_response_id=previous,
         metadata=metadata or {},
-        user=_str(data, "user"),
-        safety_identifier=_str(data, "safety_identifier"),
-        prompt_cache_key=_str(data, "prompt_cache_key"),
+        user=read_str(data, "user"),
+        safety_identifier=read_str(data, "safety_identifier"),
+        prompt_cache_key=read_str(data, "prompt_cache_key"),
         max_tool_calls=max_tool_calls,
     )
 
@@ -242,15 +245,15 @@ def _tools(value: Any) -> tuple[Tool, ...]:
     if value is None:
         return ()
     if type(value) is not list:
-        _fail_type("tools", "an array", value)
+        fail_type("tools", "an array", value)
     if len(value) > MAX_TOOLS:
-        _fail_array_too_long("tools", MAX_TOOLS, len(value))
+        fail_array_too_long("tools", MAX_TOOLS, len(value))
     tools: list[Tool] = []
     for i, item in enumerate(value):
         tool = _tool(item, f"tools[{i}]")
         if any(t.name == tool.name for t in tools):
             raise invalid_request(
-                f"Invalid 'tools[{i}].name': duplicate function name {_show(tool.name)}.",
+                f"Invalid 'tools[{i}].name': duplicate function name {show(tool.name)}.",
                 f"tools[{i}].name",
                 "invalid_value",
             )
@@ -260,24 +263,24 @@ def _tools(value: Any) -> tuple[Tool, ...]:
 
 def _tool(value: Any, path: str) -> Tool:
     if type(value) is not dict:
-        _fail_type(path, "an object", value)
-    kind = _required(value, "type", path)
+        fail_type(path, "an object", value)
+    kind = read_required(value, "type", path)
     if type(kind) is not str:
-        _fail_type(f"{path}.type", "a string", kind)
+        fail_type(f"{path}.type", "a string", kind)
     if kind != "function":
         raise invalid_request(
-            f"Unsupported value: '{path}.type' does not support {_show(kind)} with this "
+            f"Unsupported value: '{path}.type' does not support {show(kind)} with this "
             "server: only function tools are supported (built-in tools run at OpenAI).",
             f"{path}.type",
             "unsupported_value",
         )
-    _keys(value, path, ("type", "name", "description", "parameters", "strict"))
-    name = _function_name(_required(value, "name", path), f"{path}.name")
-    description = _str(value, "description", path)
+    check_keys(value, path, ("type", "name", "description", "parameters", "strict"))
+    name = check_function_name(read_required(value, "name", path), f"{path}.name")
+    description = read_str(value, "description", path)
     parameters = value.get("parameters")
     if parameters is not None and type(parameters) is not dict:
-        _fail_type(f"{path}.parameters", "an object", parameters)
-    strict = _bool(value, "strict", path)
+        fail_type(f"{path}.parameters", "an object", parameters)
+    strict = read_bool(value, "strict", path)
     return Tool(
         name=name,
         description=description,
@@ -291,13 +294,13 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str |
     (as the chat's, whose parser checks it)."""
     if type(value) is not dict:
         return parse_tool_choice(None if value == "auto" else value, tools)
-    kind = _required(value, "type", "tool_choice")
+    kind = read_required(value, "type", "tool_choice")
     if type(kind) is not str:
-        _fail_type("tool_choice.type", "a string", kind)
+        fail_type("tool_choice.type", "a string", kind)
     if kind != "function":
-        _fail_unsupported_value("tool_choice.type", kind, '"function"')
-    _keys(value, "tool_choice", ("type", "name"))
-    name = _required(value, "name", "tool_choice")
+        fail_unsupported_value("tool_choice.type", kind, '"function"')
+    check_keys(value, "tool_choice", ("type", "name"))
+    name = read_required(value, "name", "tool_choice")
     return parse_tool_choice({"type": "function", "function": {"name": name}}, tools)
 
 
@@ -306,19 +309,19 @@ def _text(value: Any) -> tuple[ResponseFormat | None, dict[str, Any]]:
     if value is None:
         return None, {"type": "text"}
     if type(value) is not dict:
-        _fail_type("text", "an object", value)
-    _keys(value, "text", ("format", "verbosity"))
-    verbosity = _str(value, "verbosity", "text")
+        fail_type("text", "an object", value)
+    check_keys(value, "text", ("format", "verbosity"))
+    verbosity = read_str(value, "verbosity", "text")
     if verbosity is not None and verbosity != "medium":
         if verbosity not in ("low", "high"):
-            _fail_value("text.verbosity", verbosity, ("low", "medium", "high"))
-        _fail_unsupported_value("text.verbosity", verbosity, '"medium"')
+            fail_value("text.verbosity", verbosity, ("low", "medium", "high"))
+        fail_unsupported_value("text.verbosity", verbosity, '"medium"')
     fmt = value.get("format")
     if fmt is None:
         return None, {"type": "text"}
     if type(fmt) is not dict:
-        _fail_type("text.format", "an object", fmt)
-    kind = _required(fmt, "type", "text.format")
+        fail_type("text.format", "an object", fmt)
+    kind = read_required(fmt, "type", "text.format")
     if kind != "json_schema":
         # text and json_object have no other field: the chat's reader checks them.
         try:
@@ -327,7 +330,7 @@ def _text(value: Any) -> tuple[ResponseFormat | None, dict[str, Any]]:
             _rename(exc, "response_format", "text.format")
             raise
         return parsed, {"type": kind}
-    _keys(fmt, "text.format", ("type", "name", "schema", "description", "strict"))
+    check_keys(fmt, "text.format", ("type", "name", "schema", "description", "strict"))
     spec = {key: fmt[key] for key in ("name", "schema", "description", "strict") if key in fmt}
     try:
         parsed = parse_response_format({"type": "json_schema", "json_schema": spec})
@@ -345,7 +348,7 @@ def _text(value: Any) -> tuple[ResponseFormat | None, dict[str, Any]]:
 
 def _rename(exc: Exception, old: str, new: str) -> None:
     """An error of the chat's reader, renamed to the Responses field it came from."""
-    if isinstance(exc, OpenAIError):
+    if isinstance(exc, ApiError):
         exc.message = exc.message.replace(old, new)
         if exc.param is not None:
             exc.param = exc.param.replace(old, new)
@@ -355,17 +358,17 @@ def _reasoning(value: Any) -> ReasoningEffort | None:
     if value is None:
         return None
     if type(value) is not dict:
-        _fail_type("reasoning", "an object", value)
-    _keys(value, "reasoning", ("effort", "summary", "generate_summary"))
+        fail_type("reasoning", "an object", value)
+    check_keys(value, "reasoning", ("effort", "summary", "generate_summary"))
     for key in ("summary", "generate_summary"):
         if value.get(key) is not None:
-            _str(value, key, "reasoning")
-            _fail_unsupported(
+            read_str(value, key, "reasoning")
+            fail_unsupported(
                 f"reasoning.{key}",
                 "reasoning summaries are not written; the reasoning text itself is sent",
             )
     try:
-        return _reasoning_effort(value.get("effort"))
+        return parse_reasoning_effort(value.get("effort"))
     except Exception as exc:
         _rename(exc, "reasoning_effort", "reasoning.effort")
         raise
@@ -381,29 +384,29 @@ def _stream_options(value: Any, stream: bool) -> None:
             "invalid_parameter_combination",
         )
     if type(value) is not dict:
-        _fail_type("stream_options", "an object", value)
-    _keys(value, "stream_options", ("include_obfuscation",))
+        fail_type("stream_options", "an object", value)
+    check_keys(value, "stream_options", ("include_obfuscation",))
     # We never obfuscate; false only saves bandwidth at OpenAI.
-    _bool(value, "include_obfuscation", "stream_options")
+    read_bool(value, "include_obfuscation", "stream_options")
 
 
 def _check_unimplemented(data: dict[str, Any]) -> None:
     for key, reason in _NOT_IMPLEMENTED.items():
         if data.get(key) is not None:
-            _fail_unsupported(key, reason)
-    if _bool(data, "background"):
-        _fail_unsupported_value("background", True, "false")
+            fail_unsupported(key, reason)
+    if read_bool(data, "background"):
+        fail_unsupported_value("background", True, "false")
     include = data.get("include")
     if include is not None:
         if type(include) is not list:
-            _fail_type("include", "an array", include)
+            fail_type("include", "an array", include)
         if include:
-            _fail_unsupported_value("include", include, "[]")
-    top_logprobs = _int(data, "top_logprobs", 0, 20)
+            fail_unsupported_value("include", include, "[]")
+    top_logprobs = read_int(data, "top_logprobs", 0, 20)
     if top_logprobs:
-        _fail_unsupported("top_logprobs", "log probabilities are not sent in this dialect")
-    tier = _str(data, "service_tier")
+        fail_unsupported("top_logprobs", "log probabilities are not sent in this dialect")
+    tier = read_str(data, "service_tier")
     if tier is not None and tier not in ("auto", "default"):
         if tier not in ("flex", "scale", "priority"):
-            _fail_value("service_tier", tier, ("auto", "default", "flex", "scale", "priority"))
-        _fail_unsupported_value("service_tier", tier, "auto")
+            fail_value("service_tier", tier, ("auto", "default", "flex", "scale", "priority"))
+        fail_unsupported_value("service_tier", tier, "auto")

@@ -15,22 +15,22 @@ from typing import Any, Literal
 
 import attrs
 
-from protocol.frames import Message, ToolCall
-from protocol.openai._fields import (
-    _check_keys,
-    _fail_array_too_long,
-    _fail_empty_array,
-    _fail_type,
-    _fail_unsupported,
-    _fail_unsupported_kind,
-    _fail_value,
-    _one_of,
-    _required,
-    _required_str,
-    _str,
+from protocol.core.errors import invalid_request
+from protocol.core.fields import (
+    check_keys,
+    fail_array_too_long,
+    fail_empty_array,
+    fail_type,
+    fail_unsupported,
+    fail_unsupported_kind,
+    fail_value,
+    read_one_of,
+    read_required,
+    read_required_str,
+    read_str,
 )
-from protocol.openai.errors import invalid_request
-from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.frames import Message, ToolCall
 
 MAX_CONTENT_PARTS = 256
 _MESSAGE_ROLES: tuple[Literal["user", "system", "developer", "assistant"], ...] = (
@@ -70,11 +70,11 @@ def parse_input(value: Any) -> tuple[Message, ...]:
     if type(value) is str:
         return _bounded((Message("user", value),))
     if type(value) is not list:
-        _fail_type("input", "one of a string or array of objects", value)
+        fail_type("input", "one of a string or array of objects", value)
     if not value:
-        _fail_empty_array("input")
+        fail_empty_array("input")
     if len(value) > MAX_MESSAGES:
-        _fail_array_too_long("input", MAX_MESSAGES, len(value))
+        fail_array_too_long("input", MAX_MESSAGES, len(value))
     found: list[Message] = []
     for i, item in enumerate(value):
         _item(item, f"input[{i}]", found)
@@ -109,14 +109,14 @@ def _item(value: Any, path: str, out: list[Message]) -> None:
     """Append what one input item says to `out`: a function call joins the assistant
     message before it (several calls of one turn are one assistant message)."""
     if type(value) is not dict:
-        _fail_type(path, "an object", value)
+        fail_type(path, "an object", value)
     kind = value.get("type")
     if kind is None and "role" in value:
         kind = "message"  # EasyInputMessage
     if kind is None:
-        _required(value, "type", path)
+        read_required(value, "type", path)
     if type(kind) is not str:
-        _fail_type(f"{path}.type", "a string", kind)
+        fail_type(f"{path}.type", "a string", kind)
     last = out[-1] if out else None
     if kind == "message":
         message = _message(value, path)
@@ -139,87 +139,83 @@ def _item(value: Any, path: str, out: list[Message]) -> None:
         else:
             out.append(Message("assistant", "", reasoning=text))
     elif kind in _OTHER_ITEM_TYPES:
-        _fail_unsupported_kind(
+        fail_unsupported_kind(
             f"{path}.type",
             kind,
             "only message, function_call, function_call_output and reasoning items are "
             "supported (built-in tools run at OpenAI, not here)",
         )
     else:
-        _fail_value(f"{path}.type", kind, _ITEM_TYPES)
-
-
-_keys = _check_keys
-"""This module's (and protocol.openai.responses') name for it."""
+        fail_value(f"{path}.type", kind, _ITEM_TYPES)
 
 
 def _message(value: dict[str, Any], path: str) -> Message:
-    _keys(value, path, ("type", "role", "content", "id", "status", "phase"))
-    role = _one_of(value, "role", path, _MESSAGE_ROLES)
-    _str(value, "id", path)
+    check_keys(value, path, ("type", "role", "content", "id", "status", "phase"))
+    role = read_one_of(value, "role", path, _MESSAGE_ROLES)
+    read_str(value, "id", path)
     _status(value, path)
-    phase = _str(value, "phase", path)
+    phase = read_str(value, "phase", path)
     if phase is not None and phase not in ("commentary", "final_answer"):
-        _fail_value(f"{path}.phase", phase, ("commentary", "final_answer"))
-    content = _required(value, "content", path)
+        fail_value(f"{path}.phase", phase, ("commentary", "final_answer"))
+    content = read_required(value, "content", path)
     text = _content(content, f"{path}.content", role)
     return Message(role=role, content=text)
 
 
 def _status(value: dict[str, Any], path: str) -> None:
-    status = _str(value, "status", path)
+    status = read_str(value, "status", path)
     if status is not None and status not in ("in_progress", "completed", "incomplete"):
-        _fail_value(f"{path}.status", status, ("in_progress", "completed", "incomplete"))
+        fail_value(f"{path}.status", status, ("in_progress", "completed", "incomplete"))
 
 
 def _content(value: Any, path: str, role: str) -> str:
     if type(value) is str:
         return value
     if type(value) is not list:
-        _fail_type(path, "one of a string or array of objects", value)
+        fail_type(path, "one of a string or array of objects", value)
     if len(value) > MAX_CONTENT_PARTS:
-        _fail_array_too_long(path, MAX_CONTENT_PARTS, len(value))
+        fail_array_too_long(path, MAX_CONTENT_PARTS, len(value))
     # Text parts are joined with a newline, as the chat parser does.
     return "\n".join(_part(part, f"{path}[{j}]", role) for j, part in enumerate(value))
 
 
 def _part(part: Any, path: str, role: str) -> str:
     if type(part) is not dict:
-        _fail_type(path, "an object", part)
-    kind = _required_str(part, "type", path)
+        fail_type(path, "an object", part)
+    kind = read_required_str(part, "type", path)
     expected = ("output_text", "refusal") if role == "assistant" else ("input_text",)
     if kind in _UNSUPPORTED_PARTS and role != "assistant":
-        _fail_unsupported_kind(f"{path}.type", kind, "only text content parts are supported")
+        fail_unsupported_kind(f"{path}.type", kind, "only text content parts are supported")
     if kind == "refusal" and role == "assistant":
-        _fail_unsupported(f"{path}.type", "refusals cannot be given back to the model")
+        fail_unsupported(f"{path}.type", "refusals cannot be given back to the model")
     if kind not in expected:
-        _fail_value(f"{path}.type", kind, expected)
+        fail_value(f"{path}.type", kind, expected)
     if kind == "output_text":
-        _keys(part, path, ("type", "text", "annotations", "logprobs"))
+        check_keys(part, path, ("type", "text", "annotations", "logprobs"))
         for key in ("annotations", "logprobs"):
             if part.get(key) is not None and type(part[key]) is not list:
-                _fail_type(f"{path}.{key}", "an array", part[key])
+                fail_type(f"{path}.{key}", "an array", part[key])
     else:
-        _keys(part, path, ("type", "text"))
-    return _required_str(part, "text", path)
+        check_keys(part, path, ("type", "text"))
+    return read_required_str(part, "text", path)
 
 
 def _function_call(value: dict[str, Any], path: str) -> ToolCall:
-    _keys(value, path, ("type", "call_id", "name", "arguments", "id", "status"))
-    call_id = _required_str(value, "call_id", path)
-    name = _required_str(value, "name", path)
-    arguments = _required_str(value, "arguments", path)
-    _str(value, "id", path)
+    check_keys(value, path, ("type", "call_id", "name", "arguments", "id", "status"))
+    call_id = read_required_str(value, "call_id", path)
+    name = read_required_str(value, "name", path)
+    arguments = read_required_str(value, "arguments", path)
+    read_str(value, "id", path)
     _status(value, path)
     return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 def _function_call_output(value: dict[str, Any], path: str) -> Message:
-    _keys(value, path, ("type", "call_id", "output", "id", "status"))
-    call_id = _required_str(value, "call_id", path)
-    output = _required(value, "output", path)
+    check_keys(value, path, ("type", "call_id", "output", "id", "status"))
+    call_id = read_required_str(value, "call_id", path)
+    output = read_required(value, "output", path)
     text = _content(output, f"{path}.output", "tool")
-    _str(value, "id", path)
+    read_str(value, "id", path)
     _status(value, path)
     return Message("tool", text, tool_call_id=call_id)
 
@@ -240,27 +236,27 @@ _REASONING_PARTS = {"content": "reasoning_text", "summary": "summary_text"}
 def _reasoning_item(value: dict[str, Any], path: str) -> str:
     """A reasoning item given back: its text (the `reasoning_text` parts this server writes,
     else the `summary_text` parts another server wrote), each part on a line."""
-    _keys(value, path, ("type", "id", "summary", "content", "encrypted_content", "status"))
+    check_keys(value, path, ("type", "id", "summary", "content", "encrypted_content", "status"))
     texts: dict[str, list[str]] = {}
     for key, kind in _REASONING_PARTS.items():
         parts = value.get(key)
         if parts is None:
             continue
         if type(parts) is not list:
-            _fail_type(f"{path}.{key}", "an array", parts)
+            fail_type(f"{path}.{key}", "an array", parts)
         if len(parts) > MAX_CONTENT_PARTS:
-            _fail_array_too_long(f"{path}.{key}", MAX_CONTENT_PARTS, len(parts))
+            fail_array_too_long(f"{path}.{key}", MAX_CONTENT_PARTS, len(parts))
         texts[key] = []
         for j, part in enumerate(parts):
             part_path = f"{path}.{key}[{j}]"
             if type(part) is not dict:
-                _fail_type(part_path, "an object", part)
-            _keys(part, part_path, ("type", "text"))
-            if _required_str(part, "type", part_path) != kind:
-                _fail_value(f"{part_path}.type", part["type"], (kind,))
-            texts[key].append(_required_str(part, "text", part_path))
+                fail_type(part_path, "an object", part)
+            check_keys(part, part_path, ("type", "text"))
+            if read_required_str(part, "type", part_path) != kind:
+                fail_value(f"{part_path}.type", part["type"], (kind,))
+            texts[key].append(read_required_str(part, "text", part_path))
     if value.get("encrypted_content") is not None:
-        _fail_unsupported(
+        fail_unsupported(
             f"{path}.encrypted_content", "this server neither writes nor reads encrypted reasoning"
         )
     _status(value, path)

@@ -2,7 +2,7 @@
 events of a streamed response, decided in one place. No I/O.
 
 `ResponseEvents` is both the `ChoiceWriter` and the `Framing` of one streamed response in
-the chat's `CompletionStream` (protocol.openai.stream), which owns when things happen (the
+the shared `CompletionStream` (protocol.core.stream), which owns when things happen (the
 first chunk, the finish, errors, cancel); this class owns what they look like:
 
     response.created, response.in_progress          when the stream starts (status in_progress)
@@ -36,8 +36,8 @@ from typing import Any
 
 import orjson
 
+from protocol.core.errors import ApiError, server_error
 from protocol.frames import Chunk, FinishReason, Message, ToolCall, ToolCallDelta, Usage
-from protocol.openai.errors import OpenAIError, server_error
 from protocol.openai.response import tool_call_entries
 from protocol.openai.responses import ResponsesRequest
 
@@ -136,7 +136,7 @@ def finished(
     }
 
 
-def error_object(err: OpenAIError) -> dict[str, Any]:
+def error_object(err: ApiError) -> dict[str, Any]:
     """A failed response's `error`."""
     return {"code": _ERROR_CODES.get(err.status, "server_error"), "message": err.message}
 
@@ -417,7 +417,7 @@ class ResponseEvents:
 
     # --- Framing --------------------------------------------------------------------------
 
-    def error(self, err: OpenAIError) -> bytes:
+    def error(self, err: ApiError) -> bytes:
         if not self.started:
             return self._event("error", code=err.code, message=err.message, param=err.param)
         self._open = None  # an item cut short is not part of a failed response's output

@@ -36,20 +36,20 @@ from typing import Any, Literal, TypeVar
 import attrs
 import orjson
 
-from protocol.frames import Message, SamplingParams
-from protocol.openai._fields import (
-    _check_range,
-    _clip,
-    _fail_too_long,
-    _fail_too_many,
-    _fail_type,
-    _fail_unknown,
-    _fail_value,
-    _json,
-    _object,
-    _show,
+from protocol.core.errors import invalid_request
+from protocol.core.fields import (
+    check_range,
+    clip,
+    fail_too_long,
+    fail_too_many,
+    fail_type,
+    fail_unknown,
+    fail_value,
+    read_json,
+    read_object,
+    show,
 )
-from protocol.openai.errors import invalid_request
+from protocol.frames import Message, SamplingParams
 
 MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY_CHARS = 64
@@ -69,16 +69,16 @@ def parse_metadata(value: Any, param: str = "metadata") -> dict[str, str] | None
     if value is None:
         return None
     if type(value) is not dict:
-        _fail_type(param, "an object", value)
+        fail_type(param, "an object", value)
     if len(value) > MAX_METADATA_KEYS:
-        _fail_too_many(param, MAX_METADATA_KEYS, len(value))
+        fail_too_many(param, MAX_METADATA_KEYS, len(value))
     for key, item in value.items():
         if len(key) > MAX_METADATA_KEY_CHARS:
-            _fail_too_long(f"{param}.{_clip(key)}", MAX_METADATA_KEY_CHARS, len(key))
+            fail_too_long(f"{param}.{clip(key)}", MAX_METADATA_KEY_CHARS, len(key))
         if type(item) is not str:
-            _fail_type(f"{param}.{key}", "a string", item)
+            fail_type(f"{param}.{key}", "a string", item)
         if len(item) > MAX_METADATA_VALUE_CHARS:
-            _fail_too_long(f"{param}.{key}", MAX_METADATA_VALUE_CHARS, len(item))
+            fail_too_long(f"{param}.{key}", MAX_METADATA_VALUE_CHARS, len(item))
     return dict(value)
 
 
@@ -188,7 +188,7 @@ class ListQuery:
 
 
 def parse_list_query(params: Iterable[tuple[str, str]]) -> ListQuery:
-    """The query of `GET /v1/chat/completions`; raises `OpenAIError` (400) for a bad one."""
+    """The query of `GET /v1/chat/completions`; raises `ApiError` (400) for a bad one."""
     fields = _single(params)
     metadata: dict[str, str] = {}
     for key, value in fields.items():
@@ -196,22 +196,22 @@ def parse_list_query(params: Iterable[tuple[str, str]]) -> ListQuery:
             metadata[key[len("metadata[") : -1]] = value
         elif key == "metadata" or key.startswith("metadata["):
             raise invalid_request(
-                f"Invalid query parameter {_show(key)}: filter on metadata with "
+                f"Invalid query parameter {show(key)}: filter on metadata with "
                 "'metadata[key]=value'.",
                 "metadata",
                 "invalid_type",
             )
         elif key not in ("after", "limit", "order", "model"):
-            _fail_unknown(key)
+            fail_unknown(key)
     return ListQuery(page=_page_query(fields), model=fields.get("model"), metadata=metadata)
 
 
 def parse_messages_query(params: Iterable[tuple[str, str]]) -> PageQuery:
-    """The query of `GET /v1/chat/completions/{id}/messages`; raises `OpenAIError` (400)."""
+    """The query of `GET /v1/chat/completions/{id}/messages`; raises `ApiError` (400)."""
     fields = _single(params)
     for key in fields:
         if key not in ("after", "limit", "order"):
-            _fail_unknown(key)
+            fail_unknown(key)
     return _page_query(fields)
 
 
@@ -220,8 +220,8 @@ def _single(params: Iterable[tuple[str, str]]) -> dict[str, str]:
     for key, value in params:
         if key in fields:
             raise invalid_request(
-                f"Invalid query: {_show(key)} is given more than once.",
-                _clip(key),
+                f"Invalid query: {show(key)} is given more than once.",
+                clip(key),
                 "invalid_value",
             )
         fields[key] = value
@@ -236,26 +236,26 @@ def _page_query(fields: dict[str, str]) -> PageQuery:
         digits = text.removeprefix("-")
         if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
             raise invalid_request(
-                f"Invalid type for 'limit': expected an integer, but got {_show(text)} instead.",
+                f"Invalid type for 'limit': expected an integer, but got {show(text)} instead.",
                 "limit",
                 "invalid_type",
             )
         limit = int(text)
-        _check_range("limit", "integer", limit, 1, MAX_LIMIT)
+        check_range("limit", "integer", limit, 1, MAX_LIMIT)
     order = fields.get("order", "asc")
     if order not in _ORDERS:
-        _fail_value("order", order, _ORDERS)
+        fail_value("order", order, _ORDERS)
     checked: Order = "asc" if order == "asc" else "desc"
     return PageQuery(after=fields.get("after"), limit=limit, order=checked)
 
 
 def parse_update(body: bytes) -> dict[str, str]:
     """The body of `POST /v1/chat/completions/{id}`: `{"metadata": {...}}`, the new metadata
-    (it replaces the old; null clears it). Raises `OpenAIError` (400)."""
-    data = _object(_json(body))
+    (it replaces the old; null clears it). Raises `ApiError` (400)."""
+    data = read_object(read_json(body))
     for key in data:
         if key != "metadata":
-            _fail_unknown(key)
+            fail_unknown(key)
     if "metadata" not in data:
         raise invalid_request(
             "Missing required parameter: 'metadata'.", "metadata", "missing_required_parameter"
@@ -281,7 +281,7 @@ def page(
                 break
         else:
             raise invalid_request(
-                f"Invalid value for 'after': no {what} has the id {_show(query.after)} "
+                f"Invalid value for 'after': no {what} has the id {show(query.after)} "
                 "(it may have been deleted, or have expired).",
                 "after",
                 "invalid_value",

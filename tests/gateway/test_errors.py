@@ -16,7 +16,7 @@ from gateway.errors import (
     ShuttingDown,
     StreamTimeout,
 )
-from gateway.http_errors import error_response, openai_error_for
+from gateway.http_errors import api_error_for, error_response
 from gateway.metrics import error_kind
 from gateway.stream import Failed
 
@@ -42,7 +42,7 @@ def test_every_gateway_error_is_in_the_table() -> None:
 def test_the_client_and_the_metrics_are_told_the_same(error: GatewayError, told: Told) -> None:
     status, kind, code, outcome, retry_after = told
     for problem in (error, Failed(error)):
-        response = error_response(openai_error_for(problem))
+        response = error_response(api_error_for(problem))
         assert response.status_code == status
         assert orjson.loads(response.content) == {
             "error": {"message": str(error), "type": kind, "param": None, "code": code}
@@ -57,7 +57,7 @@ def test_a_new_error_needs_only_its_class() -> None:
         error_type = "invalid_request_error"
         code = "teapot"
 
-    err = openai_error_for(Teapot("short and stout", retry_after=3.4))
+    err = api_error_for(Teapot("short and stout", retry_after=3.4))
     assert (err.status, err.type, err.code, err.message, err.retry_after) == (
         418,
         "invalid_request_error",

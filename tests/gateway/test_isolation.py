@@ -28,8 +28,8 @@ from gateway.pool import Pool
 from gateway.server import make_server
 from gateway.sse import SseTransport
 from gateway.stream import RequestStream
+from protocol.core.stream import CompletionStream
 from protocol.frames import Generate
-from protocol.openai.stream import CompletionStream
 from tests.support import UNIT, Process, async_wait_until, free_port, sse_events
 
 TOKENS = 30

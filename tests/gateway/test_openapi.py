@@ -17,11 +17,12 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from protocol.core.errors import ApiError, server_error
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, ReasoningEffort, TokenLogprob, ToolCallDelta, TopLogprob, Usage
-from protocol.openai.errors import OpenAIError, server_error
 from protocol.openai.request import MAX_TEMPLATE_KWARGS_BYTES, check_max_tokens, parse_chat_object
-from protocol.openai.response import completion
-from protocol.openai.stream import CompletionStream
+from protocol.openai.response import ChunkWriter, completion
+from protocol.openai.stream import SSE
 
 Check = Callable[[Any], bool]
 
@@ -54,7 +55,7 @@ def accepted(body: dict[str, Any]) -> bool:
     status = 200
     try:
         check_max_tokens(parse_chat_object(body), GatewayConfig().max_tokens_limit)
-    except OpenAIError as err:
+    except ApiError as err:
         status = err.status
     assert status in (200, 400)
     return status == 200
@@ -373,6 +374,8 @@ def test_stream_events_fit_the_schema(
         continuous_usage_stats=continuous and include_usage,
         logprobs=logprobs,
         fingerprint="fp_0123456789",
+        framing=SSE,
+        writer=ChunkWriter,
     )
     out: list[bytes] = []
     for item in (
@@ -382,7 +385,9 @@ def test_stream_events_fit_the_schema(
         Chunk("r", 3, "", "", 0, USAGE, "tool_calls"),
     ):
         stream.feed(item, out)
-    failed = CompletionStream(id="chatcmpl-2", created=1, model="m")
+    failed = CompletionStream(
+        id="chatcmpl-2", created=1, model="m", framing=SSE, writer=ChunkWriter
+    )
     failed.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     failed.fail(server_error("boom"), out)
     events = b"".join(out).split(b"\n\n")

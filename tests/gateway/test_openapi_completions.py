@@ -13,6 +13,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from protocol.core.errors import ApiError, server_error
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Echo, PromptToken, TokenLogprob, TopLogprob, Usage
 from protocol.openai.completions import (
     TextCompletionWriter,
@@ -20,8 +22,7 @@ from protocol.openai.completions import (
     parse_completion_object,
     text_completion_body,
 )
-from protocol.openai.errors import OpenAIError, server_error
-from protocol.openai.stream import CompletionBuilder, CompletionStream
+from protocol.openai.stream import SSE
 
 Check = Callable[[Any], bool]
 
@@ -54,7 +55,7 @@ def accepted(body: dict[str, Any]) -> bool:
     config = GatewayConfig()
     try:
         check_limits(parse_completion_object(body), config.max_tokens_limit, config.max_choices)
-    except OpenAIError as err:
+    except ApiError as err:
         status = err.status
     assert status in (200, 400)
     return status == 200
@@ -199,12 +200,15 @@ def test_stream_events_fit_the_schema(
         include_usage=include_usage,
         logprobs=logprobs,
         n=2,
+        framing=SSE,
         writer=TextCompletionWriter.factory(echo=echo),
     )
     out: list[bytes] = []
     for item in items():
         stream.feed(item, out)
-    failed = CompletionStream(id="cmpl-2", created=1, model="m", writer=TextCompletionWriter)
+    failed = CompletionStream(
+        id="cmpl-2", created=1, model="m", framing=SSE, writer=TextCompletionWriter
+    )
     failed.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     failed.fail(server_error("boom"), out)
     events = b"".join(out).split(b"\n\n")

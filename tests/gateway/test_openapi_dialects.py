@@ -26,7 +26,7 @@ from gateway.errors import (
     ShuttingDown,
     StreamTimeout,
 )
-from gateway.http_errors import error_shape, openai_error_for
+from gateway.http_errors import api_error_for, error_shape
 from protocol.anthropic.request import (
     MAX_BLOCKS,
     MAX_TOOLS,
@@ -34,6 +34,9 @@ from protocol.anthropic.request import (
     parse_messages_request,
 )
 from protocol.anthropic.stream import ANTHROPIC_SSE, MessageWriter, message_body
+from protocol.core.errors import ApiError, server_error
+from protocol.core.limits import MAX_MESSAGES, MAX_STOP
+from protocol.core.stream import CollectedChoice, CompletionStream
 from protocol.frames import Chunk, Error, Generate, ModelInfo, ToolCallDelta, Usage
 from protocol.ollama.models import ServedModel, ps_body, show_body, tags_body, version_body
 from protocol.ollama.request import parse_chat, parse_generate
@@ -45,9 +48,7 @@ from protocol.ollama.stream import (
     answer_body,
     load_body,
 )
-from protocol.openai.errors import OpenAIError, server_error
-from protocol.openai.request import MAX_MESSAGES, MAX_STOP
-from protocol.openai.stream import CollectedChoice, CompletionStream
+from protocol.openai.errors import error_body
 from tests.gateway.openapi_spec import (
     Check,
     gateway_spec,
@@ -99,10 +100,10 @@ def test_error_schemas_are_the_dialects(spec: dict[str, Any]) -> None:
     for (method, path), statuses in DESCRIBED.items():
         for status in statuses.split()[1:]:
             shape = error_shape(path)
-            err = OpenAIError(int(status), "why", "invalid_request_error", None, None)
+            err = ApiError(int(status), "why", "invalid_request_error", None, None)
             ok = response_check(spec, path, int(status), method)
             assert ok(shape(err)), (path, status)
-            assert not ok(err.body()), (path, status)  # OpenAI's shape is not the dialect's
+            assert not ok(error_body(err)), (path, status)  # OpenAI's shape is not the dialect's
             assert not ok({**shape(err), "extra": 1})
 
 
@@ -114,7 +115,7 @@ def _accepted(parse: Callable[[], bool]) -> bool:
     status = 200
     try:
         ok = parse()
-    except OpenAIError as err:
+    except ApiError as err:
         status, ok = err.status, False
     assert status in (200, 400)
     return ok
@@ -782,7 +783,7 @@ def test_every_gateway_error_fits_the_schema(spec: dict[str, Any], path: str) ->
     ]
     responses = op(spec, path)["responses"]
     for problem in problems:
-        err = openai_error_for(problem)
+        err = api_error_for(problem)
         if str(err.status) not in responses:
             assert path == "/api/show"
             assert err.status in (429, 500, 502, 504)

@@ -26,14 +26,15 @@ from gateway.errors import (
     ShuttingDown,
     StreamTimeout,
 )
-from gateway.http_errors import openai_error_for
+from gateway.http_errors import api_error_for
+from protocol.core.errors import ApiError, server_error
+from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Error, Generate, ToolCallDelta, Usage
-from protocol.openai.errors import OpenAIError, server_error
-from protocol.openai.request import MAX_MESSAGES, MAX_PROMPT_CHARS
+from protocol.openai.errors import error_body
 from protocol.openai.responses import MAX_TOOLS, MIN_OUTPUT_TOKENS, parse_responses_object
 from protocol.openai.responses_input import MAX_CONTENT_PARTS
 from protocol.openai.responses_stream import ResponseEvents, response_base, response_body
-from protocol.openai.stream import CompletionStream
 from tests.gateway.openapi_spec import (
     Check,
     gateway_spec,
@@ -74,8 +75,8 @@ def test_the_routes_are_described(spec: dict[str, Any]) -> None:
 def test_errors_are_openais(spec: dict[str, Any]) -> None:
     for (method, path), statuses in DESCRIBED.items():
         for status in statuses.split()[1:]:
-            err = OpenAIError(int(status), "why", "invalid_request_error", "model", None)
-            assert response_check(spec, path, int(status), method)(err.body()), (path, status)
+            err = ApiError(int(status), "why", "invalid_request_error", "model", None)
+            assert response_check(spec, path, int(status), method)(error_body(err)), (path, status)
 
 
 # --- the request ----------------------------------------------------------------------------
@@ -91,7 +92,7 @@ def parser_accepts(data: Any) -> bool:
     status = 200
     try:
         parsed = parse_responses_object(data, store=True)
-    except OpenAIError as err:
+    except ApiError as err:
         status = err.status
     assert status in (200, 400)
     if status == 400:
@@ -507,6 +508,6 @@ def test_every_gateway_error_fits_the_schema(spec: dict[str, Any]) -> None:
     ]
     responses = op(spec, CREATE)["responses"]
     for problem in problems:
-        err = openai_error_for(problem)
+        err = api_error_for(problem)
         assert str(err.status) in responses, problem
-        assert response_check(spec, CREATE, err.status)(err.body()), problem
+        assert response_check(spec, CREATE, err.status)(error_body(err)), problem

@@ -20,8 +20,10 @@ from gateway.relay import Relay, first_item
 from gateway.sse import KEEPALIVE, SseTransport, _RelayASGIResponse
 from gateway.stream import MAX_PENDING, Failed, RequestStream, StreamItem
 from protocol.browser.framing import BrowserFraming
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Generate, Message, Usage
-from protocol.openai.stream import CompletionStream
+from protocol.openai.response import ChunkWriter
+from protocol.openai.stream import SSE
 from tests.gateway.virtual_time import virtual_time
 
 
@@ -85,7 +87,9 @@ class Setup:
         self.cancelled: list[RequestStream] = []
         self.client = Client()
         self.config = GatewayConfig(**config)
-        self.completion = CompletionStream(id="chatcmpl-x", created=1, model="m")
+        self.completion = CompletionStream(
+            id="chatcmpl-x", created=1, model="m", framing=SSE, writer=ChunkWriter
+        )
         self.transport = SseTransport()
 
     def cancel(self, stream: RequestStream) -> None:
@@ -374,7 +378,7 @@ class Outbox:
 async def test_an_outbox_transport_gets_browser_messages_and_no_keepalives() -> None:
     stream = RequestStream(Generate("r", "m", (Message("user", "hi"),)))
     completion = CompletionStream(
-        id="chatcmpl-x", created=1, model="m", framing=BrowserFraming("q1")
+        id="chatcmpl-x", created=1, model="m", framing=BrowserFraming("q1"), writer=ChunkWriter
     )
     outbox = Outbox()
     config = GatewayConfig(keepalive_interval=0.01, stream_timeout=0.2)
@@ -396,7 +400,7 @@ async def test_an_outbox_transport_gets_browser_messages_and_no_keepalives() -> 
 async def test_an_outbox_transport_times_out_with_an_error_message() -> None:
     stream = RequestStream(Generate("r", "m", (Message("user", "hi"),)))
     completion = CompletionStream(
-        id="chatcmpl-x", created=1, model="m", framing=BrowserFraming("q1")
+        id="chatcmpl-x", created=1, model="m", framing=BrowserFraming("q1"), writer=ChunkWriter
     )
     outbox = Outbox()
     cancelled: list[RequestStream] = []

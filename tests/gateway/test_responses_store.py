@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from gateway.responses_store import ResponseStore
+from protocol.core.errors import ApiError
 from protocol.frames import Message
-from protocol.openai.errors import OpenAIError
 
 
 class Clock:
@@ -38,10 +38,10 @@ def test_kept_until_it_expires() -> None:
     assert len(store) == 1
     clock.now = 60
     assert len(store) == 0
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         store.get("resp_1")
     assert (caught.value.status, caught.value.param) == (404, "response_id")
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         store.conversation("resp_1")
     assert (caught.value.status, caught.value.param, caught.value.code) == (
         400,
@@ -56,7 +56,7 @@ def test_the_oldest_goes_first_past_the_count() -> None:
     for n in range(3):
         store.keep(response(f"resp_{n}"), CONVERSATION)
     assert len(store) == 2
-    with pytest.raises(OpenAIError):
+    with pytest.raises(ApiError):
         store.get("resp_0")
     store.get("resp_2")
 
@@ -80,7 +80,7 @@ def test_delete() -> None:
     store.keep(response("resp_1"), CONVERSATION)
     store.delete("resp_1")
     assert (len(store), store.nbytes) == (0, 0)
-    with pytest.raises(OpenAIError):
+    with pytest.raises(ApiError):
         store.delete("resp_1")
 
 

@@ -12,8 +12,10 @@ from gateway.config import GatewayConfig
 from gateway.relay import Relay
 from gateway.sse import KEEPALIVE, SseTransport, _RelayASGIResponse
 from gateway.stream import RequestStream
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Generate, Message, Usage
-from protocol.openai.stream import CompletionStream
+from protocol.openai.response import ChunkWriter
+from protocol.openai.stream import SSE
 
 
 async def test_a_write_that_does_not_suspend_completes_on_the_spot() -> None:
@@ -67,7 +69,7 @@ async def test_a_response_that_fails_before_its_body_cancels_the_request() -> No
     transport = SseTransport()
     relay = Relay(
         stream,
-        CompletionStream(id="chatcmpl-x", created=1, model="m"),
+        CompletionStream(id="chatcmpl-x", created=1, model="m", framing=SSE, writer=ChunkWriter),
         transport,
         GatewayConfig(),
         cancelled.append,

@@ -12,11 +12,11 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.stored import CompletionStore, Keeper, keepable
+from protocol.core.errors import ApiError
+from protocol.core.stream import CompletionBuilder
 from protocol.frames import Chunk, FinishReason, Usage
-from protocol.openai.errors import OpenAIError
 from protocol.openai.request import parse_chat_object
 from protocol.openai.stored import ListQuery, PageQuery, StoreRequest, parse_list_query
-from protocol.openai.stream import CompletionBuilder
 
 
 class Clock:
@@ -66,7 +66,7 @@ def ids(store: CompletionStore, *params: tuple[str, str]) -> list[str]:
 
 
 def missing(store: CompletionStore, completion_id: str) -> bool:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         store.get(completion_id)
     assert info.value.status == 404
     return True
@@ -193,7 +193,7 @@ def test_filters_by_model_and_metadata() -> None:
 def test_an_after_that_is_gone_is_a_400() -> None:
     store = make()
     store.keep(body("a"), request(), "r")
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         store.list(ListQuery(PageQuery(after="gone")))
     assert (info.value.status, info.value.param) == (400, "after")
 
@@ -213,7 +213,7 @@ def test_updates_replace_the_metadata() -> None:
     assert ids(store, ("metadata[new]", "2" * 100)) == ["a"]
     assert ids(store, ("metadata[old]", "1")) == []
     assert orjson.loads(store.update("a", {}))["metadata"] == {}
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         store.update("b", {})
     assert info.value.status == 404
 
@@ -240,7 +240,7 @@ def test_deletes() -> None:
     }
     assert missing(store, "a")
     assert ids(store) == ["b"]
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         store.delete("a")
     assert info.value.status == 404
     store.delete("b")
@@ -259,7 +259,7 @@ def test_message_pages() -> None:
     assert page(limit=2) == (["c-0", "c-1"], True)
     assert page(limit=2, after="c-1") == (["c-2", "c-3"], True)
     assert page(order="desc", limit=3) == (["c-4", "c-3", "c-2"], True)
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         store.messages("nope", PageQuery())
     assert info.value.status == 404
 
@@ -339,7 +339,7 @@ def test_keepable() -> None:
     assert keepable(builder)
     failed = CompletionBuilder()
     failed.feed(chunk(0, "a"))
-    failed.feed(OpenAIError(502, "lost", "server_error"))
+    failed.feed(ApiError(502, "lost", "server_error"))
     assert not keepable(failed)
 
 

@@ -12,8 +12,8 @@ from hypothesis import given
 
 from protocol.anthropic.request import parse_count_request, parse_messages_request
 from protocol.codec import decode_gateway_frame, encode
+from protocol.core.errors import ApiError
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
-from protocol.openai.errors import OpenAIError
 from tests.protocol.strategies import json_values, mutations
 
 TOOL = {
@@ -29,8 +29,8 @@ def parse(**fields: Any) -> Any:
     return parse_messages_request(orjson.dumps(body)).to_generate("msg_1")
 
 
-def refused(**fields: Any) -> OpenAIError:
-    with pytest.raises(OpenAIError) as err:
+def refused(**fields: Any) -> ApiError:
+    with pytest.raises(ApiError) as err:
         parse(**fields)
     assert err.value.status == 400
     return err.value
@@ -168,14 +168,14 @@ def test_output_config_is_the_answers_schema_and_the_effort() -> None:
     ],
 )
 def test_a_bad_output_config_names_its_field(config: Any, param: str) -> None:
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         parse(output_config=config)
     assert (err.value.status, err.value.param) == (400, param)
 
 
 def test_a_thinking_block_needs_its_text() -> None:
     turn = {"role": "assistant", "content": [{"type": "thinking", "signature": ""}]}
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         parse(messages=[{"role": "user", "content": "Hi"}, turn, {"role": "user", "content": "?"}])
     assert err.value.param == "messages[1].content[0].thinking"
     redacted = {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}
@@ -232,7 +232,7 @@ def test_refusals_name_the_field(fields: dict[str, Any], names: str) -> None:
     }
     body.update(fields)
     body = {k: v for k, v in body.items() if v is not None}
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         parse_messages_request(orjson.dumps(body))
     assert err.value.status == 400
     assert names in err.value.message
@@ -243,9 +243,9 @@ def test_the_model_comes_first() -> None:
 
     def check(model: str) -> None:
         seen.append(model)
-        raise OpenAIError(404, f"model {model} not found", "invalid_request_error")
+        raise ApiError(404, f"model {model} not found", "invalid_request_error")
 
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         parse_messages_request(b'{"model": "nope", "foo": 1}', check)
     assert (err.value.status, seen) == (404, ["nope"])
 
@@ -256,7 +256,7 @@ def test_count_tokens_generates_nothing() -> None:
     )
     gen = parsed.to_generate("count_1")
     assert (gen.max_tokens, len(gen.messages), parsed.stream) == (0, 2, False)
-    with pytest.raises(OpenAIError, match="max_tokens"):
+    with pytest.raises(ApiError, match="max_tokens"):
         parse_count_request(
             orjson.dumps(
                 {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}
@@ -308,7 +308,7 @@ def check(data: bytes) -> None:
     """Parses into a Generate the runner protocol can carry, or is a 400."""
     try:
         parsed = parse_messages_request(data)
-    except OpenAIError as exc:
+    except ApiError as exc:
         err = exc
     else:
         generate = parsed.to_generate("msg_1")

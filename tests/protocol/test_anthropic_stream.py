@@ -16,9 +16,9 @@ from protocol.anthropic.stream import (
     tool_use_id,
     usage_of,
 )
+from protocol.core.errors import ApiError, queue_full
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Error, ToolCallDelta, Usage
-from protocol.openai.errors import OpenAIError, queue_full
-from protocol.openai.stream import CompletionBuilder, CompletionStream
 from tests.support import on_the_wire
 
 RID = "msg_1"
@@ -219,7 +219,7 @@ def test_overload_mid_stream_is_overloaded_error() -> None:
     s = stream()
     out: list[bytes] = []
     s.feed(chunk(0, text="a"), out)
-    s.fail(OpenAIError(503, "busy", "server_error"), out)
+    s.fail(ApiError(503, "busy", "server_error"), out)
     assert events(out)[-1][1]["error"] == {"type": "overloaded_error", "message": "busy"}
     out2: list[bytes] = []
     s2 = stream()
@@ -305,7 +305,7 @@ def test_an_empty_answer_has_no_blocks() -> None:
 
 def test_a_cancelled_answer_is_a_server_error() -> None:
     choices, usage = collected(chunk(0, text="a", finish_reason="cancelled")).result()
-    with pytest.raises(OpenAIError) as err:
+    with pytest.raises(ApiError) as err:
         message_body(choices[0], usage, id=RID, model="m")
     assert err.value.status == 500
 

@@ -19,10 +19,11 @@ from protocol.browser.messages import (
     decode_gateway_message,
     encode,
 )
+from protocol.core.errors import ApiError, invalid_request, model_not_found, server_error
+from protocol.core.stream import CompletionStream, Framing
 from protocol.frames import Chunk, Error, FinishReason, Usage
-from protocol.openai.errors import OpenAIError, invalid_request, model_not_found, server_error
+from protocol.openai.errors import error_body
 from protocol.openai.response import ChunkWriter, usage_dict
-from protocol.openai.stream import CompletionStream, Framing
 from tests.protocol.strategies import finish_reasons, text
 
 request_ids = st.one_of(st.sampled_from(("r1", 'quote"', "back\\slash", "é🦙", "x" * 256)), text)
@@ -33,8 +34,8 @@ usages = st.builds(
     cached_tokens=st.integers(0, 2**40),
     reasoning_tokens=st.integers(0, 2**40),
 )
-openai_errors = st.builds(
-    OpenAIError,
+api_errors = st.builds(
+    ApiError,
     status=st.sampled_from((400, 404, 429, 500, 503)),
     message=text,
     type=text,
@@ -59,9 +60,9 @@ def test_chunk_bytes_are_a_chunk_message(rid: str, chunk: dict[str, Any]) -> Non
     assert wire == encode(ChunkMessage(rid, chunk))
 
 
-@given(rid=request_ids, err=openai_errors)
-def test_error_bytes_are_an_error_message(rid: str, err: OpenAIError) -> None:
-    assert BrowserFraming(rid).error(err) == encode(ErrorMessage(rid, err.body()["error"]))
+@given(rid=request_ids, err=api_errors)
+def test_error_bytes_are_an_error_message(rid: str, err: ApiError) -> None:
+    assert BrowserFraming(rid).error(err) == encode(ErrorMessage(rid, error_body(err)["error"]))
 
 
 @given(rid=request_ids, reason=finish_reasons, usage=usages)
@@ -95,6 +96,7 @@ def _stream(rid: str, include_usage: bool = False) -> CompletionStream:
         model=MODEL,
         include_usage=include_usage,
         framing=BrowserFraming(rid),
+        writer=ChunkWriter,
     )
 
 
@@ -149,10 +151,10 @@ def test_an_error_ends_with_the_error_only() -> None:
 
 
 @pytest.mark.parametrize("err", [model_not_found("nope"), invalid_request("bad", "x", "y")])
-def test_an_error_before_any_chunk(err: OpenAIError) -> None:
+def test_an_error_before_any_chunk(err: ApiError) -> None:
     out: list[bytes] = []
     assert _stream('r"2').fail(err, out)
-    assert _decoded(out) == [ErrorMessage('r"2', err.body()["error"])]
+    assert _decoded(out) == [ErrorMessage('r"2', error_body(err)["error"])]
 
 
 def test_a_cancel_before_any_chunk_is_done_with_zero_usage() -> None:
@@ -186,7 +188,7 @@ def test_a_cancelled_generation_finishes_with_stop_and_done_says_cancelled() -> 
     fail=st.none() | st.just(server_error()),
 )
 def test_every_message_decodes_exactly(
-    rid: str, texts: list[str], finish: FinishReason, include_usage: bool, fail: OpenAIError | None
+    rid: str, texts: list[str], finish: FinishReason, include_usage: bool, fail: ApiError | None
 ) -> None:
     stream = _stream(rid, include_usage)
     out: list[bytes] = []

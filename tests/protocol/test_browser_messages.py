@@ -37,8 +37,9 @@ from protocol.browser.messages import (
     request_id_of,
     structure,
 )
+from protocol.core.errors import ApiError
 from protocol.errors import FrameError
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body
 from protocol.openai.request import parse_chat_object
 from tests.protocol.bad_input import BAD_JSON
 from tests.protocol.strategies import (
@@ -276,9 +277,9 @@ def test_hostile_input_raises_only_frame_error(data: bytes) -> None:
 # The gateway's steps.
 
 
-def _error(err: OpenAIError) -> dict[str, Any]:
+def _error(err: ApiError) -> dict[str, Any]:
     assert err.status == 400
-    body: dict[str, Any] = err.body()["error"]
+    body: dict[str, Any] = error_body(err)["error"]
     return body
 
 
@@ -290,7 +291,7 @@ def test_load_takes_an_object_with_a_string_type() -> None:
 @pytest.mark.parametrize("data", [b"x" * 11, "x" * 11, "é" * 6, "\ud800" * 4])
 def test_load_measures_bytes(data: bytes | str) -> None:
     size = len(data) if isinstance(data, bytes) else len(data.encode(errors="surrogatepass"))
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         load(data, 10)
     assert _error(caught.value) == {
         "message": f"Message of {size} bytes is over the 10-byte limit.",
@@ -307,7 +308,7 @@ def test_load_takes_a_message_of_exactly_the_limit() -> None:
 
 @pytest.mark.parametrize(("data", "message"), BAD_JSON)
 def test_load_refuses_bad_json(data: bytes, message: str) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         load(data, 100)
     assert _error(caught.value) == {
         "message": message,
@@ -318,7 +319,7 @@ def test_load_refuses_bad_json(data: bytes, message: str) -> None:
 
 
 def test_load_refuses_lone_surrogates_as_bad_json() -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         load('{"type": "\ud800"}', 100)
     assert caught.value.code == "invalid_json"
 
@@ -327,7 +328,7 @@ def test_load_refuses_lone_surrogates_as_bad_json() -> None:
     "data", [b"[1, 2]", b"null", b'"ping"', b"{}", b'{"type": 7}', b'{"type": null}']
 )
 def test_load_refuses_what_is_not_a_message(data: bytes) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         load(data, 100)
     assert _error(caught.value) == {
         "message": "A message must be a JSON object with a string 'type'.",
@@ -354,7 +355,7 @@ def test_request_id_of(rid: str) -> None:
     ],
 )
 def test_request_id_of_refuses(obj: dict[str, Any]) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         request_id_of(obj)
     assert _error(caught.value) == {
         "message": "'request_id' must be a string of 1 to 256 characters.",
@@ -386,7 +387,7 @@ def test_structure() -> None:
     ],
 )
 def test_structure_refuses_unknown_fields(obj: dict[str, Any], cls: type, names: str) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         structure(obj, cls)
     assert _error(caught.value) == {
         "message": f"Unknown field(s) in message: {names}.",
@@ -416,7 +417,7 @@ def test_chat_request_keeps_stream_options() -> None:
 
 
 def test_chat_request_refuses_stream_false() -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         chat_request({**BODY, "stream": False}, 100)
     assert _error(caught.value) == {
         "message": "The WebSocket API always streams; 'stream' must be true or omitted.",
@@ -439,13 +440,13 @@ def test_chat_request_refuses_stream_false() -> None:
     ],
 )
 def test_chat_request_order_of_refusals(body: Any, param: str | None, code: str) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         chat_request(body, 100)
     assert (caught.value.param, caught.value.code) == (param, code)
 
 
 def test_chat_request_body_error_is_the_http_apis() -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         chat_request(None, 100)
     assert caught.value.message == (
         "Invalid type for the request body: expected an object, but got null instead."
@@ -454,6 +455,6 @@ def test_chat_request_body_error_is_the_http_apis() -> None:
 
 def test_create_obeys_the_gateways_choice_limit() -> None:
     assert chat_request({**BODY, "n": 3}, 100, max_choices=3).n == 3
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         chat_request({**BODY, "n": 4}, 100, max_choices=3)
     assert (info.value.param, info.value.code) == ("n", "integer_above_max_value")

@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
+from protocol.core.errors import ApiError, model_not_found
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.ollama.request import OLLAMA_DEFAULTS, in_ollama_terms, parse_chat, parse_generate
-from protocol.openai.errors import OpenAIError, model_not_found
 from runner import demo_model
 
 HI = [{"role": "user", "content": "hi"}]
@@ -24,8 +24,8 @@ def generate(**fields: Any) -> Any:
     return parse_generate(orjson.dumps({"model": "m", "prompt": "Once", **fields}))
 
 
-def refused(parse: Any, **fields: Any) -> OpenAIError:
-    with pytest.raises(OpenAIError) as info:
+def refused(parse: Any, **fields: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
         parse(**fields)
     assert info.value.status == 400
     return info.value
@@ -117,14 +117,14 @@ def test_think(think: Any, effort: str | None, kwargs: str | None) -> None:
 
 
 def test_a_model_that_cannot_think_is_refused_in_ollamas_terms() -> None:
-    refusal = OpenAIError(
+    refusal = ApiError(
         400, "reasoning_effort is for ...", "invalid_request_error", "reasoning_effort"
     )
     err = in_ollama_terms(refusal, "m")
     assert (err.status, err.message, err.param) == (400, '"m" does not support thinking', "think")
     unknown = in_ollama_terms(model_not_found("gone"), "gone")
     assert (unknown.status, unknown.message) == (404, 'model "gone" not found')
-    other = OpenAIError(400, "too long", "invalid_request_error", "messages")
+    other = ApiError(400, "too long", "invalid_request_error", "messages")
     assert in_ollama_terms(other, "m").message == "too long"
 
 
@@ -262,11 +262,11 @@ def test_generate_refusals_name_the_field(fields: dict[str, Any], param: str) ->
 
 def test_the_model_is_checked_first() -> None:
     def check_model(model: str) -> None:
-        raise OpenAIError(404, f"no {model}", "invalid_request_error", "model", "model_not_found")
+        raise ApiError(404, f"no {model}", "invalid_request_error", "model", "model_not_found")
 
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_chat(orjson.dumps({"model": "gone", "bogus": 1}), check_model)
     assert (info.value.status, info.value.message) == (404, "no gone")
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_chat(b'{"messages": []}')
     assert info.value.param == "model"

@@ -12,6 +12,8 @@ import orjson
 import pytest
 from ollama import ChatResponse, GenerateResponse
 
+from protocol.core.errors import ApiError
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Error, ModelInfo, ToolCallDelta, Usage
 from protocol.ollama.models import ServedModel, ps_body, show_body, tags_body, version_body
 from protocol.ollama.stream import (
@@ -24,8 +26,6 @@ from protocol.ollama.stream import (
     created_at,
     load_body,
 )
-from protocol.openai.errors import OpenAIError
-from protocol.openai.stream import CompletionStream
 from tests.support import on_the_wire
 
 SECOND = 1_000_000_000
@@ -273,7 +273,7 @@ def test_a_failed_answer_raises_its_error() -> None:
     _, mono = clocks()
     builder = TimedBuilder(Timings(0, 0), mono)
     builder.feed(Error("r", "context_length_exceeded", "too long"))
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         answer_body(builder, "chat", "m", wall=mono, mono=mono)
     assert info.value.message == "too long"
 

@@ -9,6 +9,9 @@ import orjson
 import pytest
 from hypothesis import given
 
+from protocol.core import errors
+from protocol.core.errors import ApiError
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import (
     Chunk,
     Echo,
@@ -22,7 +25,6 @@ from protocol.frames import (
     TopLogprob,
     Usage,
 )
-from protocol.openai import errors
 from protocol.openai.completions import (
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPTS,
@@ -33,8 +35,7 @@ from protocol.openai.completions import (
     parse_completion_request,
     text_completion_body,
 )
-from protocol.openai.errors import OpenAIError
-from protocol.openai.stream import SSE, CompletionBuilder, CompletionStream
+from protocol.openai.stream import SSE
 from tests.protocol.strategies import json_values
 
 BASE: dict[str, Any] = {"model": "m", "prompt": "Once upon"}
@@ -50,8 +51,8 @@ def parse(**fields: Any) -> CompletionRequest:
     return parse_completion_request(orjson.dumps(body(**fields)))
 
 
-def refusal(data: Any) -> OpenAIError:
-    with pytest.raises(OpenAIError) as info:
+def refusal(data: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
         parse_completion_request(data if isinstance(data, bytes) else orjson.dumps(data))
     err = info.value
     assert (err.status, err.type) == (400, "invalid_request_error")
@@ -247,17 +248,17 @@ def test_the_model_is_checked_first() -> None:
     def check(model: str) -> None:
         raise errors.model_not_found(model)
 
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_completion_object({"model": "nope", "prompt": 1, "suffix": "x"}, check)
     assert (info.value.status, info.value.code) == (404, "model_not_found")
 
 
 def test_the_gateways_limits() -> None:
     check_limits(parse(max_tokens=100, n=8), 100, 8)
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         check_limits(parse(max_tokens=101), 100, 8)
     assert (info.value.param, info.value.code) == ("max_tokens", "integer_above_max_value")
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         check_limits(parse(n=9), 100, 8)
     assert (info.value.param, info.value.code) == ("n", "integer_above_max_value")
 
@@ -268,7 +269,7 @@ def test_any_json_is_a_request_or_a_400(value: Any) -> None:
         status = 200
         try:
             parse_completion_object(data)
-        except OpenAIError as err:
+        except ApiError as err:
             status = err.status
         assert status in (200, 400)
 
@@ -324,6 +325,7 @@ def stream(*, echo: bool = False, **options: Any) -> CompletionStream:
         created=CREATED,
         model=MODEL,
         fingerprint=FP,
+        framing=SSE,
         writer=TextCompletionWriter.factory(echo=echo),
         **options,
     )
@@ -622,7 +624,7 @@ def test_a_body_with_n_echo_and_logprobs() -> None:
 
 
 def test_a_failed_body_raises_its_error() -> None:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         build([piece(0, "a"), Error("r", "context_length_exceeded", "too long", "prompt")])
     assert (info.value.status, info.value.param) == (400, "prompt")
 

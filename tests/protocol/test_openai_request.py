@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given
 
 from protocol.codec import decode_gateway_frame, encode
+from protocol.core.errors import ApiError
+from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP_CHARS
 from protocol.frames import (
     Generate,
     LogitBias,
@@ -19,13 +21,10 @@ from protocol.frames import (
     Tool,
     ToolCall,
 )
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body
 from protocol.openai.request import (
     MAX_CONTENT_PARTS,
     MAX_LOGIT_BIAS,
-    MAX_MESSAGES,
-    MAX_PROMPT_CHARS,
-    MAX_STOP_CHARS,
     ChatRequest,
     check_choices,
     check_max_tokens,
@@ -49,14 +48,14 @@ def request(**fields: Any) -> dict[str, Any]:
     return {key: value for key, value in body.items() if value is not ...}
 
 
-def refusal(obj: Any) -> OpenAIError:
+def refusal(obj: Any) -> ApiError:
     data = obj if isinstance(obj, bytes) else orjson.dumps(obj)
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_chat_request(data)
     err = info.value
     assert err.status == 400
     assert err.type == "invalid_request_error"
-    assert err.body() == {
+    assert error_body(err) == {
         "error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}
     }
     return err
@@ -270,7 +269,7 @@ def accepted(chat: ChatRequest, limit: int) -> bool:
     """Whether the gateway's ceiling (`check_max_tokens`) lets `chat` through."""
     try:
         check_max_tokens(chat, limit)
-    except OpenAIError:
+    except ApiError:
         return False
     return True
 
@@ -296,10 +295,10 @@ def test_max_tokens_within_the_gateway_ceiling(
 
 @pytest.mark.parametrize("fields", [{"max_tokens": 101}, {"max_completion_tokens": 101}])
 def test_max_tokens_over_the_gateway_ceiling(fields: dict[str, Any]) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         check_max_tokens(parse(request(**fields)), 100)
     assert caught.value.status == 400
-    assert caught.value.body() == {
+    assert error_body(caught.value) == {
         "error": {
             "message": "max_tokens is 101; this gateway allows at most 100.",
             "type": "invalid_request_error",
@@ -928,10 +927,10 @@ def test_huge_values_are_not_echoed_whole() -> None:
 
 
 def _check(data: bytes) -> None:
-    """Either an OpenAIError 400 or a request whose Generate survives the runner codec."""
+    """Either an ApiError 400 or a request whose Generate survives the runner codec."""
     try:
         chat = parse_chat_request(data)
-    except OpenAIError as exc:
+    except ApiError as exc:
         err = exc
     else:
         generate = chat.to_generate("r")
@@ -939,7 +938,7 @@ def _check(data: bytes) -> None:
         return
     assert err.status == 400
     assert err.type == "invalid_request_error"
-    orjson.dumps(err.body())
+    orjson.dumps(error_body(err))
 
 
 @given(st.binary(max_size=300))
@@ -1102,11 +1101,11 @@ def test_model_is_checked_first() -> None:
 
     def check_model(model: str) -> None:
         seen.append(model)
-        raise OpenAIError(404, "no", "invalid_request_error", None, "model_not_found")
+        raise ApiError(404, "no", "invalid_request_error", None, "model_not_found")
 
     # Bad messages and unknown fields are not looked at before the model.
     body = {"model": "nope", "messages": 1, "bogus": True}
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_chat_object(body, check_model)
     assert (info.value.status, seen) == (404, ["nope"])
     err = refusal({"messages": 1, "bogus": True})
@@ -1122,7 +1121,7 @@ def test_n_choices_up_to_the_gateways_limit() -> None:
     assert (chat.n, chat.to_generate("r").n) == (5, 5)
     assert parse(request()).n == 1
     check_choices(chat, 5)
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         check_choices(chat, 4)
     err = info.value
     assert (err.status, err.param, err.code) == (400, "n", "integer_above_max_value")

@@ -14,9 +14,11 @@ import pytest
 from hypothesis import given
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from protocol.core import errors
+from protocol.core.errors import ApiError
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, FinishReason, Usage
-from protocol.openai import errors
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body
 from protocol.openai.response import (
     ChunkWriter,
     completion,
@@ -24,7 +26,7 @@ from protocol.openai.response import (
     system_fingerprint,
     usage_dict,
 )
-from protocol.openai.stream import SSE, CompletionStream
+from protocol.openai.stream import SSE
 from tests.protocol.strategies import text
 
 ID = "chatcmpl-abc"
@@ -391,10 +393,10 @@ def test_completion_with_reasoning_and_cancelled() -> None:
     ],
 )  # fmt: skip
 def test_error_kinds(
-    err: OpenAIError, status: int, type_: str, param: str | None, code: str | None
+    err: ApiError, status: int, type_: str, param: str | None, code: str | None
 ) -> None:
     assert (err.status, err.type, err.param, err.code) == (status, type_, param, code)
-    assert err.body() == {
+    assert error_body(err) == {
         "error": {"message": err.message, "type": type_, "param": param, "code": code}
     }
     assert str(err) == err.message
@@ -433,7 +435,9 @@ def sse(*events: bytes) -> Callable[[httpx2.Request], httpx2.Response]:
 
 
 def test_sdk_reads_a_whole_stream() -> None:
-    completion = CompletionStream(id=ID, created=CREATED, model=MODEL, include_usage=True)
+    completion = CompletionStream(
+        id=ID, created=CREATED, model=MODEL, include_usage=True, framing=SSE, writer=ChunkWriter
+    )
     out: list[bytes] = []
     pieces: list[tuple[str, str, FinishReason | None]] = [
         ("", "think", None),
@@ -460,7 +464,9 @@ def test_sdk_reads_a_whole_stream() -> None:
 
 
 def test_sdk_raises_on_an_error_event() -> None:
-    completion = CompletionStream(id=ID, created=CREATED, model=MODEL)
+    completion = CompletionStream(
+        id=ID, created=CREATED, model=MODEL, framing=SSE, writer=ChunkWriter
+    )
     out: list[bytes] = []
     completion.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     completion.fail(errors.unavailable("the runner went away"), out)
@@ -504,8 +510,10 @@ def test_sdk_reads_a_completion() -> None:
         (errors.unavailable("down"), openai.InternalServerError),
     ],
 )
-def test_sdk_maps_error_bodies(err: OpenAIError, exception: type[openai.APIStatusError]) -> None:
-    client = sdk_client(lambda _: httpx2.Response(err.status, content=orjson.dumps(err.body())))
+def test_sdk_maps_error_bodies(err: ApiError, exception: type[openai.APIStatusError]) -> None:
+    client = sdk_client(
+        lambda _: httpx2.Response(err.status, content=orjson.dumps(error_body(err)))
+    )
     with client, pytest.raises(exception) as info:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == err.status

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 
 from protocol.codec import decode_gateway_frame, encode
+from protocol.core.errors import ApiError
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
-from protocol.openai.errors import OpenAIError
+from protocol.openai.errors import error_body
 from protocol.openai.responses import parse_responses_object, parse_responses_request
 from tests.protocol.strategies import json_values, mutations, text
 
@@ -29,7 +30,7 @@ def parse(**fields: Any) -> Any:
 
 
 def refused(fields: dict[str, Any], param: str, code: str, *, store: bool = True) -> str:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         parse_responses_object({"model": "m", "input": "hi", **fields}, store=store)
     err = caught.value
     assert (err.status, err.type, err.param, err.code) == (
@@ -288,14 +289,14 @@ def test_refused_with_the_field_named(fields: dict[str, Any], param: str, code: 
 
 
 def test_the_model_comes_first() -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         parse_responses_object({"input": "x", "bogus": 1})
     assert caught.value.param == "model"
 
     def unknown(model: str) -> None:
-        raise OpenAIError(404, f"no {model}", "invalid_request_error", "model", "model_not_found")
+        raise ApiError(404, f"no {model}", "invalid_request_error", "model", "model_not_found")
 
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         parse_responses_object({"model": "x", "bogus": 1}, unknown)
     assert caught.value.code == "model_not_found"
 
@@ -320,10 +321,10 @@ def test_store_false_where_the_server_stores() -> None:
 
 
 def _check(body: bytes) -> None:
-    """Either an OpenAIError 400 or a request whose Generate survives the runner codec."""
+    """Either an ApiError 400 or a request whose Generate survives the runner codec."""
     try:
         request = parse_responses_request(body, store=True)
-    except OpenAIError as exc:
+    except ApiError as exc:
         err = exc
     else:
         generate = request.to_generate("r", (Message("user", "earlier"),))
@@ -331,7 +332,7 @@ def _check(body: bytes) -> None:
         return
     assert err.status == 400
     assert err.type == "invalid_request_error"
-    orjson.dumps(err.body())
+    orjson.dumps(error_body(err))
 
 
 FULL: dict[str, Any] = {

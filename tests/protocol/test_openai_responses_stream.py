@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
+from protocol.core.errors import ApiError
+from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Error, ToolCallDelta, Usage
-from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import parse_responses_object
 from protocol.openai.responses_stream import (
     ResponseEvents,
@@ -20,7 +21,6 @@ from protocol.openai.responses_stream import (
     response_body,
     usage_object,
 )
-from protocol.openai.stream import CompletionStream
 
 RID = "resp_1"
 
@@ -333,7 +333,7 @@ def test_an_error_mid_stream_fails_the_response_without_the_open_item() -> None:
 
 def test_a_rate_limit_error_keeps_its_code() -> None:
     events = ResponseEvents(base(), clock=lambda: 200)
-    out = [events.role(None, 0), events.error(OpenAIError(429, "busy", "rate_limit_error"))]
+    out = [events.role(None, 0), events.error(ApiError(429, "busy", "rate_limit_error"))]
     assert parse(out)[-1]["response"]["error"] == {
         "code": "rate_limit_exceeded",
         "message": "busy",
@@ -342,7 +342,7 @@ def test_a_rate_limit_error_keeps_its_code() -> None:
 
 def test_an_error_before_anything_was_sent_is_an_error_event() -> None:
     events = ResponseEvents(base(), clock=lambda: 200)
-    err = OpenAIError(500, "boom", "server_error", None, "internal_error")
+    err = ApiError(500, "boom", "server_error", None, "internal_error")
     assert parse([events.error(err)]) == [
         {
             "type": "error",
@@ -395,7 +395,7 @@ def test_the_body_is_the_streams_last_response(reason: str) -> None:
 
 
 def test_a_cancelled_body_is_a_server_error() -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         response_body(
             base(),
             reasoning="",

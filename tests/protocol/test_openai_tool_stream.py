@@ -6,8 +6,10 @@ from typing import Any
 
 import orjson
 
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, TokenLogprob, ToolCallDelta, TopLogprob, Usage
-from protocol.openai.stream import CompletionBuilder, CompletionStream
+from protocol.openai.response import ChunkWriter, chat_completion_body
+from protocol.openai.stream import SSE
 
 HEAD = {
     "id": "c1",
@@ -28,7 +30,15 @@ def chunk(seq: int, text: str = "", **fields: Any) -> Chunk:
 
 
 def events(items: list[Chunk], **options: Any) -> list[Any]:
-    stream = CompletionStream(id="c1", created=7, model="m", fingerprint="fp_0123456789", **options)
+    stream = CompletionStream(
+        id="c1",
+        created=7,
+        model="m",
+        fingerprint="fp_0123456789",
+        framing=SSE,
+        writer=ChunkWriter,
+        **options,
+    )
     out: list[bytes] = []
     for item in items:
         stream.feed(item, out)
@@ -144,7 +154,7 @@ def test_the_non_streamed_body_has_the_calls_and_null_content() -> None:
     builder = CompletionBuilder(logprobs=True)
     builder.feed(chunk(0, tool_calls=(NAME, ToolCallDelta(0, '{"c')), logprobs=(LP_X,)))
     builder.feed(chunk(1, tool_calls=(ToolCallDelta(0, '": 1}'),), finish_reason="tool_calls"))
-    body = builder.body(id="c1", created=7, model="m", fingerprint="fp_0123456789")
+    body = chat_completion_body(builder, id="c1", created=7, model="m", fingerprint="fp_0123456789")
     assert body["system_fingerprint"] == "fp_0123456789"
     assert body["choices"] == [
         {
@@ -184,7 +194,7 @@ def test_the_non_streamed_body_has_the_calls_and_null_content() -> None:
 def test_a_text_answer_keeps_its_content_and_has_no_tool_calls_key() -> None:
     builder = CompletionBuilder()
     builder.feed(chunk(0, "hi", finish_reason="stop"))
-    message = builder.body(id="c1", created=7, model="m")["choices"][0]["message"]
+    message = chat_completion_body(builder, id="c1", created=7, model="m")["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "hi", "refusal": None, "annotations": []}
 
 
@@ -216,7 +226,15 @@ def test_n_choices_stream_with_their_indexes() -> None:
 
 
 def test_a_cancel_finishes_every_open_choice() -> None:
-    stream = CompletionStream(id="c1", created=7, model="m", fingerprint="fp_0123456789", n=3)
+    stream = CompletionStream(
+        id="c1",
+        created=7,
+        model="m",
+        fingerprint="fp_0123456789",
+        n=3,
+        framing=SSE,
+        writer=ChunkWriter,
+    )
     out: list[bytes] = []
     stream.feed(chunk(0, "a", index=2, choice_finish="stop"), out)
     stream.cancel(out)
@@ -234,7 +252,7 @@ def test_the_non_streamed_body_has_every_choice() -> None:
     builder = CompletionBuilder(n=2)
     builder.feed(chunk(0, "x", index=1, choice_finish="length"))
     builder.feed(chunk(1, "y", index=0, finish_reason="stop"))
-    body = builder.body(id="c1", created=7, model="m")
+    body = chat_completion_body(builder, id="c1", created=7, model="m")
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
         (0, "y", "stop"),
         (1, "x", "length"),

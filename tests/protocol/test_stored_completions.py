@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from protocol.browser.messages import chat_request
-from protocol.openai.errors import OpenAIError, completion_not_found
+from protocol.core.errors import ApiError
+from protocol.openai.errors import completion_not_found, error_body
 from protocol.openai.request import ChatRequest, parse_chat_object
 from protocol.openai.stored import (
     ListQuery,
@@ -35,8 +36,8 @@ def parse(stores: bool = True, **fields: Any) -> ChatRequest:
     return parse_chat_object({"model": "m", "messages": [USER], **fields}, store=stores)
 
 
-def refusal(call: Any, *args: Any, **kwargs: Any) -> OpenAIError:
-    with pytest.raises(OpenAIError) as info:
+def refusal(call: Any, *args: Any, **kwargs: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
         call(*args, **kwargs)
     err = info.value
     assert err.status == 400
@@ -197,7 +198,7 @@ def test_deleted_and_not_found_objects() -> None:
     }
     err = completion_not_found("c1")
     assert err.status == 404
-    assert err.body() == {
+    assert error_body(err) == {
         "error": {
             "message": "No chat completion found with id 'c1'.",
             "type": "invalid_request_error",

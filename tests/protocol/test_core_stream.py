@@ -8,10 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
+from protocol.core import errors
+from protocol.core.errors import ApiError
+from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Error, FinishReason, Usage
-from protocol.openai import errors
-from protocol.openai.errors import OpenAIError
-from protocol.openai.stream import SSE, CompletionBuilder, CompletionStream
+from protocol.openai.response import ChunkWriter, chat_completion_body
+from protocol.openai.stream import SSE
 
 ID, CREATED, MODEL = "chatcmpl-1", 1_700_000_000, "m"
 HEAD = {
@@ -54,7 +56,7 @@ class Recording:
     chunk_prefix = b"<"
     chunk_suffix = b">"
 
-    def error(self, err: OpenAIError) -> bytes:
+    def error(self, err: ApiError) -> bytes:
         return b"error:" + err.message.encode()
 
     def end(self, finish_reason: FinishReason | None, usage: Usage | None) -> bytes:
@@ -65,7 +67,9 @@ class Recording:
 
 
 def stream(**options: Any) -> CompletionStream:
-    return CompletionStream(id=ID, created=CREATED, model=MODEL, framing=Recording(), **options)
+    return CompletionStream(
+        id=ID, created=CREATED, model=MODEL, framing=Recording(), writer=ChunkWriter, **options
+    )
 
 
 def decode(messages: list[bytes]) -> list[Any]:
@@ -144,7 +148,7 @@ def test_an_error_after_the_start() -> None:
 
 
 def test_a_runner_error_frame_is_mapped_to_openais_terms() -> None:
-    s = CompletionStream(id=ID, created=CREATED, model=MODEL)
+    s = CompletionStream(id=ID, created=CREATED, model=MODEL, framing=SSE, writer=ChunkWriter)
     out: list[bytes] = []
     assert s.feed(Error("r", "context_length_exceeded", "too long"), out)
     assert out == [
@@ -217,7 +221,7 @@ def test_nothing_after_the_end() -> None:
 
 
 def test_sse_framing_end_to_end() -> None:
-    s = CompletionStream(id=ID, created=CREATED, model=MODEL, framing=SSE)
+    s = CompletionStream(id=ID, created=CREATED, model=MODEL, framing=SSE, writer=ChunkWriter)
     out: list[bytes] = []
     s.feed(chunk(0, "hi", finish="stop"), out)
     assert all(m.startswith(b"data: ") and m.endswith(b"\n\n") for m in out)
@@ -234,7 +238,7 @@ def test_builder_collects_a_completion() -> None:
     assert not b.feed(chunk(1, "lo", "r2"))
     assert b.feed(chunk(2, "", finish="length"))
     assert b.feed(chunk(3, "ignored"))
-    assert b.body(id=ID, created=CREATED, model=MODEL) == {
+    assert chat_completion_body(b, id=ID, created=CREATED, model=MODEL) == {
         "id": ID,
         "object": "chat.completion",
         "created": CREATED,
@@ -262,8 +266,8 @@ def test_builder_raises_the_requests_error() -> None:
     b = CompletionBuilder()
     b.feed(chunk(0, "a"))
     assert b.feed(Error("r", "internal_error", "engine broke"))
-    with pytest.raises(OpenAIError) as info:
-        b.body(id=ID, created=CREATED, model=MODEL)
+    with pytest.raises(ApiError) as info:
+        chat_completion_body(b, id=ID, created=CREATED, model=MODEL)
     assert (info.value.status, info.value.message, info.value.code) == (
         500,
         "engine broke",
@@ -274,6 +278,6 @@ def test_builder_raises_the_requests_error() -> None:
 def test_builder_without_an_end_is_a_server_error() -> None:
     b = CompletionBuilder()
     b.feed(chunk(0, "a"))
-    with pytest.raises(OpenAIError) as info:
-        b.body(id=ID, created=CREATED, model=MODEL)
+    with pytest.raises(ApiError) as info:
+        chat_completion_body(b, id=ID, created=CREATED, model=MODEL)
     assert info.value.status == 500

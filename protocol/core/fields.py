@@ -1,5 +1,5 @@
 """Readers for a request body and its JSON fields and makers of OpenAI-worded 400s, shared by
-the request parsers. A JSON null reads as None ("not given"). Private to protocol.openai."""
+every dialect's request parser. A JSON null reads as None ("not given")."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any, NoReturn, TypeVar, cast
 
 import orjson
 
-from protocol.openai.errors import invalid_request
+from protocol.core.errors import invalid_request
 
 # --- the body ------------------------------------------------------------------------------
 
 
-def _json(body: bytes) -> Any:
-    """A request body's JSON (any value: `_object` checks that it is an object)."""
+def read_json(body: bytes) -> Any:
+    """A request body's JSON (any value: `read_object` checks that it is an object)."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -26,7 +26,7 @@ def _json(body: bytes) -> Any:
         ) from exc
 
 
-def _object(data: Any) -> dict[str, Any]:
+def read_object(data: Any) -> dict[str, Any]:
     """A decoded body, which must be a JSON object."""
     if type(data) is not dict:
         raise invalid_request(
@@ -47,7 +47,7 @@ def _param(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _required(obj: dict[str, Any], key: str, path: str) -> Any:
+def read_required(obj: dict[str, Any], key: str, path: str) -> Any:
     if key not in obj:
         param = _param(path, key)
         raise invalid_request(
@@ -56,90 +56,92 @@ def _required(obj: dict[str, Any], key: str, path: str) -> Any:
     return obj[key]
 
 
-def _required_str(obj: dict[str, Any], key: str, path: str = "") -> str:
-    value = _required(obj, key, path)
+def read_required_str(obj: dict[str, Any], key: str, path: str = "") -> str:
+    value = read_required(obj, key, path)
     if type(value) is not str:
-        _fail_type(_param(path, key), "a string", value)
+        fail_type(_param(path, key), "a string", value)
     return value
 
 
-def _one_of(obj: dict[str, Any], key: str, path: str, allowed: Sequence[_S]) -> _S:
+def read_one_of(obj: dict[str, Any], key: str, path: str, allowed: Sequence[_S]) -> _S:
     """A required string field that must be one of `allowed` (a role, a `type`), which the
     error lists."""
-    value = _required_str(obj, key, path)
+    value = read_required_str(obj, key, path)
     if value not in allowed:
-        _fail_value(_param(path, key), value, allowed)
+        fail_value(_param(path, key), value, allowed)
     return cast(_S, value)
 
 
-def _array(value: Any, param: str, maximum: int, expected: str = "an array") -> list[Any]:
+def read_array(value: Any, param: str, maximum: int, expected: str = "an array") -> list[Any]:
     """An optional array of at most `maximum` items (`expected`: the type the error names);
     None (not given) reads as empty."""
     if value is None:
         return []
     if type(value) is not list:
-        _fail_type(param, expected, value)
+        fail_type(param, expected, value)
     if len(value) > maximum:
-        _fail_array_too_long(param, maximum, len(value))
+        fail_array_too_long(param, maximum, len(value))
     return value
 
 
-def _check_keys(obj: dict[str, Any], path: str, allowed: Collection[str]) -> None:
+def check_keys(obj: dict[str, Any], path: str, allowed: Collection[str]) -> None:
     """Every key of the object at `path` is one of `allowed`; the first that is not is an
     unknown parameter."""
     for key in obj:
         if key not in allowed:
-            _fail_unknown(f"{path}.{key}")
+            fail_unknown(f"{path}.{key}")
 
 
-def _bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:
+def read_bool(obj: dict[str, Any], key: str, path: str = "") -> bool | None:
     value = obj.get(key)
     if value is not None and type(value) is not bool:
-        _fail_type(_param(path, key), "a boolean", value)
+        fail_type(_param(path, key), "a boolean", value)
     return value
 
 
-def _str(obj: dict[str, Any], key: str, path: str = "") -> str | None:
+def read_str(obj: dict[str, Any], key: str, path: str = "") -> str | None:
     value = obj.get(key)
     if value is not None and type(value) is not str:
-        _fail_type(_param(path, key), "a string", value)
+        fail_type(_param(path, key), "a string", value)
     return value
 
 
-def _int(obj: dict[str, Any], key: str, minimum: int, maximum: int, path: str = "") -> int | None:
+def read_int(
+    obj: dict[str, Any], key: str, minimum: int, maximum: int, path: str = ""
+) -> int | None:
     value = obj.get(key)
     if value is None:
         return None
     if type(value) is not int:
-        _fail_type(_param(path, key), "an integer", value)
-    _check_range(_param(path, key), "integer", value, minimum, maximum)
+        fail_type(_param(path, key), "an integer", value)
+    check_range(_param(path, key), "integer", value, minimum, maximum)
     return value
 
 
-def _number(
+def read_number(
     obj: dict[str, Any], key: str, minimum: float, maximum: float, path: str = ""
 ) -> float | None:
     value = obj.get(key)
     if value is None:
         return None
     if type(value) not in (int, float):  # bool is not a number
-        _fail_type(_param(path, key), "a decimal", value)
-    _check_range(_param(path, key), "decimal", value, minimum, maximum)
+        fail_type(_param(path, key), "a decimal", value)
+    check_range(_param(path, key), "decimal", value, minimum, maximum)
     return float(value)
 
 
-def _check_range(param: str, kind: str, value: float, minimum: float, maximum: float) -> None:
+def check_range(param: str, kind: str, value: float, minimum: float, maximum: float) -> None:
     if value < minimum:
         raise invalid_request(
             f"Invalid '{param}': {kind} below minimum value. Expected a value >= {minimum}, "
-            f"but got {_show(value)} instead.",
+            f"but got {show(value)} instead.",
             param,
             f"{kind}_below_min_value",
         )
     if value > maximum:
         raise invalid_request(
             f"Invalid '{param}': {kind} above maximum value. Expected a value <= {maximum}, "
-            f"but got {_show(value)} instead.",
+            f"but got {show(value)} instead.",
             param,
             f"{kind}_above_max_value",
         )
@@ -148,7 +150,7 @@ def _check_range(param: str, kind: str, value: float, minimum: float, maximum: f
 # --- error makers ---------------------------------------------------------------------------
 
 
-def _fail_type(param: str, expected: str, value: Any) -> NoReturn:
+def fail_type(param: str, expected: str, value: Any) -> NoReturn:
     raise invalid_request(
         f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
         param,
@@ -156,22 +158,22 @@ def _fail_type(param: str, expected: str, value: Any) -> NoReturn:
     )
 
 
-def _fail_value(param: str, value: Any, supported: Sequence[str]) -> NoReturn:
+def fail_value(param: str, value: Any, supported: Sequence[str]) -> NoReturn:
     quoted = [f"'{item}'" for item in supported]
     listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + ", and " + quoted[-1]
     raise invalid_request(
-        f"Invalid value for '{param}': {_show(value)}. Supported values are: {listed}.",
+        f"Invalid value for '{param}': {show(value)}. Supported values are: {listed}.",
         param,
         "invalid_value",
     )
 
 
-def _fail_unknown(param: str) -> NoReturn:
-    param = _clip(param)
+def fail_unknown(param: str) -> NoReturn:
+    param = clip(param)
     raise invalid_request(f"Unknown parameter: '{param}'.", param, "unknown_parameter")
 
 
-def _fail_unsupported(param: str, reason: str) -> NoReturn:
+def fail_unsupported(param: str, reason: str) -> NoReturn:
     raise invalid_request(
         f"Unsupported parameter: '{param}' is not supported with this server: {reason}.",
         param,
@@ -179,25 +181,25 @@ def _fail_unsupported(param: str, reason: str) -> NoReturn:
     )
 
 
-def _fail_unsupported_value(param: str, value: Any, default: str) -> NoReturn:
+def fail_unsupported_value(param: str, value: Any, default: str) -> NoReturn:
     raise invalid_request(
-        f"Unsupported value: '{param}' does not support {_show(value)} with this server. "
+        f"Unsupported value: '{param}' does not support {show(value)} with this server. "
         f"Only the default ({default}) value is supported.",
         param,
         "unsupported_value",
     )
 
 
-def _fail_unsupported_kind(param: str, value: str, reason: str) -> NoReturn:
+def fail_unsupported_kind(param: str, value: str, reason: str) -> NoReturn:
     """A role or a `type` that OpenAI knows and this server does not take, and why."""
     raise invalid_request(
-        f"Unsupported value: '{param}' does not support {_show(value)} with this server: {reason}.",
+        f"Unsupported value: '{param}' does not support {show(value)} with this server: {reason}.",
         param,
         "unsupported_value",
     )
 
 
-def _fail_array_too_long(param: str, maximum: int, length: int) -> NoReturn:
+def fail_array_too_long(param: str, maximum: int, length: int) -> NoReturn:
     raise invalid_request(
         f"Invalid '{param}': array too long. Expected an array with maximum length {maximum}, "
         f"but got an array with length {length} instead.",
@@ -206,7 +208,7 @@ def _fail_array_too_long(param: str, maximum: int, length: int) -> NoReturn:
     )
 
 
-def _fail_empty_array(param: str) -> NoReturn:
+def fail_empty_array(param: str) -> NoReturn:
     raise invalid_request(
         f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got "
         "an empty array instead.",
@@ -215,7 +217,7 @@ def _fail_empty_array(param: str) -> NoReturn:
     )
 
 
-def _fail_too_many(param: str, maximum: int, count: int) -> NoReturn:
+def fail_too_many(param: str, maximum: int, count: int) -> NoReturn:
     raise invalid_request(
         f"Invalid '{param}': too many properties. Expected an object with at most {maximum} "
         f"properties, but got an object with {count} properties instead.",
@@ -224,7 +226,7 @@ def _fail_too_many(param: str, maximum: int, count: int) -> NoReturn:
     )
 
 
-def _fail_too_long(param: str, maximum: int, length: int) -> NoReturn:
+def fail_too_long(param: str, maximum: int, length: int) -> NoReturn:
     raise invalid_request(
         f"Invalid '{param}': string too long. Expected a string with maximum length {maximum}, "
         f"but got a string with length {length} instead.",
@@ -250,14 +252,14 @@ def _kind(value: Any) -> str:
     return "an object"
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """A value for an error message, clipped so a huge input is not echoed back whole."""
     if type(value) is str:
-        return f"'{_clip(value)}'"
+        return f"'{clip(value)}'"
     if type(value) is int:
-        return _clip(str(value))  # orjson writes no integer past 64 bits
-    return _clip(orjson.dumps(value).decode())
+        return clip(str(value))  # orjson writes no integer past 64 bits
+    return clip(orjson.dumps(value).decode())
 
 
-def _clip(text: str, limit: int = 100) -> str:
+def clip(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
