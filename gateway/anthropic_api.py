@@ -30,13 +30,13 @@ from gateway.relay import Relay, collect, first_item
 from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stream import RequestStream
 from protocol.anthropic.request import (
-    CheckModel,
     MessagesRequest,
     parse_count_request,
     parse_messages_request,
 )
 from protocol.anthropic.stream import ANTHROPIC_SSE, PING, MessageWriter, message_body
 from protocol.core.errors import ApiError, invalid_request
+from protocol.core.limits import CheckModel
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk
 

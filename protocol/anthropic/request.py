@@ -35,7 +35,6 @@ and every other field.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any, Literal, NoReturn
 
 import attrs
@@ -62,6 +61,7 @@ from protocol.core.limits import (
     INT64_MAX,
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
+    CheckModel,
     read_model_first,
     read_stop_strings,
 )
@@ -139,9 +139,6 @@ class MessagesRequest:
             reasoning_effort=self.reasoning_effort,
             response_format=self.response_format,
         )
-
-
-CheckModel = Callable[[str], None]
 
 
 def parse_messages_request(body: bytes, check_model: CheckModel | None = None) -> MessagesRequest:

@@ -17,7 +17,6 @@ shape (`{"error": ...}`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
@@ -46,6 +45,7 @@ from protocol.core.limits import (
     MAX_PROMPT_CHARS,
     MAX_STOP,
     SAMPLING_RANGES,
+    CheckModel,
     check_messages_chars,
     read_model_first,
     read_stop_strings,
@@ -62,7 +62,6 @@ from protocol.frames import (
 )
 
 Endpoint = Literal["chat", "generate"]
-CheckModel = Callable[[str], None]
 
 OLLAMA_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.9, top_k=40)
 """Ollama's sampling defaults where neither the request nor a Modelfile sets them."""
