@@ -1,6 +1,6 @@
 """`POST /v1/chat/completions`: OpenAI Chat Completions over SSE and plain JSON.
 
-The request is validated (protocol.openai.request) and handed to the pool. A streamed answer
+The request is validated (protocol.openai.chat.request) and handed to the pool. A streamed answer
 is relayed to the client by `gateway.relay.Relay` over `gateway.sse.SseTransport`; a plain
 one is collected by `protocol.core.stream.CompletionBuilder`. Errors that happen before
 the first byte (bad input, unknown model, queue full, a runner refusing the request) are
@@ -30,14 +30,14 @@ from gateway.stored import CompletionStore, Keeper, keepable
 from gateway.stream import RequestStream
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk
-from protocol.openai.request import (
+from protocol.openai.chat.request import (
     ChatRequest,
     check_choices,
     check_max_tokens,
     parse_chat_request,
 )
-from protocol.openai.response import ChunkWriter, chat_completion_body
-from protocol.openai.stream import SSE
+from protocol.openai.chat.response import ChunkWriter, chat_completion_body
+from protocol.openai.sse import SSE
 
 
 def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:

@@ -37,8 +37,8 @@ from protocol.browser.session import ClientSession, CloseSocket, Reply, Start, S
 from protocol.closecodes import CloseCode
 from protocol.core.stream import CompletionStream
 from protocol.frames import Generate
-from protocol.openai.request import ChatRequest
-from protocol.openai.response import ChunkWriter
+from protocol.openai.chat.request import ChatRequest
+from protocol.openai.chat.response import ChunkWriter
 
 log = logging.getLogger("gateway.client_ws")
 

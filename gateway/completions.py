@@ -29,14 +29,13 @@ from gateway.sse import SseResponse, SseTransport, disconnected
 from gateway.stream import RequestStream
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk
-from protocol.openai.completions import (
+from protocol.openai.completions.request import (
     CompletionRequest,
-    TextCompletionWriter,
     check_limits,
     parse_completion_request,
-    text_completion_body,
 )
-from protocol.openai.stream import SSE
+from protocol.openai.completions.response import TextCompletionWriter, text_completion_body
+from protocol.openai.sse import SSE
 
 Cancel = Callable[[RequestStream], None]
 

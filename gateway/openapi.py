@@ -35,13 +35,10 @@ from gateway.openapi_responses import _TOOL_CALL, CHAT_COMPLETION, CHAT_COMPLETI
 from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.core.tools import MAX_TOOLS
 from protocol.frames import ReasoningEffort
-from protocol.openai.request import (
-    MAX_TEMPLATE_KWARGS_BYTES,
-    MAX_TOP_LOGPROBS,
-)
+from protocol.openai.chat.request import MAX_TEMPLATE_KWARGS_BYTES, MAX_TOP_LOGPROBS
 from protocol.openai.tools import MAX_TOOL_CALLS
 
-# --- messages (protocol.openai.request._message) --------------------------------------------
+# --- messages (protocol.openai.chat.request._message) --------------------------------------------
 
 _PLAIN_MESSAGE = _closed(
     ["role", "content"],
@@ -128,7 +125,7 @@ def _max_tokens() -> Schema:
     return Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=_limit("max_tokens_limit"))
 
 
-# Every limit here is the parser's own constant (protocol.openai.request and .tools), so the
+# Every limit here is the parser's own constant (protocol.openai.chat.request and .tools), so the
 # schema and the validation cannot disagree.
 _REQUEST = Schema(
     type=OpenAPIType.OBJECT,

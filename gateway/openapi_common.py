@@ -93,7 +93,7 @@ def _limit(name: str) -> int:
     return value
 
 
-# --- the request fields chat and legacy completions read alike (protocol.openai.request) ----
+# --- the request fields chat and legacy completions read alike (protocol.openai.chat.request) ----
 
 _MODEL = Schema(type=OpenAPIType.STRING, max_length=MAX_MODEL_CHARS)
 _STOP_STRING = Schema(type=OpenAPIType.STRING, min_length=1, max_length=MAX_STOP_CHARS)

@@ -28,14 +28,14 @@ from gateway.openapi_common import (
 )
 from gateway.openapi_responses import _USAGE, _openai_object
 from protocol.core.limits import MAX_PROMPT_CHARS
-from protocol.openai.completions import (
+from protocol.openai.completions.request import (
     DEFAULT_MAX_TOKENS,
     MAX_BEST_OF,
     MAX_LOGPROBS,
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPTS,
 )
-from protocol.openai.request import MAX_LOGIT_BIAS, MAX_TOKEN_ID
+from protocol.openai.params import MAX_LOGIT_BIAS, MAX_TOKEN_ID
 
 # --- the request ----------------------------------------------------------------------------
 

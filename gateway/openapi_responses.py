@@ -1,6 +1,6 @@
 """The OpenAPI schemas of what `POST /v1/chat/completions` answers: `CHAT_COMPLETION` (the
 non-streaming body) and `CHAT_COMPLETION_CHUNK` (each event of a stream), as
-`protocol.openai.response` writes them.
+`protocol.openai.chat.response` writes them.
 
 They describe Orchard's answers exactly (no keys beyond these), so a test can hold every body
 the protocol builds against them.

@@ -3,7 +3,7 @@
 
 The request body is what protocol.openai.responses accepts, with its own limits (closed
 objects: the parser refuses unknown fields; a field it refuses unless default is shown only
-with its default); the answers are what protocol.openai.responses_stream writes (the
+with its default); the answers are what protocol.openai.responses.events writes (the
 `response` object, or its server-sent events), exactly, in openapi.yaml's shapes (`Response`,
 `ResponseStreamEvent`); errors are OpenAI's. Rules a JSON Schema cannot state (input with
 something for the model, the prompt's total length, distinct tool names, a named tool among
@@ -45,13 +45,13 @@ from gateway.openapi_common import (
 )
 from protocol.core.limits import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.frames import ReasoningEffort
-from protocol.openai.responses import MAX_INSTRUCTIONS_CHARS, MAX_TOOLS, MIN_OUTPUT_TOKENS
-from protocol.openai.responses_input import MAX_CONTENT_PARTS
-from protocol.openai.stored import (
+from protocol.openai.params import (
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS,
     MAX_METADATA_VALUE_CHARS,
 )
+from protocol.openai.responses.input import MAX_CONTENT_PARTS
+from protocol.openai.responses.request import MAX_INSTRUCTIONS_CHARS, MAX_TOOLS, MIN_OUTPUT_TOKENS
 
 
 def _nullable(schema: Schema) -> Schema:
@@ -255,7 +255,7 @@ _REQUEST = Schema(
     "required may also be null: the parser reads it as left out.",
 )
 
-# --- the response object (protocol.openai.responses_stream) ----------------------------------
+# --- the response object (protocol.openai.responses.events) ----------------------------------
 
 _OUTPUT_TEXT = _closed(
     ["type", "text", "annotations", "logprobs"],

@@ -47,7 +47,7 @@ from gateway.stream import Failed, RequestStream
 from protocol.closecodes import CloseCode
 from protocol.codec import encode
 from protocol.frames import Chunk, Generate, ModelInfo
-from protocol.openai.response import system_fingerprint
+from protocol.openai.objects import system_fingerprint
 from protocol.prefix import prefix_chain
 from protocol.session import (
     CacheReported,

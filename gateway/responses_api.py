@@ -3,7 +3,7 @@
 The chat's path (gateway.chat) with the Responses objects: the body is validated
 (protocol.openai.responses, the model first), the request goes to the pool, a streamed
 answer is relayed by a `Relay` over SSE with `ResponseEvents` as the chat's
-`CompletionStream`'s writer and framing (protocol.openai.responses_stream), a plain one is
+`CompletionStream`'s writer and framing (protocol.openai.responses.events), a plain one is
 collected by a `CompletionBuilder`. So failover before the first token, the queue's 429/503,
 the stream timeout and cancelling on disconnect are the chat's. Errors before the first byte
 are HTTP errors in OpenAI's shape; after it, `response.failed`.
@@ -39,13 +39,13 @@ from protocol.core.errors import invalid_request
 from protocol.core.fields import fail_unknown
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Message
-from protocol.openai.responses import parse_responses_request
-from protocol.openai.responses_stream import (
+from protocol.openai.responses.events import (
     ResponseEvents,
     output_messages,
     response_base,
     response_body,
 )
+from protocol.openai.responses.request import parse_responses_request
 
 
 def response_store(state: State) -> ResponseStore:

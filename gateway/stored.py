@@ -3,7 +3,7 @@
 `CompletionStore` holds them, bounded three ways (docs/operations.md): at most
 `store_max_completions` of them and `store_max_bytes` of JSON together (past either, the
 oldest stored is dropped first), each for `store_ttl` seconds. Nothing survives a restart.
-What the objects look like, the query parameters and the paging are protocol.openai.stored's;
+What the objects look like, the query parameters and the paging are protocol.openai.chat.stored's;
 the endpoints are gateway.stored_api.
 
 A request is stored once it has finished as OpenAI would store it: its runner ended it with
@@ -28,10 +28,9 @@ import orjson
 from gateway.config import GatewayConfig
 from protocol.core.stream import CompletionBuilder
 from protocol.frames import Chunk
-from protocol.openai.errors import completion_not_found
-from protocol.openai.request import ChatRequest
-from protocol.openai.response import chat_completion_body
-from protocol.openai.stored import (
+from protocol.openai.chat.request import ChatRequest
+from protocol.openai.chat.response import chat_completion_body
+from protocol.openai.chat.stored import (
     ListQuery,
     PageQuery,
     StoreRequest,
@@ -41,6 +40,7 @@ from protocol.openai.stored import (
     stored_completion,
     stored_messages,
 )
+from protocol.openai.errors import completion_not_found
 
 log = logging.getLogger("gateway.stored")
 
@@ -56,7 +56,7 @@ class StoredCompletion:
     """Order of storing, for completions created in the same second."""
     metadata: dict[str, str]
     body: bytes
-    """The stored object (protocol.openai.stored.stored_completion)."""
+    """The stored object (protocol.openai.chat.stored.stored_completion)."""
     messages: list[tuple[str, bytes]]
     """The request's messages: (id, JSON)."""
     expires: float

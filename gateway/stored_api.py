@@ -9,7 +9,7 @@
                                                      limit, order)
 
 Only I/O here: the queries and bodies are parsed, and the objects written, by
-protocol.openai.stored; the store is gateway.stored (`app.state.store`). The API-key and
+protocol.openai.chat.stored; the store is gateway.stored (`app.state.store`). The API-key and
 origin checks are the app's, as for every /v1/ path. Each operation describes its query
 parameters and responses in the OpenAPI schema by hand, since the handlers read the raw
 query (so that every bad parameter is a 400 in OpenAI's shape, naming it).
@@ -32,14 +32,16 @@ from litestar.params import FromPath
 
 from gateway.openapi_common import _error  # the error response, described once
 from gateway.stored import CompletionStore
-from protocol.openai.stored import (
+from protocol.openai.chat.stored import (
     MAX_LIMIT,
-    MAX_METADATA_KEY_CHARS,
-    MAX_METADATA_KEYS,
-    MAX_METADATA_VALUE_CHARS,
     parse_list_query,
     parse_messages_query,
     parse_update,
+)
+from protocol.openai.params import (
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_KEYS,
+    MAX_METADATA_VALUE_CHARS,
 )
 
 COMPLETION_PATH = "/v1/chat/completions/{completion_id:str}"

@@ -117,7 +117,13 @@ def test_the_core_imports_no_dialect() -> None:
 
 
 BROWSER_FROM_OPENAI = frozenset(
-    {"protocol.openai.request", "protocol.openai.response", "protocol.openai.errors"}
+    {
+        "protocol.openai.chat.request",
+        "protocol.openai.chat.response",
+        "protocol.openai.errors",
+        "protocol.openai.objects",
+        "protocol.openai.params",
+    }
 )
 """The browser socket carries the Chat Completions API: its request, chunks and error object."""
 

@@ -15,7 +15,7 @@ error's. The texts are part of the wire format (docs/websocket-api.md): keep the
     invalid_request_error   null                    stream_required()
     rate_limit_error        too_many_requests       too_many_requests()
 
-Errors in the create's `body` are `protocol.openai.request`'s, exactly as over HTTP.
+Errors in the create's `body` are `protocol.openai.chat.request`'s, exactly as over HTTP.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import orjson
 from protocol.core.errors import ApiError
 from protocol.frames import FinishReason, Usage
 from protocol.openai.errors import error_body
-from protocol.openai.response import usage_dict
+from protocol.openai.objects import usage_dict
 
 _ZERO_USAGE = Usage(0, 0)
 

@@ -34,13 +34,13 @@ from cattrs.strategies import configure_tagged_union
 from protocol.browser import errors
 from protocol.errors import FrameError
 from protocol.frames import FinishReason
-from protocol.openai.request import (
-    MAX_N,
+from protocol.openai.chat.request import (
     ChatRequest,
     check_choices,
     check_max_tokens,
     parse_chat_object,
 )
+from protocol.openai.params import MAX_N
 from protocol.strict import make_strict_converter
 
 CLIENT_WS_PATH = "/v1/ws"

@@ -54,8 +54,9 @@ from protocol.browser.messages import (
 from protocol.closecodes import CloseCode
 from protocol.core.errors import ApiError
 from protocol.errors import FrameError
+from protocol.openai.chat.request import ChatRequest
 from protocol.openai.errors import error_body
-from protocol.openai.request import MAX_N, ChatRequest
+from protocol.openai.params import MAX_N
 
 H = TypeVar("H")
 """What the gateway runs one request with (its stream, its task): the session only holds it."""

@@ -20,18 +20,18 @@ runner's answer, unless the transport commits to a stream early (`start`, SSE af
 `first_token_wait`).
 
 Transports differ only in framing (`Framing`): how a chunk object, an error and the end are
-wrapped. OpenAI's SSE is `protocol.openai.stream.SSE`; the browser socket's is
+wrapped. OpenAI's SSE is `protocol.openai.sse.SSE`; the browser socket's is
 `protocol.browser.framing`. New kinds of delta (tool calls, logprobs, several choices) are
 rendered here, once, for every transport.
 
 Dialects differ only in the objects (`ChoiceWriter`): a chat.completion.chunk
-(`protocol.openai.response.ChunkWriter`), a legacy text_completion
+(`protocol.openai.chat.response.ChunkWriter`), a legacy text_completion
 (`protocol.openai.completions.TextCompletionWriter`), ... The order above, the errors, the
 cancel and the usage are this module's, whatever the dialect; a dialect without an opening
 chunk per choice (text completions) renders none.
 
 `CompletionBuilder` is the non-streaming twin: fed the same items, it collects each choice,
-from which each dialect builds its body (`protocol.openai.response.chat_completion_body`, ...).
+from which each dialect builds its body (`protocol.openai.chat.response.chat_completion_body`, ...).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.pool import ORCHARD_VERSION
 from protocol.closecodes import CloseCode
 from protocol.frames import Cancel, Chunk, Drain, Error, Generate, Usage
-from protocol.openai.response import system_fingerprint
+from protocol.openai.objects import system_fingerprint
 from tests.gateway.gateways import FAKE_RUNNERS
 from tests.gateway.waits import until_idle, until_queued
 from tests.support import (

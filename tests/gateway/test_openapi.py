@@ -20,9 +20,13 @@ from gateway.config import GatewayConfig
 from protocol.core.errors import ApiError, server_error
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, ReasoningEffort, TokenLogprob, ToolCallDelta, TopLogprob, Usage
-from protocol.openai.request import MAX_TEMPLATE_KWARGS_BYTES, check_max_tokens, parse_chat_object
-from protocol.openai.response import ChunkWriter, completion
-from protocol.openai.stream import SSE
+from protocol.openai.chat.request import (
+    MAX_TEMPLATE_KWARGS_BYTES,
+    check_max_tokens,
+    parse_chat_object,
+)
+from protocol.openai.chat.response import ChunkWriter, completion
+from protocol.openai.sse import SSE
 
 Check = Callable[[Any], bool]
 

@@ -16,13 +16,9 @@ from gateway.config import GatewayConfig
 from protocol.core.errors import ApiError, server_error
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Echo, PromptToken, TokenLogprob, TopLogprob, Usage
-from protocol.openai.completions import (
-    TextCompletionWriter,
-    check_limits,
-    parse_completion_object,
-    text_completion_body,
-)
-from protocol.openai.stream import SSE
+from protocol.openai.completions.request import check_limits, parse_completion_object
+from protocol.openai.completions.response import TextCompletionWriter, text_completion_body
+from protocol.openai.sse import SSE
 
 Check = Callable[[Any], bool]
 

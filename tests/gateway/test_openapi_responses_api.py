@@ -32,9 +32,9 @@ from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Error, Generate, ToolCallDelta, Usage
 from protocol.openai.errors import error_body
-from protocol.openai.responses import MAX_TOOLS, MIN_OUTPUT_TOKENS, parse_responses_object
-from protocol.openai.responses_input import MAX_CONTENT_PARTS
-from protocol.openai.responses_stream import ResponseEvents, response_base, response_body
+from protocol.openai.responses.events import ResponseEvents, response_base, response_body
+from protocol.openai.responses.input import MAX_CONTENT_PARTS
+from protocol.openai.responses.request import MAX_TOOLS, MIN_OUTPUT_TOKENS, parse_responses_object
 from tests.gateway.openapi_spec import (
     Check,
     gateway_spec,

@@ -22,8 +22,8 @@ from gateway.stream import MAX_PENDING, Failed, RequestStream, StreamItem
 from protocol.browser.framing import BrowserFraming
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Generate, Message, Usage
-from protocol.openai.response import ChunkWriter
-from protocol.openai.stream import SSE
+from protocol.openai.chat.response import ChunkWriter
+from protocol.openai.sse import SSE
 from tests.gateway.virtual_time import virtual_time
 
 

@@ -14,8 +14,8 @@ from gateway.sse import KEEPALIVE, SseTransport, _RelayASGIResponse
 from gateway.stream import RequestStream
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Generate, Message, Usage
-from protocol.openai.response import ChunkWriter
-from protocol.openai.stream import SSE
+from protocol.openai.chat.response import ChunkWriter
+from protocol.openai.sse import SSE
 
 
 async def test_a_write_that_does_not_suspend_completes_on_the_spot() -> None:

@@ -15,8 +15,8 @@ from gateway.stored import CompletionStore, Keeper, keepable
 from protocol.core.errors import ApiError
 from protocol.core.stream import CompletionBuilder
 from protocol.frames import Chunk, FinishReason, Usage
-from protocol.openai.request import parse_chat_object
-from protocol.openai.stored import ListQuery, PageQuery, StoreRequest, parse_list_query
+from protocol.openai.chat.request import parse_chat_object
+from protocol.openai.chat.stored import ListQuery, PageQuery, StoreRequest, parse_list_query
 
 
 class Clock:

@@ -25,17 +25,16 @@ from protocol.frames import (
     TopLogprob,
     Usage,
 )
-from protocol.openai.completions import (
+from protocol.openai.completions.request import (
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPTS,
     CompletionRequest,
-    TextCompletionWriter,
     check_limits,
     parse_completion_object,
     parse_completion_request,
-    text_completion_body,
 )
-from protocol.openai.stream import SSE
+from protocol.openai.completions.response import TextCompletionWriter, text_completion_body
+from protocol.openai.sse import SSE
 from tests.protocol.strategies import json_values
 
 BASE: dict[str, Any] = {"model": "m", "prompt": "Once upon"}

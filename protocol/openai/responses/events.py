@@ -38,8 +38,8 @@ import orjson
 
 from protocol.core.errors import ApiError, server_error
 from protocol.frames import Chunk, FinishReason, Message, ToolCall, ToolCallDelta, Usage
-from protocol.openai.response import tool_call_entries
-from protocol.openai.responses import ResponsesRequest
+from protocol.openai.objects import tool_call_entries
+from protocol.openai.responses.request import ResponsesRequest
 
 NewId = Callable[[str], str]
 """Makes an id with a prefix ("msg", "rs", "fc")."""

@@ -13,14 +13,14 @@ import pytest
 from protocol.core.errors import ApiError
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Error, ToolCallDelta, Usage
-from protocol.openai.responses import parse_responses_object
-from protocol.openai.responses_stream import (
+from protocol.openai.responses.events import (
     ResponseEvents,
     output_messages,
     response_base,
     response_body,
     usage_object,
 )
+from protocol.openai.responses.request import parse_responses_object
 
 RID = "resp_1"
 

@@ -18,7 +18,6 @@ ended where the client or the gateway asked it to); the browser socket's `done` 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,80 +25,10 @@ import orjson
 
 from protocol.core.stream import CompletionBuilder
 from protocol.frames import Chunk, FinishReason, TokenLogprob, ToolCallDelta, Usage
-
-_FINISH_REASONS: dict[str, str] = {
-    "stop": "stop",
-    "length": "length",
-    "tool_calls": "tool_calls",
-    "cancelled": "stop",
-}
+from protocol.openai.objects import FINISH_REASONS, logprob_entries, tool_call_entries, usage_dict
 
 _ROLE_DELTA = b'{"role":"assistant","content":"","refusal":null}'
 _NO_FINISH = b',"logprobs":null,"finish_reason":null}]'
-
-
-def system_fingerprint(orchard_version: str, model: str, engine: str | None) -> str:
-    """OpenAI's `system_fingerprint` ("fp_" and 10 hex digits): a hash of what decides the
-    output besides the request (Orchard's version, the model, the runner's engine)."""
-    digest = hashlib.sha256(f"{orchard_version}\0{model}\0{engine or ''}".encode()).hexdigest()
-    return f"fp_{digest[:10]}"
-
-
-def tool_call_entries(deltas: Sequence[ToolCallDelta]) -> list[dict[str, Any]]:
-    """A delta's `tool_calls`: consecutive pieces of one call joined into one entry."""
-    entries: list[dict[str, Any]] = []
-    for delta in deltas:
-        if delta.id is None and entries and entries[-1]["index"] == delta.index:
-            entries[-1]["function"]["arguments"] += delta.arguments
-        elif delta.id is None:
-            entries.append({"index": delta.index, "function": {"arguments": delta.arguments}})
-        else:
-            entries.append(
-                {
-                    "index": delta.index,
-                    "id": delta.id,
-                    "type": "function",
-                    "function": {"name": delta.name or "", "arguments": delta.arguments},
-                }
-            )
-    return entries
-
-
-def logprob_entries(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    """OpenAI's ChatCompletionTokenLogprob objects."""
-    return [
-        {
-            "token": entry.token,
-            "logprob": entry.logprob,
-            "bytes": list(entry.bytes),
-            "top_logprobs": [
-                {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)}
-                for top in entry.top_logprobs
-            ],
-        }
-        for entry in entries
-    ]
-
-
-def openai_finish_reason(reason: FinishReason) -> str:
-    """OpenAI's finish_reason for an internal one ("cancelled" becomes "stop")."""
-    return _FINISH_REASONS[reason]
-
-
-def usage_dict(usage: Usage) -> dict[str, Any]:
-    """OpenAI's usage object (CompletionUsage) for a `Usage`."""
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "audio_tokens": 0},
-        "completion_tokens_details": {
-            "reasoning_tokens": usage.reasoning_tokens,
-            "audio_tokens": 0,
-            "accepted_prediction_tokens": 0,
-            "rejected_prediction_tokens": 0,
-        },
-    }
 
 
 class ChunkWriter:
@@ -261,7 +190,7 @@ class ChunkWriter:
             (
                 self._head_of(index),
                 b'{},"logprobs":null,"finish_reason":"',
-                _FINISH_REASONS[reason].encode(),
+                FINISH_REASONS[reason].encode(),
                 b'"}]',
                 self._usage(usage),
                 self._end,
@@ -394,5 +323,5 @@ def choice(
         "logprobs": None
         if logprobs is None
         else {"content": logprob_entries(logprobs), "refusal": None},
-        "finish_reason": _FINISH_REASONS[finish_reason],
+        "finish_reason": FINISH_REASONS[finish_reason],
     }

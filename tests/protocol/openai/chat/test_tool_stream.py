@@ -8,8 +8,8 @@ import orjson
 
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, TokenLogprob, ToolCallDelta, TopLogprob, Usage
-from protocol.openai.response import ChunkWriter, chat_completion_body
-from protocol.openai.stream import SSE
+from protocol.openai.chat.response import ChunkWriter, chat_completion_body
+from protocol.openai.sse import SSE
 
 HEAD = {
     "id": "c1",

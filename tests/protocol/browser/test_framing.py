@@ -22,8 +22,9 @@ from protocol.browser.messages import (
 from protocol.core.errors import ApiError, invalid_request, model_not_found, server_error
 from protocol.core.stream import CompletionStream, Framing
 from protocol.frames import Chunk, Error, FinishReason, Usage
+from protocol.openai.chat.response import ChunkWriter
 from protocol.openai.errors import error_body
-from protocol.openai.response import ChunkWriter, usage_dict
+from protocol.openai.objects import usage_dict
 from tests.protocol.strategies import finish_reasons, text
 
 request_ids = st.one_of(st.sampled_from(("r1", 'quote"', "back\\slash", "é🦙", "x" * 256)), text)

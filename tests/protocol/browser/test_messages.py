@@ -39,8 +39,8 @@ from protocol.browser.messages import (
 )
 from protocol.core.errors import ApiError
 from protocol.errors import FrameError
+from protocol.openai.chat.request import parse_chat_object
 from protocol.openai.errors import error_body
-from protocol.openai.request import parse_chat_object
 from tests.protocol.bad_input import BAD_JSON
 from tests.protocol.strategies import (
     finish_reasons,

@@ -21,16 +21,16 @@ from protocol.frames import (
     Tool,
     ToolCall,
 )
-from protocol.openai.errors import error_body
-from protocol.openai.request import (
+from protocol.openai.chat.request import (
     MAX_CONTENT_PARTS,
-    MAX_LOGIT_BIAS,
     ChatRequest,
     check_choices,
     check_max_tokens,
     parse_chat_object,
     parse_chat_request,
 )
+from protocol.openai.errors import error_body
+from protocol.openai.params import MAX_LOGIT_BIAS
 from tests.protocol.bad_input import METADATA_REFUSALS
 from tests.protocol.strategies import json_values, mutations, text
 

@@ -1,10 +1,10 @@
 """Parse an OpenAI Responses request (`POST /v1/responses`) into a validated `ResponsesRequest`.
 
-As strict as the chat parser (protocol.openai.request), with its readers and 400s; fields are
+As strict as the chat parser (protocol.openai.chat.request), with its readers and 400s; fields are
 openapi.yaml's CreateResponse:
 
 - `input`: a string or a list of message, function_call, function_call_output and
-  reasoning items (protocol.openai.responses_input).
+  reasoning items (protocol.openai.responses.input).
 - `instructions` (a system message first), `max_output_tokens` (at least 16, as at
   OpenAI), `temperature`, `top_p`,
   function `tools` (Responses' flat shape), `tool_choice`, `parallel_tool_calls`,
@@ -62,12 +62,8 @@ from protocol.frames import (
     Tool,
     ToolChoice,
 )
-from protocol.openai.request import (
-    check_accepted,
-    parse_reasoning_effort,
-)
-from protocol.openai.responses_input import parse_input
-from protocol.openai.stored import parse_metadata
+from protocol.openai.params import check_accepted, parse_metadata, parse_reasoning_effort
+from protocol.openai.responses.input import parse_input
 from protocol.openai.tools import (
     parse_response_format,
     parse_tool_choice,

@@ -22,7 +22,7 @@ from protocol.browser.session import (
     Stop,
     Subscribe,
 )
-from protocol.openai.request import parse_chat_object
+from protocol.openai.chat.request import parse_chat_object
 from tests.protocol.bad_input import BAD_JSON
 from tests.protocol.strategies import hostile_bytes, json_values, text
 

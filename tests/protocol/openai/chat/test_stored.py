@@ -10,9 +10,8 @@ import pytest
 
 from protocol.browser.messages import chat_request
 from protocol.core.errors import ApiError
-from protocol.openai.errors import completion_not_found, error_body
-from protocol.openai.request import ChatRequest, parse_chat_object
-from protocol.openai.stored import (
+from protocol.openai.chat.request import ChatRequest, parse_chat_object
+from protocol.openai.chat.stored import (
     ListQuery,
     PageQuery,
     StoreRequest,
@@ -21,11 +20,12 @@ from protocol.openai.stored import (
     page,
     parse_list_query,
     parse_messages_query,
-    parse_metadata,
     parse_update,
     stored_completion,
     stored_messages,
 )
+from protocol.openai.errors import completion_not_found, error_body
+from protocol.openai.params import parse_metadata
 from tests.protocol.bad_input import METADATA_REFUSALS
 
 USER = {"role": "user", "content": "hi"}

@@ -12,8 +12,8 @@ from protocol.core import errors
 from protocol.core.errors import ApiError
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Error, FinishReason, Usage
-from protocol.openai.response import ChunkWriter, chat_completion_body
-from protocol.openai.stream import SSE
+from protocol.openai.chat.response import ChunkWriter, chat_completion_body
+from protocol.openai.sse import SSE
 
 ID, CREATED, MODEL = "chatcmpl-1", 1_700_000_000, "m"
 HEAD = {

@@ -14,7 +14,7 @@ from protocol.codec import decode_gateway_frame, encode
 from protocol.core.errors import ApiError
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import error_body
-from protocol.openai.responses import parse_responses_object, parse_responses_request
+from protocol.openai.responses.request import parse_responses_object, parse_responses_request
 from tests.protocol.strategies import json_values, mutations, text
 
 WEATHER = {

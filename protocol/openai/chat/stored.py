@@ -2,7 +2,7 @@
 parameters and the pagination, decided here. No I/O; the gateway's store is gateway.stored.
 
 What a stored completion keeps of its request is a `StoreRequest`, made by the request parser
-(protocol.openai.request) for a request with `store: true`. The stored object
+(protocol.openai.chat.request) for a request with `store: true`. The stored object
 (`GET /v1/chat/completions/{id}`, openapi.yaml's example there) is the `chat.completion` body
 the client was answered, plus:
 
@@ -40,9 +40,6 @@ from protocol.core.errors import invalid_request
 from protocol.core.fields import (
     check_range,
     clip,
-    fail_too_long,
-    fail_too_many,
-    fail_type,
     fail_unknown,
     fail_value,
     read_json,
@@ -50,10 +47,8 @@ from protocol.core.fields import (
     show,
 )
 from protocol.frames import Message, SamplingParams
+from protocol.openai.params import parse_metadata
 
-MAX_METADATA_KEYS = 16
-MAX_METADATA_KEY_CHARS = 64
-MAX_METADATA_VALUE_CHARS = 512
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 
@@ -61,25 +56,6 @@ Order = Literal["asc", "desc"]
 _ORDERS: tuple[Order, ...] = ("asc", "desc")
 
 T = TypeVar("T")
-
-
-def parse_metadata(value: Any, param: str = "metadata") -> dict[str, str] | None:
-    """Validate a `metadata` object (OpenAI's Metadata: at most 16 keys of up to 64
-    characters, string values of up to 512). None: not given (JSON null)."""
-    if value is None:
-        return None
-    if type(value) is not dict:
-        fail_type(param, "an object", value)
-    if len(value) > MAX_METADATA_KEYS:
-        fail_too_many(param, MAX_METADATA_KEYS, len(value))
-    for key, item in value.items():
-        if len(key) > MAX_METADATA_KEY_CHARS:
-            fail_too_long(f"{param}.{clip(key)}", MAX_METADATA_KEY_CHARS, len(key))
-        if type(item) is not str:
-            fail_type(f"{param}.{key}", "a string", item)
-        if len(item) > MAX_METADATA_VALUE_CHARS:
-            fail_too_long(f"{param}.{key}", MAX_METADATA_VALUE_CHARS, len(item))
-    return dict(value)
 
 
 # --- what is stored ---------------------------------------------------------------------------

@@ -18,15 +18,10 @@ from protocol.core import errors
 from protocol.core.errors import ApiError
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, FinishReason, Usage
+from protocol.openai.chat.response import ChunkWriter, completion
 from protocol.openai.errors import error_body
-from protocol.openai.response import (
-    ChunkWriter,
-    completion,
-    openai_finish_reason,
-    system_fingerprint,
-    usage_dict,
-)
-from protocol.openai.stream import SSE
+from protocol.openai.objects import openai_finish_reason, system_fingerprint, usage_dict
+from protocol.openai.sse import SSE
 from tests.protocol.strategies import text
 
 ID = "chatcmpl-abc"

@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions: the request, the answer objects, stored completions."""

@@ -1,0 +1,1 @@
+"""OpenAI legacy text completions: the request and the `text_completion` objects."""
