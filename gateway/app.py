@@ -13,24 +13,26 @@ from litestar.openapi import OpenAPIConfig
 from litestar.response import File
 from litestar.static_files import create_static_files_router
 
-from gateway import anthropic_api, ollama_api, responses_api
-from gateway.admin import health, list_models, list_runners, metrics, tls_proof
+from gateway.anthropic import routes as anthropic_api
 from gateway.auth import before_request
-from gateway.chat import chat_completions
-from gateway.client_ws import client_socket
-from gateway.completions import completions
+from gateway.browser.routes import client_socket
 from gateway.config import GatewayConfig
 from gateway.http_errors import handle_api_error, handle_http_exception, handle_unexpected
-from gateway.pool import Pool
-from gateway.runner_link import runner_socket
-from gateway.stored import CompletionStore
-from gateway.stored_api import (
+from gateway.observability.admin import health, list_models, list_runners, metrics, tls_proof
+from gateway.ollama import routes as ollama_api
+from gateway.openai.chat.routes import chat_completions
+from gateway.openai.chat.stored import (
     delete_stored,
     get_stored,
     list_stored,
     list_stored_messages,
     update_stored,
 )
+from gateway.openai.completions.routes import completions
+from gateway.openai.responses import routes as responses_api
+from gateway.pool.link import runner_socket
+from gateway.pool.pool import Pool
+from gateway.stores.chat import CompletionStore
 from protocol.core.errors import ApiError
 
 log = logging.getLogger("gateway")

@@ -1,7 +1,8 @@
 """The gateway's errors, all under one base. Each class carries what a client is told: its
 HTTP status, OpenAI error type and code, and (for the ones worth retrying) how soon to retry.
 The HTTP and WebSocket layers (`gateway.http_errors`) and the metrics' outcome labels
-(`gateway.metrics`) both read them from here, as `ProtocolError` carries its close code.
+(`gateway.observability.metrics`) both read them from here, as `ProtocolError` carries its close
+code.
 
     GatewayError                                  status  code
     ├── ModelNotFound        no live runner serves the model, nor did one recently

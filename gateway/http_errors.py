@@ -19,7 +19,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from gateway.errors import GatewayError
-from gateway.stream import Failed
+from gateway.streaming.request_stream import Failed
 from protocol.anthropic.errors import error_body as anthropic_error
 from protocol.core import errors
 from protocol.core.errors import ApiError

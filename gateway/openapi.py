@@ -1,189 +1,259 @@
-"""The OpenAPI description of `POST /v1/chat/completions`.
-
-The handler reads the raw body (so that every validation error is OpenAI-shaped), which
-leaves Litestar nothing to describe; this operation class writes the request body and the
-responses into the schema by hand, so `/schema/openapi.json` documents what clients may
-send and schema-driven fuzzers (schemathesis) can exercise it. The 200 answers' schemas are
-`gateway.openapi_responses`'.
+"""What the hand-written OpenAPI descriptions share: the basic schemas and the shapes several
+dialects write alike (counts, prompt text, tool names, JSON Schemas, output formats, a field
+that needs a non-empty array), the error object and its responses, a JSON answer, a streamed
+answer (a text/event-stream or NDJSON of JSON events) and its named events, the request fields
+chat (gateway.openai.chat.openapi) and legacy completions (gateway.openai.completions.openapi) read
+alike, and the statuses a generating endpoint answers (`GENERATION_ERRORS`, which the Anthropic and
+Ollama descriptions write in their own error shapes). The answers' own schemas are
+gateway.openai.chat.openapi_answers' and gateway.openai.completions.openapi'.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import get_args
+from dataclasses import dataclass, field
+from typing import Any
 
-from litestar.openapi.spec import Operation, Schema
+import attrs
+from litestar.openapi.spec import OpenAPIMediaType as MediaType
+from litestar.openapi.spec import OpenAPIResponse, Reference, RequestBody, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
-from gateway.openapi_common import (
-    _BOOLEAN,
-    _DECODING,
-    _JSON_SCHEMA,
-    _MODEL,
-    _PROMPT_TEXT,
-    _STRING,
-    _TOOL_NAME,
-    _closed,
-    _generation_responses,
-    _json_body,
-    _limit,
-    _non_empty,
-    _only,
-    _output_format,
+from gateway.config import GatewayConfig
+from protocol.core.limits import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_MODEL_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    SAMPLING_RANGES,
+    TOP_K_MIN,
 )
-from gateway.openapi_responses import _TOOL_CALL, CHAT_COMPLETION, CHAT_COMPLETION_CHUNK
-from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS
-from protocol.core.tools import MAX_TOOLS
-from protocol.frames import ReasoningEffort
-from protocol.openai.chat.request import MAX_TEMPLATE_KWARGS_BYTES, MAX_TOP_LOGPROBS
-from protocol.openai.tools import MAX_TOOL_CALLS
+from protocol.core.tools import MAX_NAME_CHARS, NAME_PATTERN
 
-# --- messages (protocol.openai.chat.request._message) --------------------------------------------
+STRING = Schema(type=OpenAPIType.STRING)
+BOOLEAN = Schema(type=OpenAPIType.BOOLEAN)
+INTEGER = Schema(type=OpenAPIType.INTEGER)
+NULL = Schema(type=OpenAPIType.NULL)
+OBJECT = Schema(type=OpenAPIType.OBJECT)
+COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0)
+"""A count, an index or a duration: any integer from 0."""
+INT64_COUNT = Schema(type=OpenAPIType.INTEGER, minimum=0, maximum=INT64_MAX)
+EMPTY_STRING = Schema(type=OpenAPIType.STRING, max_length=0)
+PROMPT_TEXT = Schema(type=OpenAPIType.STRING, max_length=MAX_PROMPT_CHARS)
+"""A text of the prompt (each within the parser's limit on the whole prompt)."""
+JSON_SCHEMA = Schema(type=OpenAPIType.OBJECT, description="A JSON Schema.")
+TOOL_NAME = Schema(type=OpenAPIType.STRING, pattern=NAME_PATTERN, max_length=MAX_NAME_CHARS)
+UNIMPLEMENTED_NULL = Schema(type=OpenAPIType.NULL, description="Not implemented: only null.")
 
-_PLAIN_MESSAGE = _closed(
-    ["role", "content"],
-    role=_only("system", "developer", "user"),
-    content=_PROMPT_TEXT,
-    name=_STRING,
-)
-_ASSISTANT_MESSAGE = Schema(
-    type=OpenAPIType.OBJECT,
-    required=["role"],
-    properties={
-        "role": _only("assistant"),
-        "content": Schema(type=[OpenAPIType.STRING, OpenAPIType.NULL], max_length=MAX_PROMPT_CHARS),
-        "name": _STRING,
-        "tool_calls": Schema(type=OpenAPIType.ARRAY, items=_TOOL_CALL, max_items=MAX_TOOL_CALLS),
-        "reasoning_content": _STRING,
-        "reasoning": _STRING,
-    },
-    additional_properties=False,
-    # Content may be null or absent only when the message calls tools.
-    any_of=[
-        Schema(required=["content"], properties={"content": _STRING}),
-        _non_empty("tool_calls"),
-    ],
-    description="An earlier answer: its text, the tools it called, or both.",
-)
-_TOOL_MESSAGE = _closed(
-    ["role", "content", "tool_call_id"],
-    role=_only("tool"),
-    content=_PROMPT_TEXT,
-    tool_call_id=_STRING,
-)
 
-# --- tools and output formats (protocol.openai.tools) ---------------------------------------
+def only(*values: str) -> Schema:
+    return Schema(type=OpenAPIType.STRING, enum=list(values))
 
-_TOOL = _closed(
-    ["type", "function"],
-    type=_only("function"),
-    function=_closed(
-        ["name"],
-        name=_TOOL_NAME,
-        description=_STRING,
-        parameters=_JSON_SCHEMA,
-        strict=_BOOLEAN,
-    ),
-)
-_TOOLS = Schema(
-    type=OpenAPIType.ARRAY,
-    items=_TOOL,
-    max_items=MAX_TOOLS,
-    description="Function tools; their names must differ.",
-)
-_TOOL_CHOICE = Schema(
-    one_of=[
-        _only("none", "auto", "required"),
-        _closed(
-            ["type", "function"],
-            type=_only("function"),
-            function=_closed(["name"], name=_TOOL_NAME),
-        ),
-    ],
-    description='Anything but "none" needs `tools`; a named function must be one of them.',
-)
-_RESPONSE_FORMAT = _output_format(
-    _closed(
-        ["type", "json_schema"],
-        type=_only("json_schema"),
-        json_schema=_closed(
-            ["name"],
-            name=_TOOL_NAME,
-            description=_STRING,
-            schema=_JSON_SCHEMA,
-            strict=_BOOLEAN,
-        ),
+
+def only_or_null(*values: str) -> Schema:
+    """One of `values`, or null."""
+    return Schema(type=[OpenAPIType.STRING, OpenAPIType.NULL], enum=[*values, None])
+
+
+def closed(required: list[str], **properties: Schema | Reference) -> Schema:
+    """An object with exactly these keys allowed (the parser refuses unknown ones)."""
+    return Schema(
+        type=OpenAPIType.OBJECT,
+        required=required,
+        properties=properties,
+        additional_properties=False,
     )
-)
-_WITH_TOOLS = _non_empty("tools")
-
-# --- the request ----------------------------------------------------------------------------
 
 
-def _max_tokens() -> Schema:
-    # The API takes any positive int64; the gateway's ceiling (default shown) is lower.
-    return Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=_limit("max_tokens_limit"))
+def counts(*names: str) -> Schema:
+    """An object of these counts, every one present."""
+    return closed(list(names), **dict.fromkeys(names, COUNT))
 
 
-# Every limit here is the parser's own constant (protocol.openai.chat.request and .tools), so the
-# schema and the validation cannot disagree.
-_REQUEST = Schema(
+def non_empty(name: str) -> Schema:
+    """The object has `name`, a non-empty array (what a field that needs it depends on)."""
+    return Schema(required=[name], properties={name: Schema(type=OpenAPIType.ARRAY, min_items=1)})
+
+
+def output_format(json_schema: Schema) -> Schema:
+    """An output format: plain text, any JSON object, or `json_schema` (its dialect's)."""
+    return Schema(
+        one_of=[
+            closed(["type"], type=only("text")),
+            closed(["type"], type=only("json_object")),
+            json_schema,
+        ]
+    )
+
+
+def limit(name: str) -> int:
+    """A gateway setting's default (a gateway may be started with another)."""
+    value: int = getattr(attrs.fields(GatewayConfig), name).default
+    return value
+
+
+# --- the request fields chat and legacy completions read alike (protocol.openai.chat.request) ----
+
+MODEL = Schema(type=OpenAPIType.STRING, max_length=MAX_MODEL_CHARS)
+STOP_STRING = Schema(type=OpenAPIType.STRING, min_length=1, max_length=MAX_STOP_CHARS)
+
+
+def _number(name: str) -> Schema:
+    minimum, maximum = SAMPLING_RANGES[name]
+    return Schema(type=OpenAPIType.NUMBER, minimum=minimum, maximum=maximum)
+
+
+DECODING: dict[str, Schema] = {
+    **{name: _number(name) for name in SAMPLING_RANGES},
+    "top_k": Schema(type=OpenAPIType.INTEGER, minimum=TOP_K_MIN, maximum=INT64_MAX),
+    "seed": Schema(type=OpenAPIType.INTEGER, minimum=INT64_MIN, maximum=INT64_MAX),
+    "stop": Schema(
+        one_of=[
+            STOP_STRING,
+            Schema(type=OpenAPIType.ARRAY, items=STOP_STRING, min_items=0, max_items=MAX_STOP),
+        ]
+    ),
+}
+"""The sampling parameters, `seed` and `stop`, in the order both requests list them."""
+
+# --- errors and answers ---------------------------------------------------------------------
+
+_ERROR = Schema(
     type=OpenAPIType.OBJECT,
-    required=["model", "messages"],
+    required=["error"],
     properties={
-        "model": _MODEL,
-        "messages": Schema(
-            type=OpenAPIType.ARRAY,
-            items=Schema(one_of=[_PLAIN_MESSAGE, _ASSISTANT_MESSAGE, _TOOL_MESSAGE]),
-            min_items=1,
-            max_items=MAX_MESSAGES,
-        ),
-        "stream": _BOOLEAN,
-        "max_tokens": _max_tokens(),
-        "max_completion_tokens": _max_tokens(),
-        **_DECODING,
-        "tools": _TOOLS,
-        "tool_choice": _TOOL_CHOICE,
-        "parallel_tool_calls": Schema(type=OpenAPIType.BOOLEAN, description="Only with `tools`."),
-        "response_format": _RESPONSE_FORMAT,
-        "logprobs": _BOOLEAN,
-        "top_logprobs": Schema(
-            type=OpenAPIType.INTEGER,
-            minimum=0,
-            maximum=MAX_TOP_LOGPROBS,
-            description="Only with `logprobs` true.",
-        ),
-        "reasoning_effort": _only(*get_args(ReasoningEffort)),
-        "chat_template_kwargs": Schema(
+        "error": Schema(
             type=OpenAPIType.OBJECT,
-            description="Extra variables for the model's chat template (vLLM's extension), "
-            f"at most {MAX_TEMPLATE_KWARGS_BYTES} bytes as JSON.",
-        ),
-        "audio": Schema(
-            type=OpenAPIType.OBJECT,
-            description="Accepted and ignored while `modalities` asks for no audio.",
-        ),
-        "user": _STRING,
+            required=["message", "type", "param", "code"],
+            properties={
+                "message": STRING,
+                "type": STRING,
+                "param": Schema(one_of=[STRING, NULL]),
+                "code": Schema(one_of=[STRING, NULL]),
+            },
+        )
     },
-    # The parameters that only mean something next to another one.
-    dependent_schemas={
-        "tool_choice": Schema(
-            any_of=[Schema(properties={"tool_choice": _only("none")}), _WITH_TOOLS]
-        ),
-        "parallel_tool_calls": _WITH_TOOLS,
-        "top_logprobs": Schema(required=["logprobs"], properties={"logprobs": Schema(const=True)}),
-    },
-    description="OpenAI's CreateChatCompletionRequest, the subset Orchard implements "
-    "(see README: where Orchard differs from OpenAI).",
 )
+
+
+def json_response(description: str, schema: Schema) -> OpenAPIResponse:
+    return OpenAPIResponse(
+        description=description, content={"application/json": MediaType(schema=schema)}
+    )
+
+
+def error(description: str) -> OpenAPIResponse:
+    return json_response(description, _ERROR)
 
 
 @dataclass
-class ChatCompletionsOperation(Operation):
-    """Operation for the chat endpoint, with its body and every status it answers."""
+class _EventStream(MediaType):
+    """A text/event-stream whose `data:` events (or an application/x-ndjson body whose lines)
+    are JSON objects of one schema: OpenAPI 3.2's `itemSchema`, written as an extension
+    because Litestar writes OpenAPI 3.1 (whose components.schemas Litestar also overwrites
+    with its own)."""
 
-    def __post_init__(self) -> None:
-        self.request_body = _json_body(_REQUEST)
-        self.responses = _generation_responses(
-            CHAT_COMPLETION, "chat.completion", CHAT_COMPLETION_CHUNK, "chat.completion.chunk"
-        )
+    item_schema: Schema | None = field(default=None, metadata={"alias": "x-itemSchema"})
+
+
+def json_body(schema: Schema) -> RequestBody:
+    return RequestBody(required=True, content={"application/json": MediaType(schema=schema)})
+
+
+def streamed_response(
+    description: str,
+    body: Schema,
+    stream: Schema,
+    item: Schema,
+    media_type: str = "text/event-stream",
+) -> OpenAPIResponse:
+    """A generating endpoint's 200: `body` as JSON, or with streaming a `media_type` whose
+    schema is `stream` and whose events (or lines) are each an `item`."""
+    return OpenAPIResponse(
+        description=description,
+        content={
+            "application/json": MediaType(schema=body),
+            media_type: _EventStream(schema=stream, item_schema=item),
+        },
+    )
+
+
+def _json_text(schema: Schema) -> Schema:
+    """A string holding JSON of `schema` (an event's data)."""
+    return Schema(
+        type=OpenAPIType.STRING, content_media_type="application/json", content_schema=schema
+    )
+
+
+def named_event(names: list[str], data: Schema) -> Schema:
+    """One server-sent event as OpenAPI 3.1 describes an event stream (the media type's schema
+    is each event's: its `event` and `data` fields), its `event:` line one of `names`, the JSON
+    in its data a `data`."""
+    return closed(
+        ["event", "data"],
+        event=Schema(
+            type=OpenAPIType.STRING, enum=names, description="The type of the data's object."
+        ),
+        data=_json_text(data),
+    )
+
+
+GENERATION_ERRORS: dict[str, str] = {
+    "400": "Invalid request (the error names the parameter).",
+    "401": "Missing or wrong API key.",
+    "403": "Origin not allowed.",
+    "404": "No runner serves the model.",
+    "413": "Body too large.",
+    "429": "Every runner is busy and the model's queue is full or timed out.",
+    "502": "The runner was lost.",
+    "503": "The model's runners are reconnecting, or the gateway is stopping.",
+    "504": "The runner sent nothing for the stream timeout.",
+}
+"""Every error status a generating endpoint answers, and why (in any API's error shape)."""
+
+
+def with_server_error(why: str) -> dict[str, str]:
+    """GENERATION_ERRORS and a 500 (`why`: what a dialect cannot write), in status order."""
+    reasons = {**GENERATION_ERRORS, "500": why}
+    return {status: reasons[status] for status in sorted(reasons)}
+
+
+_DONE = Schema(type=OpenAPIType.STRING, const="[DONE]")
+
+
+def _data_event(data: Schema) -> Schema:
+    """One server-sent event of an OpenAI stream as OpenAPI 3.1 describes an event stream (the
+    media type's schema is each event's: no `event:` line, so the name is "message", and its
+    `data`), the JSON in its data a `data`, or the final `[DONE]`."""
+    return closed(
+        ["event", "data"],
+        event=Schema(
+            type=OpenAPIType.STRING, const="message", description="No `event:` line is sent."
+        ),
+        data=Schema(
+            any_of=[
+                _DONE,
+                _json_text(data),
+            ]
+        ),
+    )
+
+
+def generation_responses(
+    body: Schema, body_name: str, event: Schema, event_name: str
+) -> dict[str, Any]:
+    """What an endpoint that generates answers: `body` (a `body_name`), or with stream=true
+    `event`s (each an `event_name`), and every error status the gateway sends."""
+    item = Schema(one_of=[event, _ERROR])
+    return {
+        "200": streamed_response(
+            f"A {body_name}, or with stream=true a text/event-stream of `data:` events "
+            f"(x-itemSchema: a {event_name}, or an error that ends the stream), the last of "
+            "them data: [DONE].",
+            body,
+            _data_event(item),
+            item,
+        ),
+        **{status: error(why) for status, why in GENERATION_ERRORS.items()},
+    }

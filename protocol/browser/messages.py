@@ -127,7 +127,7 @@ class PoolState:
     models: list[str]
     history: dict[str, Any] | None = None
     """The last minutes per runner and per model (tokens per second, TTFT p50 / p99), in
-    buckets: `gateway.history.PoolHistory.view`."""
+    buckets: `gateway.observability.history.PoolHistory.view`."""
 
 
 ClientMessage = Create | CancelRequest | Ping | PoolSubscribe | Auth

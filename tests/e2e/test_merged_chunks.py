@@ -1,7 +1,7 @@
-"""A client slower than its runner gets the chunks queued for it merged (gateway.stream:
-past `MAX_PENDING`, new ones join the last). Nothing of the last chunk may be lost in the
-merge: here a stop string's, which Anthropic's Messages show as `stop_sequence`, in every
-dialect, streamed and not.
+"""A client slower than its runner gets the chunks queued for it merged
+(gateway.streaming.request_stream: past `MAX_PENDING`, new ones join the last). Nothing of the last
+chunk may be lost in the merge: here a stop string's, which Anthropic's Messages show as
+`stop_sequence`, in every dialect, streamed and not.
 
 The runner is a `FakeRunner` that answers with one `Batch` frame of more chunks than the
 bound: the gateway pushes them all before the client's handler runs again, so the merge
@@ -22,7 +22,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from gateway.stream import MAX_PENDING
+from gateway.streaming.request_stream import MAX_PENDING
 from protocol.frames import Batch, Chunk, Generate, GenerationStats, Usage
 from tests.support import UNIT, FakeRunner, Gateway
 

@@ -1,5 +1,5 @@
 """The gateway's errors (gateway.errors) and the two places that read them: the error a client
-gets (gateway.http_errors) and the request's outcome label (gateway.metrics)."""
+gets (gateway.http_errors) and the request's outcome label (gateway.observability.metrics)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from gateway.errors import (
     StreamTimeout,
 )
 from gateway.http_errors import api_error_for, error_response
-from gateway.metrics import error_kind
-from gateway.stream import Failed
+from gateway.observability.metrics import error_kind
+from gateway.streaming.request_stream import Failed
 
 NOT_FOUND, UNAVAILABLE = "model_not_found", "model_unavailable"
 Told = tuple[int, str, str, str, str | None]

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from gateway.pool import ORCHARD_VERSION
+from gateway.pool.pool import ORCHARD_VERSION
 from protocol.closecodes import CloseCode
 from protocol.frames import Cancel, Chunk, Drain, Error, Generate, Usage
 from protocol.openai.objects import system_fingerprint

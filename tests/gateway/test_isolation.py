@@ -22,12 +22,12 @@ import pytest
 import pytest_asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
-from gateway.client_ws import ClientSocket
+from gateway.browser.routes import ClientSocket
 from gateway.config import GatewayConfig
-from gateway.pool import Pool
+from gateway.pool.pool import Pool
 from gateway.server import make_server
-from gateway.sse import SseTransport
-from gateway.stream import RequestStream
+from gateway.streaming.request_stream import RequestStream
+from gateway.streaming.sse import SseTransport
 from protocol.core.stream import CompletionStream
 from protocol.frames import Generate
 from tests.support import UNIT, Process, async_wait_until, free_port, sse_events

@@ -178,7 +178,7 @@ def test_tokens_never_in_logs(gateway: Gateway) -> None:
 
 def test_loopback_only_without_a_token(tokenless: Gateway) -> None:
     config = GatewayConfig()
-    from gateway.runner_link import _refusal
+    from gateway.pool.link import _refusal
 
     class Sock:
         headers: ClassVar[dict[str, str]] = {}

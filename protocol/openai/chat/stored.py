@@ -1,5 +1,5 @@
 """Stored chat completions (`store: true`) as OpenAI serves them: the objects, the query
-parameters and the pagination, decided here. No I/O; the gateway's store is gateway.stored.
+parameters and the pagination, decided here. No I/O; the gateway's store is gateway.stores.chat.
 
 What a stored completion keeps of its request is a `StoreRequest`, made by the request parser
 (protocol.openai.chat.request) for a request with `store: true`. The stored object

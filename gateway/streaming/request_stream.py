@@ -1,0 +1,210 @@
+"""One request's frames on their way from a runner link to its client's relay.
+
+While its client keeps up, each item goes straight to the relay (`sink`, gateway.streaming.relay);
+otherwise it queues here. The buffer is bounded: the runner link never waits for a client,
+so when a slow reader lets more than `MAX_PENDING` chunks pile up, new text is merged into
+the last pending chunk. The client then gets fewer, larger chunks; nothing is lost, and
+memory stays bounded by the request's own text (itself bounded by max_tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from gateway.errors import GatewayError
+from protocol.frames import Chunk, Echo, Error, Generate
+from protocol.prefix import PrefixChain
+
+if TYPE_CHECKING:
+    from gateway.observability.metrics import Meter
+    from gateway.pool.pool import RunnerConn
+
+log = logging.getLogger("gateway.stream")
+
+MAX_PENDING = 64
+"""Chunks buffered per request before new ones are merged into the last."""
+
+
+@attrs.frozen
+class Failed:
+    """Pushed to a stream that ends without a runner's answer (runner lost, timeout)."""
+
+    error: GatewayError
+
+
+StreamItem = Chunk | Error | Failed
+
+
+def merge(chunks: list[Chunk]) -> list[Chunk]:
+    """Consecutive chunks of one request as one per choice (joined once: no quadratic
+    copying): a request with n choices merges to at most n chunks, the one that ends the
+    request last."""
+    by_choice: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        by_choice.setdefault(chunk.index, []).append(chunk)
+    last = chunks[-1]
+    ends = last.index if last.finish_reason is not None else -1
+    return [_merge_run(by_choice[i]) for i in sorted(by_choice, key=lambda i: i == ends)]
+
+
+def _merge_run(chunks: list[Chunk]) -> Chunk:
+    if len(chunks) == 1:
+        return chunks[0]
+    # The last chunk's fields (seq, usage, finish, stats, matched_stop, ...), with what
+    # accumulates joined: a field added to Chunk later is carried without a change here.
+    return attrs.evolve(
+        chunks[-1],
+        text="".join(c.text for c in chunks),
+        reasoning="".join(c.reasoning for c in chunks),
+        tokens=sum(c.tokens for c in chunks),
+        tool_calls=tuple(delta for c in chunks for delta in c.tool_calls),
+        logprobs=tuple(entry for c in chunks for entry in c.logprobs),
+        echo=joined_echo(chunks),
+    )
+
+
+def joined_echo(chunks: list[Chunk]) -> Echo | None:
+    """The echo pieces of a run of chunks (a choice's first ones carry them), as one."""
+    pieces = [chunk.echo for chunk in chunks if chunk.echo is not None]
+    if len(pieces) <= 1:
+        return pieces[0] if pieces else None
+    return Echo("".join(p.text for p in pieces), tuple(t for p in pieces for t in p.tokens))
+
+
+class RequestStream:
+    """A request in flight: where it runs, and its frames not yet consumed."""
+
+    __slots__ = (
+        "_items",
+        "_overflow",
+        "_waiter",
+        "attempts",
+        "cancelled",
+        "done",
+        "generate",
+        "merged",
+        "meter",
+        "prefix",
+        "runner",
+        "sink",
+    )
+
+    def __init__(
+        self, generate: Generate, meter: Meter | None = None, prefix: PrefixChain | None = None
+    ) -> None:
+        self.generate = generate
+        self.meter = meter
+        self.prefix = prefix if prefix is not None else PrefixChain((), ())
+        """Its prefix hashes and the prompt characters each covers (`gateway.pool.affinity`)."""
+        """Counts the request in the gateway's metrics (gateway.observability.metrics)."""
+        self.runner: RunnerConn | None = None
+        self.attempts = 0
+        """Runners this request has been given to (failover retries once)."""
+        self.cancelled = False
+        """The client asked to stop it (or went away)."""
+        self.done = False
+        """True once the terminal item has been pushed."""
+        self.merged = 0
+        """Chunks merged because the reader fell behind."""
+        self._items: collections.deque[StreamItem] = collections.deque()
+        self._overflow: list[StreamItem] = []
+        """What came after MAX_PENDING items; merged into one chunk when the reader gets there."""
+        self._waiter: asyncio.Future[None] | None = None
+        self.sink: Callable[[StreamItem], bool] | None = None
+        """Takes items as they arrive, while nothing is queued (see gateway.streaming.relay);
+        returns False to have an item queued instead (its client is not reading)."""
+
+    @property
+    def request_id(self) -> str:
+        return self.generate.request_id
+
+    def model_loading(self) -> bool:
+        """Its runner is loading its model (downloading it, perhaps): silence is expected
+        until it is loaded, and does not count toward the stream timeout (the runner's
+        heartbeats say it is alive)."""
+        runner = self.runner
+        return runner is not None and runner.loading(self.generate.model)
+
+    def push(self, item: StreamItem) -> None:
+        """Called by the runner link: never raises, whatever the client side does."""
+        meter = self.meter
+        if type(item) is Chunk:
+            self.done = item.finish_reason is not None
+            if meter is not None:
+                meter.chunk(item, self.cancelled)
+        else:
+            self.done = True
+            if meter is not None and not isinstance(item, Chunk):
+                meter.fail(item.error if isinstance(item, Failed) else item, self.cancelled)
+        sink = self.sink
+        if sink is not None and not self._items and not self._overflow:
+            try:
+                if sink(item):
+                    return
+            except Exception:
+                # Relays guard themselves; this is the last line between a client and the
+                # runner link that called us. The item stays queued for nobody.
+                log.exception("the client of request %s failed; detached", self.request_id)
+                self.sink = None
+        if self._overflow or (len(self._items) >= MAX_PENDING and isinstance(item, Chunk)):
+            self._overflow.append(item)
+            self.merged += 1
+        else:
+            self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _refill(self) -> None:
+        """The reader caught up: what overflowed comes back as one merged chunk."""
+        chunks: list[Chunk] = []
+        rest: list[StreamItem] = []
+        for item in self._overflow:
+            if isinstance(item, Chunk) and not rest:
+                chunks.append(item)
+            else:
+                rest.append(item)
+        self._overflow = []
+        if chunks:
+            self._items.extend(merge(chunks))
+        self._items.extend(rest)
+
+    async def get(self) -> StreamItem:
+        if not self._items and self._overflow:
+            self._refill()
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def get_nowait(self) -> StreamItem | None:
+        """The next item if one is ready (lets writers coalesce a burst into one write)."""
+        if not self._items and self._overflow:
+            self._refill()
+        return self._items.popleft() if self._items else None
+
+    def pending(self) -> int:
+        return len(self._items) + len(self._overflow)
+
+
+async def next_item(stream: RequestStream, seconds: float) -> StreamItem | None:
+    """The stream's next item, or None after `seconds` of silence."""
+    item = stream.get_nowait()
+    if item is not None:
+        return item
+    try:
+        async with asyncio.timeout(seconds):
+            return await stream.get()
+    except TimeoutError:
+        # An item pushed as the wait ran out is queued, not lost: it ends the silence (else a
+        # check made now, such as "is its model still loading?", would see a later state).
+        return stream.get_nowait()
