@@ -15,8 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from gateway.config import GatewayConfig
-from gateway.tls import certificate_fingerprint, served_chain
-from orchard import cli
+from orchard import cli, gateway_start, serve
 from tests.fakehub import FakeHub
 from tests.support import UNIT
 
@@ -29,8 +28,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[GatewayConfig]:
     async def run_gateway(config: GatewayConfig, *_: Any, **__: Any) -> None:
         configs.append(config)
 
-    monkeypatch.setattr(cli, "_run_gateway", run_gateway)
-    monkeypatch.setattr(cli, "_serve", run_gateway)
+    monkeypatch.setattr(gateway_start, "run_gateway", run_gateway)
+    monkeypatch.setattr(serve, "supervise", run_gateway)
     monkeypatch.delenv("ORCHARD_RUNNER_TOKEN", raising=False)
     monkeypatch.delenv("ORCHARD_API_KEYS", raising=False)
     return configs
@@ -50,7 +49,7 @@ def test_the_gateway_is_announced_by_name_unless_told_not_to(
     async def run_gateway(config: GatewayConfig, log_level: str, **options: Any) -> None:
         announced.append(options)
 
-    monkeypatch.setattr(cli, "_run_gateway", run_gateway)
+    monkeypatch.setattr(gateway_start, "run_gateway", run_gateway)
     monkeypatch.setenv("ORCHARD_RUNNER_TOKEN", "t")
     for args in ([], ["--name", "studio"], ["--no-advertise"]):
         result = CliRunner().invoke(cli.main, ["gateway", *args])
@@ -60,39 +59,6 @@ def test_the_gateway_is_announced_by_name_unless_told_not_to(
         {"name": "studio", "advertise": True, "tls": None},
         {"name": socket.gethostname(), "advertise": False, "tls": None},
     ]
-
-
-def test_tls_is_on_off_loopback_with_a_kept_certificate(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    served: list[tuple[GatewayConfig, Any]] = []
-
-    async def run_gateway(config: GatewayConfig, log_level: str, **options: Any) -> None:
-        served.append((config, options["tls"]))
-
-    monkeypatch.setattr(cli, "_run_gateway", run_gateway)
-    monkeypatch.setenv("ORCHARD_RUNNER_TOKEN", "t")
-    monkeypatch.setenv("ORCHARD_TLS_DIR", str(tmp_path))
-    for args in (
-        [],
-        ["--host", "0.0.0.0"],
-        ["--host", "0.0.0.0", "--no-tls"],
-        ["--tls"],
-    ):
-        result = CliRunner().invoke(cli.main, ["gateway", *args])
-        assert result.exit_code == 0, result.output
-    plain, lan, opted_out, loopback_tls = served
-    assert (plain[1], opted_out[1]) == (None, None)
-    assert plain[0].tls_fingerprint is None
-    cert, key = tmp_path / "gateway.pem", tmp_path / "gateway.key"
-    assert lan[1] == loopback_tls[1] == (cert, key)  # the same files, kept or issued again
-    # Each start serves the authority's fingerprint and the chain issued for its addresses.
-    assert lan[0].tls_fingerprint == loopback_tls[0].tls_fingerprint
-    assert lan[0].tls_fingerprint == certificate_fingerprint(tmp_path / "ca.pem")
-    assert loopback_tls[0].tls_chain == served_chain(cert)
-    result = CliRunner().invoke(cli.main, ["gateway", "--tls-cert", str(cert)])
-    assert result.exit_code == 2
-    assert "--tls-cert and --tls-key go together" in result.output
 
 
 def test_every_gateway_flag_sets_its_config_field(started: list[GatewayConfig]) -> None:
