@@ -42,7 +42,7 @@ import httpx
 import orjson
 
 from bench.concurrency import mlx_lm_server
-from bench.harness import _stop, _wait, free_port
+from bench.harness import free_port, stop_process, wait_until
 from runner.demo_model import DEMO_LONG_MODEL_ID, resolve_model
 
 MODEL = DEMO_LONG_MODEL_ID
@@ -166,7 +166,7 @@ class Pool:
             ],
             None,
         )
-        _wait(lambda: httpx.get(f"{self.base}/health", timeout=1).status_code == 200, 30)
+        wait_until(lambda: httpx.get(f"{self.base}/health", timeout=1).status_code == 200, 30)
         for i in range(runners):
             self.start(f"agent-{i}")
         self.wait_for(runners)
@@ -203,10 +203,10 @@ class Pool:
         proc = self.procs.pop(name)
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-        _wait(lambda: name not in self.served(), 30)
+        wait_until(lambda: name not in self.served(), 30)
 
     def wait_for(self, count: int) -> None:
-        _wait(lambda: len(httpx.get(f"{self.base}/v1/runners").json()["data"]) == count, 180)
+        wait_until(lambda: len(httpx.get(f"{self.base}/v1/runners").json()["data"]) == count, 180)
 
     def served(self) -> dict[str, int]:
         data = httpx.get(f"{self.base}/v1/runners", timeout=5).json()["data"]
@@ -226,7 +226,7 @@ class Pool:
 
     def close(self) -> None:
         for proc in [*self.procs.values(), self.gateway]:
-            _stop(proc, 30)
+            stop_process(proc, 30)
 
 
 @contextlib.contextmanager

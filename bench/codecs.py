@@ -84,9 +84,9 @@ def msgpack_decode_runner_frame(data: bytes) -> RunnerFrame:
         raise FrameError("a frame needs a string 'type' field")
     if tag not in codec._TAGS_BY_UNION[id(RunnerFrame)]:
         raise FrameError(f"unknown frame type {tag!r}")
-    if tag == "chunk" and (chunk := codec._fast_chunk(obj)) is not None:
+    if tag == "chunk" and (chunk := codec.fast_chunk(obj)) is not None:
         return chunk
-    if tag == "batch" and (batch := codec._fast_batch(obj)) is not None:
+    if tag == "batch" and (batch := codec.fast_batch(obj)) is not None:
         return batch
     try:
         frame: RunnerFrame = converter.structure(obj, RunnerFrame)  # type: ignore[arg-type]
@@ -141,15 +141,15 @@ def bench_frame(frame: Chunk | Batch, runs: int) -> tuple[int, dict[str, list[fl
     assert msgpack.unpackb(mp) == orjson.loads(js)
     # Both decoders took the fast path (the converter would also give `frame`, slower).
     if isinstance(frame, Chunk):
-        assert codec._fast_chunk(orjson.loads(js)) == frame
+        assert codec.fast_chunk(orjson.loads(js)) == frame
     else:
-        assert codec._fast_batch(orjson.loads(js)) == frame
+        assert codec.fast_batch(orjson.loads(js)) == frame
     parsed = orjson.loads(js)
     packer = msgpack.Packer()  # packb builds one per call; a runner could keep one
     build: Callable[[], object] = (
-        (lambda: codec._fast_chunk(parsed))
+        (lambda: codec.fast_chunk(parsed))
         if isinstance(frame, Chunk)
-        else (lambda: codec._fast_batch(parsed))
+        else (lambda: codec.fast_batch(parsed))
     )
     ops: dict[str, Callable[[], object]] = {
         "unstructure": lambda: converter.unstructure(frame, Frame),

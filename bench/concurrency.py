@@ -2,7 +2,7 @@
 
 Backends, each kept up for the whole scenario and measured in alternation, run by run:
 
-- `engine rr` / `engine batched`: `MlxEngine` (round robin) and `BatchedMlxEngine` driven
+- `engine rr` / `engine batched`: `MlxEngine` (round robin) and `batched_engine` driven
   in this process (no relay: what the engine alone can do);
 - `orchard rr` / `orchard batched` (`orchard runner --engine mlx` / `mlx-batched`): a
   gateway and one runner process, streamed over SSE;
@@ -97,7 +97,7 @@ class EngineClient:
         self.engine.close()
 
 
-def _http(base: str, model: str) -> OneStream:
+def http_stream(base: str, model: str) -> OneStream:
     local = threading.local()
 
     def one(prompt: str, max_tokens: int) -> Result:
@@ -155,7 +155,7 @@ def mlx_lm_server(model_dir: str, max_streams: int) -> Iterator[str]:
             proc.kill()
 
 
-def _round(one: OneStream, streams: int, tokens: int, tag: str) -> tuple[float, list[Result]]:
+def run_round(one: OneStream, streams: int, tokens: int, tag: str) -> tuple[float, list[Result]]:
     """`streams` concurrent streams; (aggregate tok/s, per-stream results)."""
     results: list[Result | None] = [None] * streams
     errors: list[BaseException] = []
@@ -201,7 +201,7 @@ def _late_join(one: OneStream, tokens: int, tag: str) -> float:
     return ttft
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
@@ -210,7 +210,7 @@ PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "concurrency.sv
 
 
 def main(runs: int, tokens: int) -> None:
-    from runner.engine.batched import BatchedMlxEngine
+    from runner.engine.batched import batched_engine
     from runner.engine.mlx_engine import MlxEngine
 
     model_dir = resolve_model(MODEL)
@@ -220,19 +220,19 @@ def main(runs: int, tokens: int) -> None:
         rr = EngineClient(MlxEngine(MODEL, max_streams, prefix_cache_size=0))
         stack_.callback(rr.close)
         backends["engine rr"] = rr.run
-        batched = EngineClient(BatchedMlxEngine(MODEL, max_streams, prefix_cache_size=0))
+        batched = EngineClient(batched_engine(MODEL, max_streams, prefix_cache_size=0))
         stack_.callback(batched.close)
         backends["engine batched"] = batched.run
         for name, engine in (("orchard rr", "mlx"), ("orchard batched", "mlx-batched")):
             runner = ["--model", MODEL, "--max-concurrent", str(max_streams), "--engine", engine]
             base, _, _ = stack_.enter_context(stack([runner]))
-            backends[name] = _http(base, MODEL)
+            backends[name] = http_stream(base, MODEL)
         server = stack_.enter_context(mlx_lm_server(model_dir, max_streams))
         # mlx_lm.server names the model by the path it was given.
-        backends["mlx_lm.server"] = _http(server, model_dir)
+        backends["mlx_lm.server"] = http_stream(server, model_dir)
 
         for name, one in backends.items():  # warm-up: allocator, compilation, connections
-            _round(one, 2, 8, f"warm {name}")
+            run_round(one, 2, 8, f"warm {name}")
 
         figures: dict[tuple[str, int], list[tuple[float, list[Result]]]] = {}
         late: dict[str, list[float]] = {name: [] for name in backends}
@@ -240,7 +240,7 @@ def main(runs: int, tokens: int) -> None:
             for streams in STREAMS:
                 for name, one in backends.items():
                     figures.setdefault((name, streams), []).append(
-                        _round(one, streams, tokens, f"run {run} {name}")
+                        run_round(one, streams, tokens, f"run {run} {name}")
                     )
             for name, one in backends.items():
                 late[name].append(_late_join(one, tokens, f"run {run} {name}"))
@@ -257,8 +257,8 @@ def main(runs: int, tokens: int) -> None:
                     name,
                     statistics.median(agg for agg, _ in rounds),
                     statistics.median(r[1] for r in results),
-                    _percentile(ttfts, 0.5),
-                    _percentile(ttfts, 0.99),
+                    percentile(ttfts, 0.5),
+                    percentile(ttfts, 0.99),
                 ]
             )
     print(

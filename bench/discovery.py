@@ -17,7 +17,16 @@ import time
 
 import httpx
 
-from bench.harness import _spawn, _stop, _wait, env_note, free_port, median, sse_run, table
+from bench.harness import (
+    env_note,
+    free_port,
+    median,
+    spawn_process,
+    sse_run,
+    stop_process,
+    table,
+    wait_until,
+)
 
 TOKEN = "bench-discovery-token"
 MODEL = "orchard-demo"
@@ -26,12 +35,12 @@ MODEL = "orchard-demo"
 def _once(base: str, name: str, gateway: list[str]) -> tuple[float, float]:
     """Seconds from spawning a runner to it being listed, and to its first served token."""
     started = time.perf_counter()
-    runner = _spawn(
+    runner = spawn_process(
         ["runner", "--name", name, "--model", MODEL, "--log-level", "warning", *gateway]
     )
     try:
         with httpx.Client(timeout=30, verify=False) as client:  # timing, not trust
-            _wait(
+            wait_until(
                 lambda: any(
                     r["name"] == name for r in client.get(f"{base}/v1/runners").json()["data"]
                 ),
@@ -42,26 +51,26 @@ def _once(base: str, name: str, gateway: list[str]) -> tuple[float, float]:
             ttft, _, _ = sse_run(client, base, {**body, "max_tokens": 2})
             return listed, listed + ttft
     finally:
-        _stop(runner)
+        stop_process(runner)
 
 
 def main(runs: int, tokens: int) -> None:
     os.environ["ORCHARD_RUNNER_TOKEN"] = TOKEN  # inherited by the gateway and the runners
     os.environ["ORCHARD_TLS_DIR"] = tempfile.mkdtemp(prefix="bench-tls-")
     port = free_port()
-    gateway = _spawn(
+    gateway = spawn_process(
         ["gateway", "--host", "0.0.0.0", "--port", str(port), "--name", "bench-discovery"]
     )
     base = f"https://127.0.0.1:{port}"  # off loopback the gateway serves TLS
     rows: dict[str, list[tuple[float, float]]] = {"--gateway URL": [], "mDNS (no --gateway)": []}
     try:
-        _wait(lambda: httpx.get(f"{base}/health", timeout=1, verify=False).is_success, 30)
+        wait_until(lambda: httpx.get(f"{base}/health", timeout=1, verify=False).is_success, 30)
         for run in range(runs):
             for path in list(rows) if run % 2 == 0 else list(rows)[::-1]:
                 args = ["--gateway", base] if path.startswith("--gateway") else []
                 rows[path].append(_once(base, f"bench-{run}-{len(args)}", args))
     finally:
-        _stop(gateway)
+        stop_process(gateway)
     print(
         table(
             f"runner start to first served token, {MODEL}, median of {runs} runs ({env_note()})",

@@ -36,9 +36,9 @@ from bench import (
     engine_decode,
     engine_steps,
 )
-from bench.concurrency import _http, _round
+from bench.concurrency import http_stream, run_round
 from bench.engine_burst import BURST, BURST_TOKENS
-from bench.engine_common import InProcessModel, _env, _runner_args, _say
+from bench.engine_common import InProcessModel, batched_runner_args, engine_env, say
 from bench.harness import stack
 
 PARTS = ("decode", "steps", "budget", "burst", "arrivals", "cold")
@@ -76,19 +76,19 @@ def main(runs: int, tokens: int) -> None:
         if "steps" in parts:
             engine_steps.steps(runs, tokens, model, m)
     if "budget" in parts:
-        engine_budget.budget(runs, model, _env())
+        engine_budget.budget(runs, model, engine_env())
     if "burst" in parts or "arrivals" in parts:
-        with stack([_runner_args(model, BURST)]) as (base, _, _):
-            _round(_http(base, model), 2, 8, "warm")
+        with stack([batched_runner_args(model, BURST)]) as (base, _, _):
+            run_round(http_stream(base, model), 2, 8, "warm")
             if "burst" in parts:
-                _round(_http(base, model), BURST, BURST_TOKENS, "warm burst")
+                run_round(http_stream(base, model), BURST, BURST_TOKENS, "warm burst")
                 engine_burst.burst(base, model, runs)
             if "arrivals" in parts:
                 engine_arrivals.arrivals(base, model, runs)
     if "cold" in parts:
         engine_cold.cold(runs, model)
     print(f"\n{_command(runs, tokens)}")
-    _say(f"done in {time.perf_counter() - started:.0f} s")
+    say(f"done in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.concurrency import _http, _percentile
-from bench.engine_common import _chat, _env, _text
+from bench.concurrency import http_stream, percentile
+from bench.engine_common import chat_body, engine_env, prompt_text
 from bench.harness import table
 
 DECODING = 4
@@ -54,7 +54,7 @@ def _arrival(base: str, model: str, tag: str) -> tuple[list[float], list[float],
             args=(
                 base,
                 # 1536 tokens outlast the window; the stream is closed after it.
-                _chat(model, _text(f"{tag} decode", i), 1536),
+                chat_body(model, prompt_text(f"{tag} decode", i), 1536),
                 times[i],
                 stop,
             ),
@@ -71,12 +71,12 @@ def _arrival(base: str, model: str, tag: str) -> tuple[list[float], list[float],
     time.sleep(WINDOW_S)  # a second of steady decoding to compare against
     arrived: list[float] = []
     barrier = threading.Barrier(ARRIVING, action=lambda: arrived.append(time.perf_counter()))
-    one = _http(base, model)
+    one = http_stream(base, model)
     ttfts: list[float] = []
 
     def arrive(i: int) -> None:
         barrier.wait()
-        ttfts.append(one(_text(f"{tag} arrival", i), ARRIVAL_TOKENS)[0] * 1000)
+        ttfts.append(one(prompt_text(f"{tag} arrival", i), ARRIVAL_TOKENS)[0] * 1000)
 
     arrivals = [threading.Thread(target=arrive, args=(i,)) for i in range(ARRIVING)]
     for thread in arrivals:
@@ -107,12 +107,12 @@ def arrivals(base: str, model: str, runs: int) -> None:
         after += a
         before += b
         ttfts += t
-    p50, p99 = _percentile(after, 0.5), _percentile(after, 0.99)
+    p50, p99 = percentile(after, 0.5), percentile(after, 0.99)
     print(
         table(
             f"arrivals: {ARRIVING} requests ({ARRIVAL_TOKENS} tokens) arrive at once while "
             f"{DECODING} streams decode; the decoding streams' SSE chunk gaps, {runs} runs "
-            f"pooled, one mlx-batched runner, {model} ({_env()})",
+            f"pooled, one mlx-batched runner, {model} ({engine_env()})",
             [
                 "gap p50 before ms",
                 f"gap p50 ms ({WINDOW_S:g} s after)",
@@ -124,13 +124,13 @@ def arrivals(base: str, model: str, runs: int) -> None:
             ],
             [
                 [
-                    _percentile(before, 0.5),
+                    percentile(before, 0.5),
                     p50,
                     p99,
                     max(after),
                     p99 / p50,
                     len(after),
-                    _percentile(ttfts, 0.5),
+                    percentile(ttfts, 0.5),
                 ]
             ],
         )

@@ -1,7 +1,7 @@
 """Part "budget" of scenario "engine": the batched engine's prefill budget, in this process.
 
-The same `BatchedMlxEngine` on its own thread, with the prefill budget (`prefill_share`, the
-default) and without it (None), alternating per repetition:
+The same batched engine (`batched_engine`) on its own thread, with the prefill budget
+(`prefill_share`, the default) and without it (None), alternating per repetition:
 
 - arrivals: 4 streams decode, then 16 requests arrive at once; the decoding streams' gaps
   between tokens in the second after the arrival (p50, p99, max) and the arrivals' TTFT;
@@ -23,7 +23,7 @@ from typing import Any
 from bench.harness import median, table
 from protocol.frames import Generate, Message, SamplingParams
 from runner.engine.base import EngineEvent, Failure, Output
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import batched_engine
 
 DECODING = 4
 ARRIVING = 16
@@ -40,7 +40,7 @@ class _Timed:
         self.times: dict[str, list[float]] = {}
         self.ended: set[str] = set()
         self._lock = threading.Lock()
-        self.engine = BatchedMlxEngine(model, BURST, prefill_share=share)
+        self.engine = batched_engine(model, BURST, prefill_share=share)
         self.engine.start(self._on_event)
         self._model = model
         self._ids = itertools.count()
@@ -174,7 +174,7 @@ def budget(runs: int, model: str, env: str) -> None:
         )
     print(
         table(
-            f"prefill budget, in-process BatchedMlxEngine (32 slots), {model}: {DECODING} "
+            f"prefill budget, in-process batched engine (32 slots), {model}: {DECODING} "
             f"streams decode while {ARRIVING} requests arrive (gaps in the {WINDOW_S:.0f} s "
             f"after), and bursts of {BURST}; {runs} runs pooled ({env})",
             [

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from bench.concurrency import _http, _percentile, _round
-from bench.engine_common import _env
+from bench.concurrency import http_stream, percentile, run_round
+from bench.engine_common import engine_env
 from bench.harness import median, table
 
 BURST = 32
@@ -15,19 +15,20 @@ BURST_TOKENS = 16
 
 
 def burst(base: str, model: str, runs: int) -> None:
-    one = _http(base, model)
+    one = http_stream(base, model)
     ttfts: list[float] = []
     walls: list[float] = []
     for rep in range(runs):
         start = time.perf_counter()
-        _, results = _round(one, BURST, BURST_TOKENS, f"burst {rep}")
+        _, results = run_round(one, BURST, BURST_TOKENS, f"burst {rep}")
         walls.append(time.perf_counter() - start)
         ttfts += [r[0] * 1000 for r in results]
     print(
         table(
             f"burst: {BURST} requests at once ({BURST_TOKENS} tokens each) → gateway → one "
-            f"mlx-batched runner (--max-concurrent {BURST}), {model}, {runs} bursts ({_env()})",
+            f"mlx-batched runner (--max-concurrent {BURST}), {model}, {runs} bursts "
+            f"({engine_env()})",
             ["TTFT p50 ms", "TTFT p99 ms", "TTFT max ms", "burst wall s (median)"],
-            [[_percentile(ttfts, 0.5), _percentile(ttfts, 0.99), max(ttfts), median(walls)]],
+            [[percentile(ttfts, 0.5), percentile(ttfts, 0.99), max(ttfts), median(walls)]],
         )
     )

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 
 from bench.engine_burst import BURST_TOKENS
-from bench.engine_common import _chat, _env, _runner_args, _text
-from bench.harness import _spawn, _stop, _wait, median, sse_run, stack, table
+from bench.engine_common import batched_runner_args, chat_body, engine_env, prompt_text
+from bench.harness import median, spawn_process, sse_run, stack, stop_process, table, wait_until
 
 COLD_LATER = 5
 
@@ -21,16 +21,18 @@ def cold(runs: int, model: str) -> None:
         for rep in range(-1, runs):
             name = f"bench-cold-{rep}"
             args = ["--gateway", base, "--name", name, "--log-level", "warning"]
-            runner = _spawn(["runner", *args, *_runner_args(model, 8)])
+            runner = spawn_process(["runner", *args, *batched_runner_args(model, 8)])
             try:
-                _wait(lambda name=name: _listed(client, base) == [name], 120)
+                wait_until(lambda name=name: _listed(client, base) == [name], 120)
                 ttfts = [
-                    sse_run(client, base, _chat(model, _text(f"cold {rep}", i), BURST_TOKENS))[0]
+                    sse_run(
+                        client, base, chat_body(model, prompt_text(f"cold {rep}", i), BURST_TOKENS)
+                    )[0]
                     * 1000
                     for i in range(1 + COLD_LATER)
                 ]
             finally:
-                _stop(runner)
+                stop_process(runner)
             later = median(ttfts[1:])
             if rep >= 0:
                 rows.append([ttfts[0], later, ttfts[0] / later])
@@ -38,7 +40,7 @@ def cold(runs: int, model: str) -> None:
         table(
             f"cold start: a fresh mlx-batched runner on a warm gateway, the first request once "
             f"/v1/runners lists it, then {COLD_LATER} more; {model}, median of {runs} runs "
-            f"({_env()})",
+            f"({engine_env()})",
             ["first TTFT ms", "later TTFT ms (median)", "first ÷ later (target ≤ 1.5)", "worst"],
             [[*(median([r[i] for r in rows]) for i in range(3)), max(r[2] for r in rows)]],
         )

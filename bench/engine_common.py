@@ -15,17 +15,17 @@ from bench.harness import env_note
 from runner.demo_model import resolve_model
 
 Round = tuple[float, list[Result]]
-"""(aggregate tok/s, one `Result` per stream), as `bench.concurrency._round`."""
+"""(aggregate tok/s, one `Result` per stream), as `bench.concurrency.run_round`."""
 RoundFn = Callable[[str, int, int], Round]
 """Runs one round: (tag for fresh prompts, streams, max_tokens per stream)."""
 
 
-def _text(tag: str, i: int) -> str:
-    # The prompt bench.concurrency._round sends, so every path sees prompts of one length.
+def prompt_text(tag: str, i: int) -> str:
+    # The prompt bench.concurrency.run_round sends, so every path sees prompts of one length.
     return f"{tag} stream {i}: tell me a long story about an old orchard."
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"[bench engine {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
@@ -50,7 +50,7 @@ class InProcessModel:
 
         assert streams == 1, "stream_generate serves one stream"
         start = time.perf_counter()
-        prompt = self.prompt(_text(tag, 0))
+        prompt = self.prompt(prompt_text(tag, 0))
         first = last = 0.0
         n = 0
         for response in stream_generate(
@@ -63,11 +63,11 @@ class InProcessModel:
         return n / (last - start), [(first - start, rate, n)]
 
 
-def _runner_args(model: str, slots: int) -> list[str]:
+def batched_runner_args(model: str, slots: int) -> list[str]:
     return ["--model", model, "--max-concurrent", str(slots), "--engine", "mlx-batched"]
 
 
-def _chat(model: str, text: str, tokens: int) -> dict[str, Any]:
+def chat_body(model: str, text: str, tokens: int) -> dict[str, Any]:
     return {
         "model": model,
         "messages": [{"role": "user", "content": text}],
@@ -76,7 +76,7 @@ def _chat(model: str, text: str, tokens: int) -> dict[str, Any]:
     }
 
 
-def _env() -> str:
+def engine_env() -> str:
     import mlx.core as mx
 
     return f"MLX {version('mlx')} on {mx.default_device()}, {env_note()}"

@@ -23,16 +23,16 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from bench.concurrency import Result, _http, _percentile, _round
+from bench.concurrency import Result, http_stream, percentile, run_round
 from bench.engine_common import (
     InProcessModel,
     Round,
     RoundFn,
-    _env,
-    _say,
-    _text,
+    engine_env,
+    prompt_text,
+    say,
 )
 from bench.harness import median, stack, table
 from protocol.frames import Generate, Message, SamplingParams
@@ -105,7 +105,7 @@ _ids = itertools.count(1)
 
 def _submits(model: str, tag: str, streams: int, tokens: int) -> tuple[list[Generate], Tracker]:
     requests = [
-        _generate(model, f"bench-{next(_ids)}", _text(tag, i), tokens) for i in range(streams)
+        _generate(model, f"bench-{next(_ids)}", prompt_text(tag, i), tokens) for i in range(streams)
     ]
     return requests, Tracker([g.request_id for g in requests], time.perf_counter())
 
@@ -204,10 +204,10 @@ class OwnThreadEngine:
 
 
 def _e2e(base: str, model: str) -> RoundFn:
-    one = _http(base, model)
+    one = http_stream(base, model)
 
     def run(tag: str, streams: int, tokens: int) -> Round:
-        return _round(one, streams, tokens, tag)
+        return run_round(one, streams, tokens, tag)
 
     return run
 
@@ -219,18 +219,21 @@ RATIO_NOTE = "1 stream: after the first token; N: aggregate from submit; (÷ str
 def _paths(
     stack_: contextlib.ExitStack, model: str, streams: Sequence[int], sg: RoundFn
 ) -> dict[str, RoundFn]:
-    from runner.engine.batched import BatchedMlxEngine
+    from runner.engine.batched import batched_engine
 
     slots = max(streams)
-    classes: dict[str, type[MlxEngine]] = {"mlx-batched": BatchedMlxEngine, "mlx": MlxEngine}
+    makers: dict[str, Callable[[str, int], MlxEngine]] = {
+        "mlx-batched": batched_engine,
+        "mlx": MlxEngine,
+    }
     paths: dict[str, RoundFn] = {SG: sg}
     sink = LoopSink()
     stack_.callback(sink.close)
     for engine in ENGINES:
         paths[f"{engine} stepped (bench thread)"] = SteppedEngine(
-            classes[engine](model, slots)
+            makers[engine](model, slots)
         ).round
-        threaded = classes[engine](model, slots)
+        threaded = makers[engine](model, slots)
         stack_.callback(threaded.close)
         paths[f"{engine} threaded (loop sink)"] = OwnThreadEngine(threaded, sink).round
         args = ["--model", model, "--max-concurrent", str(slots), "--engine", engine]
@@ -259,7 +262,7 @@ def decode(runs: int, tokens: int, model: str, streams: Sequence[int], m: InProc
                     length = _length(name, width, tokens)
                     result = paths[name](f"run {rep} {name} x{n}", width, length)
                     figures[(name, width)].append((rep, result))
-                    _say(
+                    say(
                         f"run {rep}: {name} x{width}, {length} tokens: "
                         f"{time.perf_counter() - started:.1f} s"
                     )
@@ -304,8 +307,8 @@ def _decode_tables(
                     median(speeds),
                     median(ratios),
                     median([r[1] for r in results]),
-                    _percentile(ttfts, 0.5),
-                    _percentile(ttfts, 0.99),
+                    percentile(ttfts, 0.5),
+                    percentile(ttfts, 0.99),
                     _length(name, n, tokens),
                     len(got),
                 ]
@@ -320,7 +323,7 @@ def _decode_tables(
     print(
         table(
             f"decode tok/s ({RATIO_NOTE}), {model}, {tokens} greedy tokens per stream, "
-            f"median of {runs} runs{note} ({_env()})",
+            f"median of {runs} runs{note} ({engine_env()})",
             ["path", *(f"{n} stream{'s' if n > 1 else ''}" for n in streams)],
             [[name, *(cells.get((name, n), "-") for n in streams)] for name in names],
         )

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.engine_common import InProcessModel, _env, _text
+from bench.engine_common import InProcessModel, engine_env, prompt_text
 from bench.harness import median, table
 
 
@@ -37,7 +37,7 @@ def _hand_loop(
     stamps: list[float] = []
     with mx.stream(generation_stream):
         cache = _cache(model, rows, batch_cache)
-        prompts = mx.array([m.prompt(_text(tag, 0))] * rows)
+        prompts = mx.array([m.prompt(prompt_text(tag, 0))] * rows)
         model(prompts[:, :-1], cache=cache)
         mx.eval([c.state for c in cache])
 
@@ -92,7 +92,7 @@ def _primitives(m: InProcessModel, rows: int, batch_cache: bool) -> collections.
     model = m.model
     with mx.stream(generation_stream), tempfile.TemporaryDirectory() as tmp:
         cache = _cache(model, rows, batch_cache)
-        model(mx.array([m.prompt(_text("graph", 0))] * rows), cache=cache)
+        model(mx.array([m.prompt(prompt_text("graph", 0))] * rows), cache=cache)
         mx.eval([c.state for c in cache])
         logits = model(mx.array([[5]] * rows), cache=cache)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -124,7 +124,7 @@ def steps(runs: int, tokens: int, model: str, m: InProcessModel) -> None:
     print(
         table(
             f"decode step by hand, pipelined as generate_step, {model}, {tokens} steps, "
-            f"median of {runs} runs of the mean per step ({_env()})",
+            f"median of {runs} runs of the mean per step ({engine_env()})",
             [
                 "cache",
                 "rows",

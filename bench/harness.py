@@ -25,7 +25,7 @@ def free_port() -> int:
         return port
 
 
-def _spawn(args: Sequence[str], cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+def spawn_process(args: Sequence[str], cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
     log = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the process
     return subprocess.Popen(
         [*_taskset(cpus), sys.executable, "-m", "orchard", *args],
@@ -72,7 +72,7 @@ class InProcess:
         self.proc.wait(10)
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
     """SIGTERM, then SIGKILL if it is still there after `timeout` seconds."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -93,15 +93,15 @@ def stack(
     """A gateway process plus one runner process per entry of `runner_args`."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    gateway = _spawn(
+    gateway = spawn_process(
         ["gateway", "--port", str(port), "--log-level", "warning", *gateway_args], gateway_cpus
     )
     runners: list[subprocess.Popen[bytes]] = []
     try:
-        _wait(lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200, 30)
+        wait_until(lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200, 30)
         for i, args in enumerate(runner_args):
             runners.append(
-                _spawn(
+                spawn_process(
                     [
                         "runner",
                         "--gateway",
@@ -115,14 +115,14 @@ def stack(
                     runner_cpus,
                 )
             )
-        _wait(lambda: len(httpx.get(f"{base}/v1/runners").json()["data"]) == len(runners), 120)
+        wait_until(lambda: len(httpx.get(f"{base}/v1/runners").json()["data"]) == len(runners), 120)
         yield base, gateway, runners
     finally:
         for proc in [*runners, gateway]:
-            _stop(proc)
+            stop_process(proc)
 
 
-def _wait(check: Any, timeout: float) -> None:
+def wait_until(check: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):

@@ -25,11 +25,11 @@ from bench.relay import (
     RUNNERS,
     WINDOW_S,
     Load,
-    _fd_limit,
-    _warm,
+    fd_limit,
     ms,
     pct,
     relay_stack,
+    warm_up,
     window,
     workers,
 )
@@ -70,12 +70,12 @@ def _figures(win: dict[str, Any], model: str) -> tuple[float, float]:
 
 
 def main(runs: int, tokens: int) -> None:
-    _fd_limit()
+    fd_limit()
     load = Load(workers())
     rows = []
     try:
         with relay_stack(-(-STREAMS // RUNNERS), probe=False) as (port, gw, rs):
-            _warm(load, port, gw, rs, [(MODEL, 16, tokens, 0.0)])
+            warm_up(load, port, gw, rs, [(MODEL, 16, tokens, 0.0)])
             for model, rate in ((MODEL, 0.0), (PACED_MODEL, FAST_RATE)):
                 spec = [(model, STREAMS, tokens, rate)]
                 plain: list[tuple[float, float]] = []

@@ -32,7 +32,7 @@ source); 5 ms, closer to a batched engine, whose rows all get their token in one
 
 
 def main(runs: int, tokens: int) -> None:
-    relay._fd_limit()
+    relay.fd_limit()
     load = relay.Load(relay.workers())
     rows: list[list[object]] = []
     results: list[str] = []
@@ -81,7 +81,7 @@ def _sweep(load: relay.Load, runs: int, tokens: int, step: float, rows: list[lis
     passed = 0
     with stack(args) as (base, gw, rs):
         port = int(base.rsplit(":", 1)[1])
-        relay._warm(load, port, gw, rs, [(MODEL, 16, tokens, RATE)])
+        relay.warm_up(load, port, gw, rs, [(MODEL, 16, tokens, RATE)])
         for streams in LEVELS:
             wins = [
                 relay.window(load, port, gw, rs, [(MODEL, streams, tokens, RATE)])

@@ -172,7 +172,7 @@ def disk_tier(runs: int) -> None:
 
     from protocol.frames import Generate, Message, SamplingParams
     from runner.demo_model import DEMO_LONG_MODEL_ID, resolve_model
-    from runner.engine.batched import BatchedMlxEngine
+    from runner.engine.batched import batched_engine
     from runner.engine.kv_store import KvStore, Loaded, Saved
     from runner.engine.prefix_cache import Entry
 
@@ -184,7 +184,7 @@ def disk_tier(runs: int) -> None:
     took: dict[str, list[float]] = {"writing": [], "reading": []}
     with tempfile.TemporaryDirectory() as root:
         store = KvStore(Path(root), 8 << 30)
-        engine = BatchedMlxEngine(model, kv_store=store)
+        engine = batched_engine(model, kv_store=store)
         engine.start(stream.sink)
         files = store.for_model("bench")
         try:

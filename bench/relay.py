@@ -434,7 +434,7 @@ def _merge(parts: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
     return out
 
 
-def _fd_limit() -> None:
+def fd_limit() -> None:
     """Streams x sockets needs more descriptors than the usual soft limit of 1024."""
     import resource
 
@@ -481,7 +481,7 @@ def _level(
     out = []
     with relay_stack(slots) as (port, gw, rs):
         # Warm the gateway's code paths (imports, first allocations) before its baseline.
-        _warm(load, port, gw, rs, [(MODEL, min(streams, 16), tokens, 0.0)])
+        warm_up(load, port, gw, rs, [(MODEL, min(streams, 16), tokens, 0.0)])
         for model, rate in ((MODEL, 0.0), (PACED_MODEL, FAST_RATE)):
             spec = [
                 (model, streams, tokens, rate),
@@ -538,7 +538,7 @@ def _rows(
     return row, usage
 
 
-def _warm(load: Load, port: int, gw: Any, rs: Any, spec: Any) -> None:
+def warm_up(load: Load, port: int, gw: Any, rs: Any, spec: Any) -> None:
     global WARM_S, WINDOW_S
     saved = WARM_S, WINDOW_S
     WARM_S, WINDOW_S = 0.2, 1.0
@@ -583,7 +583,7 @@ def idle_sockets(load: Load) -> list[object]:
 
 
 def main(runs: int, tokens: int) -> None:
-    _fd_limit()
+    fd_limit()
     load = Load(workers())
     try:
         idle = idle_sockets(load)
@@ -686,7 +686,7 @@ def _short(frame: str) -> str:
 def profile(seconds: float, streams: int, rate: float, tokens: int = 256) -> None:
     """py-spy on the gateway while `streams` streams at `rate` tok/s (0: unpaced) run."""
     global WARM_S, WINDOW_S
-    _fd_limit()
+    fd_limit()
     load = Load(workers())
     raw = Path(tempfile.mkdtemp()) / "gateway.raw"
     spy = Path(sys.executable).parent / "py-spy"

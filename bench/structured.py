@@ -1,11 +1,11 @@
 """Scenario "structured": what constrained decoding costs on the batched engine.
 
-`BatchedMlxEngine` on the demo model, driven in this process (no gateway): tokens/s of
-requests with a json_schema response format ÷ the same requests as free text, at 1 and 8
-concurrent streams. Both kinds run exactly `tokens` completion tokens (the schema asks for
-more items than fit, so neither ends early) and decode greedily; the two alternate, round by
-round, and each figure is the median of `runs` rounds. Aggregate tok/s: completion tokens of
-all streams / wall time of the round.
+The batched engine (`batched_engine`) on the demo model, driven in this process (no
+gateway): tokens/s of requests with a json_schema response format ÷ the same requests as free
+text, at 1 and 8 concurrent streams. Both kinds run exactly `tokens` completion tokens (the
+schema asks for more items than fit, so neither ends early) and decode greedily; the two
+alternate, round by round, and each figure is the median of `runs` rounds. Aggregate tok/s:
+completion tokens of all streams / wall time of the round.
 
 Also the compile time of a large schema (bench.schemas.large_schema: 60 properties, $defs,
 anyOf, enums, patterns, formats) through `constraint_for`, cold (a schema never seen: its
@@ -247,9 +247,9 @@ def compile_times(tokenizer: Any, vocab_size: int, runs: int) -> tuple[float, fl
 
 
 def main(runs: int = 5, tokens: int = 256) -> None:
-    from runner.engine.batched import BatchedMlxEngine
+    from runner.engine.batched import batched_engine
 
-    engine = BatchedMlxEngine(MODEL, max_concurrent=max(STREAMS))
+    engine = batched_engine(MODEL, max_concurrent=max(STREAMS))
     client = Client(engine)
     try:
         # Warm up: the model, mlx's kernels, the grammar's compilation.
@@ -283,7 +283,7 @@ def main(runs: int = 5, tokens: int = 256) -> None:
     cold, warm = compile_times(model.tokenizer, model.vocab_size, runs)
     print(
         table(
-            f"json_schema vs free text, BatchedMlxEngine, {MODEL}, {tokens} tokens a stream, "
+            f"json_schema vs free text, batched engine, {MODEL}, {tokens} tokens a stream, "
             f"{runs} runs ({env_note()})",
             [
                 "streams",
@@ -309,7 +309,7 @@ def main(runs: int = 5, tokens: int = 256) -> None:
 def profile(streams: int, tokens: int = 256, rounds: int = 3) -> None:
     """Constrained rounds with cProfile on the engine thread's batch steps: top functions."""
     from runner.engine.batch_decoder import BatchDecoder
-    from runner.engine.batched import BatchedMlxEngine
+    from runner.engine.batched import batched_engine
 
     profiler = cProfile.Profile()
     real = BatchDecoder.step
@@ -326,7 +326,7 @@ def profile(streams: int, tokens: int = 256, rounds: int = 3) -> None:
             profiler.disable()
 
     BatchDecoder.step = step  # type: ignore[method-assign]
-    engine = BatchedMlxEngine(MODEL, max_concurrent=streams)
+    engine = batched_engine(MODEL, max_concurrent=streams)
     client = Client(engine)
     try:
         _round(client, streams, 32, "json", "warm-up")
@@ -344,13 +344,13 @@ def families(runs: int = 5, tokens: int = 256, only: tuple[str, ...] = ()) -> No
     """Each family's built-in model (or those named in `only`): json_schema and forced calls
     ÷ free text, at 1 and 8 streams (medians of `runs` alternating rounds)."""
     from runner.demo_families import FAMILIES
-    from runner.engine.batched import BatchedMlxEngine
+    from runner.engine.batched import batched_engine
 
     rows = []
     for name, family in FAMILIES.items():
         if only and name not in only:
             continue
-        engine = BatchedMlxEngine(family.model_id, max_concurrent=max(STREAMS))
+        engine = batched_engine(family.model_id, max_concurrent=max(STREAMS))
         client = Client(engine)
         kinds = ["free", "json", "free+tools", "call"]
         try:
@@ -379,7 +379,7 @@ def families(runs: int = 5, tokens: int = 256, only: tuple[str, ...] = ()) -> No
             engine.close()
     print(
         table(
-            f"json_schema and forced calls vs free text per family, BatchedMlxEngine, decode "
+            f"json_schema and forced calls vs free text per family, batched engine, decode "
             f"tok/s (all streams), up to {tokens} tokens a stream, medians of {runs} rounds "
             f"({env_note()})",
             [

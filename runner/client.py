@@ -44,6 +44,7 @@ from protocol.frames import (
     ModelStatus,
     Welcome,
 )
+from protocol.merge import merge
 from protocol.session import RunnerSession
 from runner.engine.base import CacheChange, Engine, EngineEvent, Failure, Output
 from runner.errors import GatewaySilent, Unauthorized
@@ -404,8 +405,9 @@ class Runner:
     def _drain_events(self) -> None:
         """On the loop: send what the engine produced since the last wake-up.
 
-        Outputs of one request that piled up are merged into one chunk, so a busy loop
-        sends fewer, larger frames; a lone token still goes out at once.
+        Outputs of one request that piled up are merged into one chunk per choice
+        (`protocol.merge`, a choice's echo pieces kept apart), so a busy loop sends fewer,
+        larger frames; a lone token still goes out at once.
         """
         self._drain_scheduled = False  # before draining: a later event schedules anew
         pending: dict[str, list[Output]] = {}
@@ -418,11 +420,11 @@ class Runner:
             if isinstance(event, Output):
                 pending.setdefault(rid, []).append(event)
                 continue
-            for merged in _merged(pending.pop(rid, [])):
+            for merged in merge(pending.pop(rid, []), echo_apart=True):
                 self._emit(merged)
             self._emit(event)
         for piled in pending.values():
-            for merged in _merged(piled):
+            for merged in merge(piled, echo_apart=True):
                 self._emit(merged)
         self._flush_chunks()
 
@@ -476,50 +478,3 @@ class Runner:
                 self._flush_chunks()
         if isinstance(event, Failure) or event.finish_reason is not None:
             self._idle.set()
-
-
-def _merged(outputs: list[Output]) -> list[Output]:
-    """Consecutive outputs of one request as one per choice (strings joined once), the one
-    that ends the request last. A choice's echo pieces stay apart, each merged with what
-    follows it: merged, they would make a frame as large as the prompt."""
-    by_choice: dict[int, list[Output]] = {}
-    for output in outputs:
-        by_choice.setdefault(output.index, []).append(output)
-    last = outputs[-1] if outputs else None
-    ends = last.index if last is not None and last.finish_reason is not None else -1
-    return [
-        _merge_run(run)
-        for i in sorted(by_choice, key=lambda i: i == ends)
-        for run in _echo_runs(by_choice[i])
-    ]
-
-
-def _echo_runs(outputs: list[Output]) -> list[list[Output]]:
-    """A choice's outputs cut before each one that carries an echo piece."""
-    runs: list[list[Output]] = [[]]
-    for output in outputs:
-        if output.echo is not None and runs[-1]:
-            runs.append([])
-        runs[-1].append(output)
-    return runs
-
-
-def _merge_run(outputs: list[Output]) -> Output:
-    if len(outputs) == 1:
-        return outputs[0]
-    last = outputs[-1]
-    return Output(
-        last.request_id,
-        "".join(o.text for o in outputs),
-        "".join(o.reasoning for o in outputs),
-        sum(o.tokens for o in outputs),
-        last.usage,
-        last.finish_reason,
-        last.stats,
-        tuple(delta for o in outputs for delta in o.tool_calls),
-        tuple(entry for o in outputs for entry in o.logprobs),
-        last.index,
-        last.choice_finish,
-        outputs[0].echo,  # a choice's first output carries it
-        last.matched_stop,
-    )

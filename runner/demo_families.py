@@ -21,204 +21,32 @@ built-in model is (read that module first), and differs where the family does:
   arguments as given and leaves the date out;
 - no shaping: these models never call tools by themselves (the built-in model does).
 
-`build_family_model` writes one into a directory; `runner.demo_model.resolve_model` builds
-each into the cache on first use (`family_of` maps a served id to its family).
+`build_family_model` writes one into a directory (`runner.demo_family_build` builds it);
+`runner.demo_model.resolve_model` builds each into the cache on first use (`family_of` maps a
+served id to its family).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-import attrs
-
-from runner.demo_family_templates import (
-    GEMMA4_TEMPLATE,
-    GLM47_TEMPLATE,
-    HARMONY_TEMPLATE,
-    KIMI_TEMPLATE,
-    LFM2_TEMPLATE,
-    MINIMAX_TEMPLATE,
-    MISTRAL_TEMPLATE,
-    QWEN3_CODER_TEMPLATE,
-)
-from runner.demo_model import _CORPUS, CONTEXT_LENGTH, silent_token_ids
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-# mlx, mlx-lm and tokenizers are imported where a model is built (PLC0415): `orchard
-# demo-model --help` lists the families and must start fast.
+from runner.demo_corpus import CONTEXT_LENGTH
+from runner.demo_family_build import Family, base_config, build, chat_template
 
 FAMILY_MODEL_VERSION = "v1"
 """Part of each family model's cache directory name: bump it whenever the built files change."""
 
-_VOCAB_SIZE = 1024
-_LOGIT_SCALE = 10.0
-_SEED = 0
-
-
-@attrs.frozen
-class Family:
-    """One model family's demo model: what it is and what mlx-lm makes of it."""
-
-    model_id: str
-    """The served id, `orchard-demo-<family>`."""
-    stands_for: str
-    """The real model whose format it has."""
-    architecture: str
-    """The mlx-lm module that runs it (`mlx_lm.models.<architecture>`)."""
-    model_type: str
-    """Its config's `model_type` (mlx-lm maps some onto another architecture)."""
-    tool_parser: str | None
-    """The parser mlx-lm picks (`mlx_lm.tool_parsers.<name>`); None where it has none."""
-    think: tuple[str, str] | None
-    """The think markers mlx-lm detects, or None."""
-    notes: str
-    """How it differs from the real family, and why."""
-    special_tokens: tuple[str, ...]
-    """Single tokens, special (decoding with `skip_special_tokens` drops them)."""
-    added_tokens: tuple[str, ...]
-    """Single tokens that decode as text, as in the real tokenizer."""
-    bos: str | None
-    """The tokenizer's `bos_token`."""
-    eos: str
-    """The tokenizer's `eos_token`."""
-    stops: tuple[str, ...]
-    """The tokens that end a generation: `eos_token_id` in config.json and
-    generation_config.json (mlx-lm stops at these and at `eos`)."""
-    pad: str | None
-    config: Mapping[str, Any]
-    """config.json, less the ids the tokenizer decides (vocab size, bos, eos)."""
-    chat_template: str
-    head: str
-    """The weight whose rows are the logits: the output head or, tied, the embeddings."""
-    final_norm: str
-    branch_outputs: tuple[str, ...] = ()
-    """Weights (by name suffix) that end each layer's residual branches, scaled by
-    `branch_gain`: with tied embeddings a random model repeats its last token, unless the
-    layers outweigh the embedding in the residual stream."""
-    branch_gain: float = 1.0
-
 
 def build_family_model(family: str, path: Path) -> None:
-    """Write `family`'s demo model (config, weights, tokenizer) into `path`, created if missing.
-
-    It depends only on this module, `runner.demo_model`'s corpus and the installed mlx and
-    mlx-lm; it takes well under a second. It reseeds the calling thread's MLX generator (off
-    the main thread, see `runner.demo_model.build_demo_model`).
-    """
-    import mlx.core as mx  # noqa: PLC0415
-
-    spec = FAMILIES[family]
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer(spec, path)
-    config = _config(spec, tokenizer)
-    for name in ("config.json", "generation_config.json"):
-        content = config if name == "config.json" else {"eos_token_id": config["eos_token_id"]}
-        (path / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-    markers = set(spec.special_tokens + spec.added_tokens)
-    weights = _weights(spec, config, silent_token_ids(tokenizer, markers))
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    """Write `family`'s demo model (config, weights, tokenizer) into `path`, created if missing
+    (`runner.demo_family_build.build`)."""
+    build(FAMILIES[family], path)
 
 
 def family_of(model_id: str) -> str | None:
     """The family served as `model_id`, or None when it is no family's demo model."""
     return _BY_MODEL_ID.get(model_id)
-
-
-def _config(spec: Family, tokenizer: Tokenizer) -> dict[str, Any]:
-    ids = {
-        "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
-        "eos_token_id": [tokenizer.token_to_id(token) for token in spec.stops],
-    }
-    if spec.bos is not None:
-        ids["bos_token_id"] = tokenizer.token_to_id(spec.bos)
-    config = {**spec.config, **ids}
-    if "text_config" in config:  # Mistral 3's layout: the language model's own config
-        config["text_config"] = {**config["text_config"], "vocab_size": ids["vocab_size"]}
-    return config
-
-
-@functools.cache
-def _trained_bpe(vocab_size: int) -> str:
-    """The corpus's byte-level BPE with `vocab_size` tokens, as tokenizer.json text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(list(_CORPUS), trainer=trainer)
-    return str(tokenizer.to_str())
-
-
-def _build_tokenizer(spec: Family, path: Path) -> Tokenizer:
-    """Train the BPE, add the family's tokens, write tokenizer.json and tokenizer_config.json."""
-    from tokenizers import AddedToken, Tokenizer  # noqa: PLC0415
-
-    markers = spec.special_tokens + spec.added_tokens
-    tokenizer = Tokenizer.from_str(_trained_bpe(_VOCAB_SIZE - len(markers)))
-    tokenizer.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token in spec.special_tokens]
-    )
-    tokenizer.add_tokens(
-        [AddedToken(token, special=False, normalized=False) for token in spec.added_tokens]
-    )
-    tokenizer.save(str(path / "tokenizer.json"))
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": spec.bos,
-        "eos_token": spec.eos,
-        "pad_token": spec.pad,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": spec.chat_template,
-    }
-    (path / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n"
-    )
-    return tokenizer
-
-
-def _weights(spec: Family, config: dict[str, Any], silent_ids: list[int]) -> dict[str, Any]:
-    """The random model, by weight name, with its markers silenced and its logits peaked."""
-    import mlx.core as mx  # noqa: PLC0415
-    from mlx.utils import tree_flatten  # noqa: PLC0415
-
-    module = importlib.import_module(f"mlx_lm.models.{spec.architecture}")
-    args = module.ModelArgs.from_dict(config)
-    # Module init draws from MLX's generator, which is per thread: this reseeds the caller's.
-    mx.random.seed(_SEED)
-    weights = dict(tree_flatten(module.Model(args).parameters()))
-    keep = mx.ones((config["vocab_size"], 1), dtype=mx.float32)
-    keep[mx.array(silent_ids)] = 0.0
-    weights[spec.head] = weights[spec.head] * keep
-    weights[spec.final_norm] = weights[spec.final_norm] * _LOGIT_SCALE
-    for name, weight in weights.items():
-        if name.endswith(spec.branch_outputs):
-            weights[name] = weight * spec.branch_gain
-    mx.eval(weights)
-    return weights
-
-
-def _base_config(**fields: Any) -> dict[str, Any]:
-    return {
-        "max_position_embeddings": CONTEXT_LENGTH,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        **fields,
-    }
 
 
 FAMILIES: Mapping[str, Family] = {
@@ -252,7 +80,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="<|return|>",
         stops=("<|return|>", "<|endoftext|>", "<|call|>"),
         pad="<|endoftext|>",
-        config=_base_config(
+        config=base_config(
             model_type="gpt_oss",
             architectures=["GptOssForCausalLM"],
             hidden_size=64,
@@ -270,7 +98,7 @@ FAMILIES: Mapping[str, Family] = {
             # gpt-oss scales with YaRN from 4,096 tokens; this context is shorter.
             rope_scaling={"rope_type": "default"},
         ),
-        chat_template=HARMONY_TEMPLATE,
+        chat_template=chat_template("harmony"),
         head="lm_head.weight",
         final_norm="model.norm.weight",
     ),
@@ -298,7 +126,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="<|im_end|>",
         stops=("<|im_end|>", "<|endoftext|>"),
         pad="<|endoftext|>",
-        config=_base_config(
+        config=base_config(
             model_type="qwen3_moe",
             architectures=["Qwen3MoeForCausalLM"],
             hidden_size=64,
@@ -316,7 +144,7 @@ FAMILIES: Mapping[str, Family] = {
             rms_norm_eps=1e-6,
             rope_theta=10_000_000.0,
         ),
-        chat_template=QWEN3_CODER_TEMPLATE,
+        chat_template=chat_template("qwen3-coder"),
         head="lm_head.weight",
         final_norm="model.norm.weight",
     ),
@@ -351,7 +179,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="</s>",
         stops=("</s>",),
         pad=None,
-        config=_base_config(
+        config=base_config(
             model_type="mistral3",
             architectures=["Mistral3ForConditionalGeneration"],
             text_config={
@@ -379,7 +207,7 @@ FAMILIES: Mapping[str, Family] = {
                 },
             },
         ),
-        chat_template=MISTRAL_TEMPLATE,
+        chat_template=chat_template("mistral"),
         head="language_model.lm_head.weight",
         final_norm="language_model.model.norm.weight",
     ),
@@ -419,7 +247,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="<|endoftext|>",
         stops=("<|endoftext|>", "<|user|>", "<|observation|>"),
         pad="<|endoftext|>",
-        config=_base_config(
+        config=base_config(
             model_type="glm4_moe",
             architectures=["Glm4MoeForCausalLM"],
             hidden_size=64,
@@ -444,7 +272,7 @@ FAMILIES: Mapping[str, Family] = {
             rope_theta=1_000_000.0,
             rope_scaling=None,
         ),
-        chat_template=GLM47_TEMPLATE,
+        chat_template=chat_template("glm47"),
         head="lm_head.weight",
         final_norm="model.norm.weight",
     ),
@@ -480,7 +308,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="[EOS]",
         stops=("<|im_end|>",),
         pad=None,
-        config=_base_config(
+        config=base_config(
             model_type="kimi_k2",
             architectures=["DeepseekV3ForCausalLM"],
             hidden_size=64,
@@ -504,7 +332,7 @@ FAMILIES: Mapping[str, Family] = {
             rms_norm_eps=1e-6,
             rope_theta=50_000.0,
         ),
-        chat_template=KIMI_TEMPLATE,
+        chat_template=chat_template("kimi"),
         head="lm_head.weight",
         final_norm="model.norm.weight",
     ),
@@ -525,7 +353,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="[e~[",
         stops=("[e~[",),
         pad=None,
-        config=_base_config(
+        config=base_config(
             model_type="minimax_m2",
             architectures=["MiniMaxM2ForCausalLM"],
             hidden_size=64,
@@ -543,7 +371,7 @@ FAMILIES: Mapping[str, Family] = {
             rms_norm_eps=1e-6,
             rope_theta=5_000_000.0,
         ),
-        chat_template=MINIMAX_TEMPLATE,
+        chat_template=chat_template("minimax"),
         head="lm_head.weight",
         final_norm="model.norm.weight",
     ),
@@ -578,7 +406,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="<|im_end|>",
         stops=("<|im_end|>",),
         pad="<|pad|>",
-        config=_base_config(
+        config=base_config(
             model_type="lfm2",
             architectures=["Lfm2ForCausalLM"],
             hidden_size=64,
@@ -597,7 +425,7 @@ FAMILIES: Mapping[str, Family] = {
             rope_theta=1_000_000.0,
             tie_word_embeddings=True,
         ),
-        chat_template=LFM2_TEMPLATE,
+        chat_template=chat_template("lfm2"),
         head="model.embed_tokens.weight",
         final_norm="model.embedding_norm.weight",
         branch_outputs=("out_proj.weight", "feed_forward.w2.weight"),
@@ -638,7 +466,7 @@ FAMILIES: Mapping[str, Family] = {
         eos="<eos>",
         stops=("<eos>", "<turn|>", "<|tool_response>"),
         pad="<pad>",
-        config=_base_config(
+        config=base_config(
             model_type="gemma4_text",
             architectures=["Gemma4ForCausalLM"],
             hidden_size=64,
@@ -658,7 +486,7 @@ FAMILIES: Mapping[str, Family] = {
             rms_norm_eps=1e-6,
             tie_word_embeddings=True,
         ),
-        chat_template=GEMMA4_TEMPLATE,
+        chat_template=chat_template("gemma4"),
         head="model.embed_tokens.weight",
         final_norm="model.norm.weight",
         # Gemma normalises each branch's output: its norms set the branches' weight.

@@ -36,10 +36,12 @@ import json
 import os
 import shutil
 import tempfile
-import unicodedata
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from runner import demo_corpus
+from runner.demo_corpus import CORPUS, silent_token_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -76,7 +78,9 @@ _SPECIAL = (ENDOFTEXT, IM_START, IM_END)
 _ADDED = (THINK_START, THINK_END, TOOL_CALL_START, TOOL_CALL_END)
 _MARKERS = _SPECIAL + _ADDED
 
-CONTEXT_LENGTH = 2048
+CONTEXT_LENGTH = demo_corpus.CONTEXT_LENGTH
+"""The built-in model's context, in tokens (every demo model's)."""
+
 
 # Qwen2.5-Instruct's template (Hermes-style tool calls), without its default system message so
 # that plain conversations stay the ChatML above, and with Qwen3's `enable_thinking` switch.
@@ -144,7 +148,7 @@ _LOGIT_SCALE = 10.0
 """Multiplies the final norm: logits spread over tens (std ~6), not units, so greedy decoding
 is robust to rounding while temperature-1 sampling still varies."""
 
-_CONFIG: dict[str, Any] = {
+BASE_CONFIG: dict[str, Any] = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 64,
@@ -161,60 +165,8 @@ _CONFIG: dict[str, Any] = {
     "tie_word_embeddings": False,
     "torch_dtype": "float32",
 }
-
-# Written for this module. The text only has to give BPE enough words to merge.
-_CORPUS = (
-    "An orchard is a patient place. The trees are planted in straight rows, and for the first "
-    "few years they give almost nothing back. The grower prunes them in winter, when the "
-    "branches are bare and the shape of each tree is easy to read. Cut too much and the tree "
-    "throws up a forest of water shoots; cut too little and the fruit hangs in the shade, small "
-    "and sour. Good pruning lets light reach every leaf.",
-    "In spring the blossom opens over a week or two, white and pale pink, and the bees come. "
-    "A late frost on a clear night can ruin a whole year, so growers watch the sky and the "
-    "thermometer. Some run fans or sprinklers until morning. When the petals fall, tiny green "
-    "fruit are left behind, far more than the tree can carry, and the grower thins them by "
-    "hand so that the rest can grow large and sweet.",
-    "Summer is for waiting and watching. Apples and pears swell slowly; cherries and plums "
-    "ripen first. Birds, wasps and mildew all want a share. The grass between the rows is cut "
-    "short, the irrigation lines are checked, and the props go under the heaviest branches so "
-    "they do not split. A good grower walks the rows every day and learns to read the trees "
-    "the way a sailor reads the wind.",
-    "Harvest comes in autumn. Pickers move along the rows with ladders and canvas bags, "
-    "twisting each apple upward so the stem stays on. The fruit goes into wooden bins, then "
-    "into cold storage, where it can keep for months. Windfalls go to the cider press. By "
-    "November the leaves are gone, the ground is quiet, and the cycle starts again with the "
-    "pruning saw.",
-    "A computer network can work a little like an orchard. Each machine is a tree with its own "
-    "strength, its own memory and its own speed. A gateway in the middle takes the requests, "
-    "decides which machine should answer, and sends the words back as they are produced, one "
-    "token at a time. When a machine goes away, the others carry on. When a new one joins, "
-    "it says hello, names the models it can serve, and starts to work.",
-    "Language models read a prompt and guess the next token, again and again, until they reach "
-    "a stop sequence or a limit. Small models are fast and often wrong; large models are slow "
-    "and usually better. This little model was never trained at all. Its weights are random "
-    "numbers, so it writes nonsense, but it writes the same nonsense every time, and it does so "
-    "very quickly, which is exactly what a test needs.",
-    "Questions and answers, lists and numbers: one, two, three, four, five, six, seven, eight, "
-    "nine, ten. Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. January, "
-    "February, March, April, May, June, July, August, September, October, November, December. "
-    "Red, orange, yellow, green, blue, indigo, violet. North, south, east and west. "
-    "Hello, world! How are you today? I am fine, thank you. What time is it? It is half past "
-    "ten (10:30), and the price is $4.99 or 5%. Email me at someone@example.com; see "
-    "https://example.com/path?query=1 for details. def main() -> None: print('hi')",
-    # JSON and tool calls, so that they take few tokens (`{"`, `":`, ` "`, `"}}` merge).
-    "Tools and structured answers. A model can call a function: it writes a json object with "
-    "the function name and its arguments, and the gateway hands the call to the client. The "
-    'tools come as {"type": "function", '
-    '"function": {"name": "get_weather", "description": "Get the current weather in a city.", '
-    '"parameters": {"type": "object", "properties": {"city": {"type": "string", '
-    '"description": "The name of the city."}}, "required": ["city"]}}}, and a call reads '
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>. '
-    'Answers in JSON: {"name": "pear", "count": 3, "ripe": true}, {"id": 12, "tags": ["red", '
-    '"sweet"], "price": 4.99, "note": null}, [1, 2, 3], {"city": "London", "day": "Monday", '
-    '"rain": false}, {"items": [{"type": "apple", "size": "small"}, {"type": "plum", "size": '
-    '"large"}], "ok": true, "error": null}, {"note": "sweet", "count": 2, "city": "Paris"}, '
-    '{"city": "London", "note": "Paris", "count": 5}, {"name": "London", "tags": ["sweet"]}.',
-)
+"""The base model's Llama config, before `demo_shaping` widens it; the vocabulary size and the
+special token ids come from the tokenizer."""
 
 TOOL_DEMO_TOOLS: tuple[dict[str, Any], ...] = (
     {
@@ -346,7 +298,7 @@ def build_demo_model(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(path)
     base_config = {
-        **_CONFIG,
+        **BASE_CONFIG,
         "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
         "bos_token_id": tokenizer.token_to_id(ENDOFTEXT),
         "eos_token_id": tokenizer.token_to_id(IM_END),
@@ -354,7 +306,7 @@ def build_demo_model(path: Path) -> None:
     texts = [
         tokenizer.decode([i], skip_special_tokens=False) for i in range(base_config["vocab_size"])
     ]
-    silent = silent_token_ids(tokenizer)
+    silent = silent_token_ids(tokenizer, _MARKERS)
     silent += demo_shaping.mode_tokens(texts) + demo_shaping.whitespace_tokens(texts)
     base = _base_weights(base_config, sorted(set(silent)))
     conversations = [
@@ -416,7 +368,7 @@ def _build_tokenizer(path: Path) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(list(_CORPUS), trainer=trainer)
+    tokenizer.train_from_iterator(list(CORPUS), trainer=trainer)
     tokenizer.add_tokens([AddedToken(marker, special=False, normalized=False) for marker in _ADDED])
     tokenizer.save(str(path / "tokenizer.json"))
 
@@ -435,23 +387,6 @@ def _build_tokenizer(path: Path) -> Tokenizer:
         json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n"
     )
     return tokenizer
-
-
-def silent_token_ids(tokenizer: Tokenizer, markers: Collection[str] = _MARKERS) -> list[int]:
-    """Tokens a model should never pick by itself: `markers`, and bytes that are not text.
-
-    A lone byte of a multi-byte character decodes to U+FFFD; control characters other than
-    newline and tab would only garble a terminal.
-    """
-    silent = []
-    for token_id in range(tokenizer.get_vocab_size(with_added_tokens=True)):
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
-        if text in markers or any(
-            char == "\ufffd" or (unicodedata.category(char) == "Cc" and char not in "\n\t")
-            for char in text
-        ):
-            silent.append(token_id)
-    return silent
 
 
 def _base_weights(config: dict[str, Any], silent_ids: list[int]) -> dict[str, Any]:

@@ -159,9 +159,9 @@ def shape(
     embedding_key, shaper_key = mx.random.split(mx.random.key(0))
     mode_embedding = mx.random.normal((vocab_size, NEW_DIMS), key=embedding_key) * _MODE_SCALE
     mode_embedding = mode_embedding * is_mode
-    base_run = _BaseRun(model, base, mode_embedding, texts)
+    base_run = BaseRun(model, base, mode_embedding, texts)
     braces = mx.array([0.0 if '"' in t or not set(t) & set("{}[]") else 1.0 for t in texts])
-    shaper = _Shaper(vocab_size, shaper_key)
+    shaper = Shaper(vocab_size, shaper_key)
 
     rng = random.Random(0)
     examples = sorted(_examples(tokenizer, texts, rng), key=lambda example: len(example[0]))
@@ -185,7 +185,7 @@ def shape(
         sum(len(tokens) - first for tokens, first in rests),
     ).after(len(prompt))
 
-    def loss(shaper: _Shaper, arrays: list[mx.array]) -> mx.array:
+    def loss(shaper: Shaper, arrays: list[mx.array]) -> mx.array:
         batch = _Batch(*arrays[: len(_Batch._fields)])
         rest = arrays[len(_Batch._fields) :]
         past = [(rest[2 * i], rest[2 * i + 1]) for i in range(NEW_LAYERS)]
@@ -256,7 +256,7 @@ class _Batch(NamedTuple):
         )
 
 
-class _BaseRun:
+class BaseRun:
     """The base model's layers, run over the widened input: their norms see the new part."""
 
     def __init__(
@@ -379,7 +379,7 @@ def _normed(batch: _Batch, new: mx.array, weight: mx.array) -> mx.array:
     return mx.concatenate([batch.old, new], axis=-1) * mx.rsqrt(squares / WIDTH + EPS) * weight
 
 
-class _Shaper(Module):
+class Shaper(Module):
     """What is trained: the new layers, the final norm's new dimensions and their output
     columns."""
 
@@ -412,7 +412,7 @@ class _Shaper(Module):
         return past
 
 
-def widen(base: Weights, shaper: _Shaper, mode_embedding: mx.array, base_layers: int) -> Weights:
+def widen(base: Weights, shaper: Shaper, mode_embedding: mx.array, base_layers: int) -> Weights:
     """The shaped model's weights (mlx-lm Llama names): the base's, widened with zeros, and
     the trained parts in their places."""
     rescale = math.sqrt(OLD_DIMS / WIDTH)

@@ -27,7 +27,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from protocol.frames import SamplingParams
 from runner.engine.constraint import BatchConstraints, ConstraintProcessor
 from runner.engine.generation import Generation
-from runner.engine.mlx_model import Request
+from runner.engine.request import Request
 from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
 from runner.engine.solo import HandOver
 
@@ -126,7 +126,7 @@ class BatchDecoder:
         detokenizer and constraint state carry over, and the next step feeds its last
         token."""
         request = handover.request
-        request.decoder = self
+        self._generation.moved(request, self)
         self._insert(
             request,
             handover.cache,

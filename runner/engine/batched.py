@@ -1,7 +1,7 @@
 """An Engine on mlx-lm's continuous batching: one forward pass per step for all running requests.
 
-`BatchedMlxEngine` is `MlxEngine` (same thread, intake, accounting and prefix cache) with the
-`BatchedStepping` strategy: every request the batch can take becomes a row of one
+`MlxEngine(strategy=Batched(...))` is the same engine (thread, intake, accounting and prefix
+cache) with `BatchedStepping`: every request the batch can take becomes a row of one
 `batch_decoder.BatchDecoder`. Requests the batch cannot serve exactly run on an
 `interleaved.InterleavedDecoder` (their own `stream_generate`), in the same thread, a token per
 step alongside the batch:
@@ -14,7 +14,7 @@ that arrives with nothing else running or waiting starts alone on a plain KV cac
 (`solo.SoloDecoder`: `stream_generate`'s speed, no batch mask) and joins the batch as a row,
 its cache and state carried over, when a second request is placed.
 
-KV memory: `kv_bytes` is the bytes held by KV caches now (batch, lone and interleaved
+KV memory: `EngineStats.kv_bytes` is the bytes held by KV caches now (batch, lone and interleaved
 requests and the prefix cache); with `max_kv_bytes` set, a request only starts when the worst
 case of every running request (prompt + max_tokens each, rows padded to the longest as
 `BatchKVCache` lays them out, a lone request counted as a row) fits, evicting prefix-cache
@@ -24,8 +24,9 @@ entries first. Transient copies while a new row joins the batch are not counted.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
+import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -33,9 +34,10 @@ from protocol.frames import SamplingParams
 from runner.engine.batch_decoder import BatchDecoder
 from runner.engine.generation import Decoder, Generation, Stepping
 from runner.engine.interleaved import InterleavedDecoder
-from runner.engine.mlx_engine import BatchTally, MlxEngine
-from runner.engine.mlx_model import Request
+from runner.engine.mlx_engine import MlxEngine
+from runner.engine.request import Request
 from runner.engine.solo import SoloDecoder
+from runner.engine.stats import EngineStats
 from runner.errors import RequestError
 
 log = logging.getLogger("runner.engine.batched")
@@ -44,65 +46,57 @@ KV_STEP = 256
 """mlx-lm's KV caches grow in steps of this many tokens."""
 
 
-class BatchedMlxEngine(MlxEngine, BatchTally):
-    """`MlxEngine` with batched decoding; same constructor plus the batch's options.
+@attrs.frozen
+class Batched:
+    """The batched strategy (`mlx_engine.Strategy`): `BatchedStepping` within a KV budget.
 
-    Extra attributes, `BatchTally`'s: `kv_bytes` (KV-cache bytes held now),
-    `kv_bytes_per_token`, `batched_requests` and `fallback_requests` (how many took each path
-    so far; of the batched ones, `solo_requests` started alone on a plain cache),
-    `peak_batch_size`.
-    """
+    `max_kv_bytes` bounds every KV cache in memory together (None: no bound but the prefix
+    cache's); kept prompts take from the same budget, which is the prefix cache's bound unless
+    the engine is given its own. The rest are the batch's prefill settings."""
 
-    def __init__(
-        self,
-        model: str,
-        max_concurrent: int = 32,
-        *,
-        max_kv_bytes: int | None = None,
-        prefill_batch_size: int = 32,
-        prefill_step_size: int = 512,
-        prefill_share: float | None = 3.0,
-        **options: Any,
-    ) -> None:
-        # Kept prompts take from the same budget as running requests (`_fits` makes room).
-        options.setdefault("prefix_cache_bytes", max_kv_bytes)
-        super().__init__(model, max_concurrent, **options)
-        self.max_kv_bytes = max_kv_bytes
-        self.prefill_batch_size = prefill_batch_size
-        # Smaller than mlx-lm's 2048: a long prompt joining the batch holds up the running
-        # requests for one chunk per step.
-        self.prefill_step_size = prefill_step_size
-        # While requests decode, a step prefills about this many decode steps' worth of
-        # prompt tokens (None: no bound but the two above).
-        self.prefill_share = prefill_share
-        BatchTally.__init__(self)
+    max_kv_bytes: int | None = None
+    prefill_batch_size: int = 32
+    prefill_step_size: int = 512
+    """Smaller than mlx-lm's 2048: a long prompt joining the batch holds up the running
+    requests for one chunk per step."""
+    prefill_share: float | None = 3.0
+    """While requests decode, a step prefills about this many decode steps' worth of prompt
+    tokens (None: no bound but the two above)."""
 
-    def _kv_bytes_now(self, prefix: int | None) -> int | None:
-        return self.kv_bytes
-
-    def _kv_limit(self) -> int | None:
-        return self.max_kv_bytes
-
-    def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
+    def stepping(self, generation: Generation, stats: EngineStats) -> Stepping:
         return BatchedStepping(
             generation,
-            counters=counters,
+            stats=stats,
             max_kv_bytes=self.max_kv_bytes,
             prefill_batch_size=self.prefill_batch_size,
             prefill_step_size=self.prefill_step_size,
             prefill_share=self.prefill_share,
         )
 
+    def prefix_bytes(self) -> int | None:
+        return self.max_kv_bytes
 
-class BatchCounters(Protocol):
-    """What `BatchedStepping` counts (plain attributes of the engine)."""
+    def kv_bytes(self, stats: EngineStats, prefix: int | None) -> int | None:
+        return stats.kv_bytes
 
-    kv_bytes: int
-    kv_bytes_per_token: int
-    batched_requests: int
-    fallback_requests: int
-    solo_requests: int
-    peak_batch_size: int
+    def kv_limit(self, prefix_cache_bytes: int | None) -> int | None:
+        return self.max_kv_bytes
+
+
+def batched_engine(
+    model: str,
+    max_concurrent: int = 32,
+    *,
+    max_kv_bytes: int | None = None,
+    prefill_batch_size: int = 32,
+    prefill_step_size: int = 512,
+    prefill_share: float | None = 3.0,
+    **options: Any,
+) -> MlxEngine:
+    """`MlxEngine(model, max_concurrent, strategy=Batched(...), **options)`, with 32 slots by
+    default: the preset the benchmarks and tests make batched engines with."""
+    strategy = Batched(max_kv_bytes, prefill_batch_size, prefill_step_size, prefill_share)
+    return MlxEngine(model, max_concurrent, strategy=strategy, **options)
 
 
 class BatchedStepping:
@@ -112,14 +106,14 @@ class BatchedStepping:
         self,
         generation: Generation,
         *,
-        counters: BatchCounters,
+        stats: EngineStats,
         max_kv_bytes: int | None,
         prefill_batch_size: int,
         prefill_step_size: int,
         prefill_share: float | None = None,
     ) -> None:
         self._generation = generation
-        self._counters = counters
+        self._stats = stats
         self._max_kv_bytes = max_kv_bytes
         self._batch = BatchDecoder(
             generation,
@@ -130,9 +124,7 @@ class BatchedStepping:
         )
         self._own_streams = InterleavedDecoder(generation)
         self._solo = SoloDecoder(generation)
-        self._bytes_per_token = counters.kv_bytes_per_token = _bytes_per_token(
-            generation.model.model
-        )
+        self._bytes_per_token = stats.kv_bytes_per_token = _bytes_per_token(generation.model.model)
         full = self.reserve(generation.model.context_length)
         if max_kv_bytes is not None and full > max_kv_bytes:
             log.warning(
@@ -168,11 +160,11 @@ class BatchedStepping:
         own_stream = needs_own_stream(request.generate.sampling)
         if not self._fits(request, own_stream=own_stream):
             return None
-        counters = self._counters
+        stats = self._stats
         if own_stream:
-            counters.fallback_requests += 1
+            stats.fallback_requests += 1
             return self._own_streams
-        counters.batched_requests += 1
+        stats.batched_requests += 1
         solo, batch = self._solo, self._batch
         if len(solo):
             handover = solo.hand_over()
@@ -180,16 +172,16 @@ class BatchedStepping:
             batch.join(handover)
         elif solo.usable and not len(batch) and len(self._generation.waiting) == 1:
             # `request` is still the head of the queue: nothing waits behind it.
-            counters.solo_requests += 1
+            stats.solo_requests += 1
             return solo
         return batch
 
     def step(self) -> None:
         """One batch step (decode + pending prefill), the lone request's token, then a
         token for each request on its own stream."""
-        counters = self._counters
+        stats = self._stats
         batch = self._batch
-        counters.peak_batch_size = max(counters.peak_batch_size, len(batch))
+        stats.peak_batch_size = max(stats.peak_batch_size, len(batch))
         solo = self._solo
         if len(batch):
             batch.decoding_elsewhere = bool(len(solo) or len(self._own_streams))
@@ -198,7 +190,7 @@ class BatchedStepping:
             solo.step()
         if len(self._own_streams):
             self._own_streams.step()
-        counters.kv_bytes = (
+        stats.kv_bytes = (
             batch.nbytes
             + solo.nbytes
             + self._generation.prefix_cache.nbytes

@@ -10,8 +10,9 @@ and their stats. How running requests advance is a `Stepping` strategy's busines
   interleaved decoder for those the batch cannot serve exactly.
 
 A strategy places each admitted request on a `Decoder`, which feeds its tokens back through
-`Generation.token`. When a request ends, for whatever reason, `Generation` calls its decoder's
-`release`, which stops running it and leaves its KV cache in `Request.cache`.
+`Generation.token`; `Generation` keeps which decoder runs which request. When a request ends,
+for whatever reason, `Generation` calls its decoder's `release`, which stops running it and
+leaves its KV cache in `Request.cache`.
 
 Prompt reuse (`prefix_cache`): a request starts from the longest prefix of its prompt the
 prefix cache holds. Before it starts, it may wait (others behind it go ahead):
@@ -51,8 +52,10 @@ from protocol.frames import (
 from runner.accounting import Piece
 from runner.engine.base import Failure, Output, Sink, emit
 from runner.engine.logprobs import prompt_entries
-from runner.engine.mlx_model import ChoiceGroup, MlxModel, Request
+from runner.engine.mlx_model import MlxModel
 from runner.engine.prefix_cache import BLOCK, Entry, PrefixCache, common_prefix
+from runner.engine.request import ChoiceGroup, Request
+from runner.engine.stats import EngineStats
 from runner.errors import RequestError
 
 log = logging.getLogger("runner.engine")
@@ -90,20 +93,6 @@ def split_echo(echo: Echo) -> list[Echo]:
         )
         for i in range(count)
     ]
-
-
-class Counters(Protocol):
-    """The counters the generation thread keeps (plain attributes of the engine)."""
-
-    tokens_generated: int
-    requests_finished: int
-    """Terminal events of any kind."""
-    active_requests: int
-    waiting_requests: int
-    peak_active_requests: int
-    prefix_cache_hits: int
-    recent_tokens: collections.deque[tuple[str, tuple[int, ...]]]
-    """The generated token ids of the last few requests that finished."""
 
 
 class Decoder(Protocol):
@@ -145,7 +134,7 @@ class Generation:
         model: MlxModel,
         *,
         sink: Sink,
-        counters: Counters,
+        stats: EngineStats,
         max_concurrent: int,
         prefix_cache: PrefixCache,
     ) -> None:
@@ -155,8 +144,11 @@ class Generation:
         self.waiting: collections.deque[Request] = collections.deque()
         self.active: dict[str, Request] = {}
         """Running requests, in the order they got their slots."""
+        self._decoders: dict[str, Decoder] = {}
+        """What runs each running request (by `Request.request_id`), once it has a slot."""
         self._sink = sink
-        self._counters = counters
+        self.stats = stats
+        """Where it counts (the engine's, or the warm-up's scratch record)."""
 
     @property
     def busy(self) -> bool:
@@ -200,10 +192,10 @@ class Generation:
             self._reject(request_id, RequestError("internal_error", f"{type(exc).__name__}: {exc}"))
             return
         self.waiting.extend(requests)
-        self._counters.waiting_requests = len(self.waiting)
+        self.stats.waiting_requests = len(self.waiting)
 
     def _reject(self, request_id: str, error: RequestError) -> None:
-        self._counters.requests_finished += 1
+        self.stats.requests_finished += 1
         emit(self._sink, Failure(request_id, error.code, str(error), error.param))
 
     def cancel(self, request_id: str) -> None:
@@ -214,14 +206,14 @@ class Generation:
         queued = [r for r in self.waiting if r.generate.request_id == request_id]
         for request in queued:
             self.waiting.remove(request)
-            self._counters.waiting_requests = len(self.waiting)
+            self.stats.waiting_requests = len(self.waiting)
             self.finish(request, "cancelled", Piece("", ""), tokens=0)
 
     def admit(self, place: Callable[[Request], Decoder | None]) -> None:
         """Start waiting requests, in order, while slots are free and `place` finds them a
         decoder; a request waiting to reuse more of its prompt (module docstring) is passed
         over meanwhile."""
-        counters = self._counters
+        stats = self.stats
         for request in list(self.waiting):
             if len(self.active) >= self.max_concurrent:
                 break
@@ -236,14 +228,14 @@ class Generation:
                 break
             self.waiting.remove(request)
             self.active[request.request_id] = request
-            request.decoder = decoder
+            self._decoders[request.request_id] = decoder
             try:
                 decoder.start(request)
             except Exception as exc:
                 self.fail(request, exc)
-        counters.waiting_requests = len(self.waiting)
-        counters.active_requests = len(self.active)
-        counters.peak_active_requests = max(counters.peak_active_requests, len(self.active))
+        stats.waiting_requests = len(self.waiting)
+        stats.active_requests = len(self.active)
+        stats.peak_active_requests = max(stats.peak_active_requests, len(self.active))
 
     def _must_wait(self, request: Request) -> bool:
         """Whether `request` should wait before it starts: for a read from disk, or for a
@@ -318,7 +310,7 @@ class Generation:
         if cache is None:
             cache = make_prompt_cache(self.model.model)
         else:
-            self._counters.prefix_cache_hits += 1
+            self.stats.prefix_cache_hits += 1
         if request.disk_tokens:
             request.disk_tokens = min(request.disk_tokens, reused)
         request.accounting.cached_tokens = reused
@@ -417,7 +409,7 @@ class Generation:
         if request.followers and not request.tokens:
             self._keep_prompt(request)
         request.tokens.append(token)
-        self._counters.tokens_generated += 1
+        self.stats.tokens_generated += 1
         piece = request.accounting.feed(token, text)
         entries: tuple[TokenLogprob, ...] = ()
         if request.logprobs is not None and logprobs is not None:
@@ -456,7 +448,7 @@ class Generation:
         """Keep a copy of `request`'s prompt cache now, for the requests waiting for its
         prefill; they go on (from it, or prefilling if it could not be copied)."""
         request.followers = 0
-        decoder = request.decoder
+        decoder = self._decoders.get(request.request_id)
         snapshot = decoder.snapshot(request) if decoder is not None else None
         if snapshot is not None:
             self.prefix_cache.put(request.prompt, snapshot, request.generate.prefix)
@@ -478,7 +470,7 @@ class Generation:
         request with n > 1 that is not the last to end only ends itself (`choice_finish`)."""
         now = time.perf_counter()
         self._forget(request)
-        self._counters.recent_tokens.append((request.request_id, tuple(request.tokens)))
+        self.stats.recent_tokens.append((request.request_id, tuple(request.tokens)))
         if reason == "stop" and request.accounting.tool_calls_made:
             reason = "tool_calls"
         group = request.group
@@ -543,7 +535,7 @@ class Generation:
         for other in group.requests:
             if other in self.waiting:
                 self.waiting.remove(other)
-                self._counters.waiting_requests = len(self.waiting)
+                self.stats.waiting_requests = len(self.waiting)
             elif self.is_running(other):
                 self._forget(other)
                 self._release(other)
@@ -554,15 +546,19 @@ class Generation:
         """Forget every request without events (the engine is closing)."""
         self.active.clear()
         self.waiting.clear()
+        self._decoders.clear()
 
     def _forget(self, request: Request) -> None:
         self.active.pop(request.request_id, None)
-        self._counters.active_requests = len(self.active)
-        self._counters.requests_finished += 1
+        self.stats.active_requests = len(self.active)
+        self.stats.requests_finished += 1
 
-    @staticmethod
-    def _release(request: Request) -> None:
-        decoder, request.decoder = request.decoder, None
+    def moved(self, request: Request, decoder: Decoder) -> None:
+        """A running `request` goes on on `decoder` (a lone request joining the batch)."""
+        self._decoders[request.request_id] = decoder
+
+    def _release(self, request: Request) -> None:
+        decoder = self._decoders.pop(request.request_id, None)
         if decoder is not None:
             decoder.release(request)
 

@@ -6,8 +6,9 @@ starts from the prefix cache's longest match for its prompt, so it prefills only
 
 Each request is exactly what a lone `stream_generate` on its prompt would give, with its own
 sampler and logits processors; the cost is one forward pass per request per token.
-`InterleavedDecoder` is both a `Decoder` and a whole `Stepping` strategy (MlxEngine's), and the
-batched strategy's decoder for requests that must not be batched.
+`InterleavedDecoder` is both a `Decoder` and a whole `Stepping` (made by the `Interleaved`
+strategy, `MlxEngine`'s default), and the batched strategy's decoder for requests that must not
+be batched.
 """
 
 from __future__ import annotations
@@ -17,15 +18,36 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 from mlx_lm.generate import stream_generate
 
 from runner.engine.constraint import ConstraintProcessor
-from runner.engine.generation import Decoder, Generation
-from runner.engine.mlx_model import Request
+from runner.engine.generation import Decoder, Generation, Stepping
 from runner.engine.prefix_cache import compact
+from runner.engine.request import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
+from runner.engine.stats import EngineStats
 
 log = logging.getLogger("runner.engine")
+
+
+@attrs.frozen
+class Interleaved:
+    """The strategy (`mlx_engine.Strategy`) of one `stream_generate` per request, round robin.
+
+    The KV bytes it reports are the kept prompts' only, within the prefix cache's bound."""
+
+    def stepping(self, generation: Generation, stats: EngineStats) -> Stepping:
+        return InterleavedDecoder(generation)
+
+    def prefix_bytes(self) -> int | None:
+        return None
+
+    def kv_bytes(self, stats: EngineStats, prefix: int | None) -> int | None:
+        return prefix
+
+    def kv_limit(self, prefix_cache_bytes: int | None) -> int | None:
+        return prefix_cache_bytes
 
 
 class InterleavedDecoder:

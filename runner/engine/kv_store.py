@@ -33,16 +33,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
 from runner.budget import parse_bytes
-
-if TYPE_CHECKING:
-    from runner.engine.prefix_cache import Entry
+from runner.engine.cache_entry import Entry, StoredEntry
 
 log = logging.getLogger("runner.engine.kv_store")
 
@@ -98,19 +96,6 @@ def model_identity(model_id: str, directory: str | os.PathLike[str]) -> str:
             digest.update(f"\0{stat.st_mtime_ns}\0{Path(target).name}".encode())
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_id).strip("._")[-64:] or "model"
     return f"{safe}-{digest.hexdigest()[:16]}"
-
-
-@attrs.define(eq=False)
-class StoredEntry:
-    """An entry's files."""
-
-    path: Path
-    """The data file (`<digest>.safetensors`); its checksum is beside it."""
-    tokens: tuple[int, ...]
-    chain: tuple[str, ...]
-    nbytes: int
-    used: float
-    """Its last use (seconds since the epoch, the file's modification time at start)."""
 
 
 @attrs.define

@@ -16,74 +16,87 @@ one is as fast as the hundredth). For each request the generation thread:
    (shared by every later request that starts with it, bounded by `prefix_cache_bytes`, and
    written to the runner's disk cache, `kv_store`, when it has one).
 
-`MlxEngine` decodes interleaved (`interleaved.InterleavedDecoder`: one `stream_generate` per
-request, round robin); `batched.BatchedMlxEngine` swaps in batched decoding.
+How it decodes is its `Strategy`, an object it is given: interleaved by default
+(`interleaved.Interleaved`: one `stream_generate` per request, round robin), or batched
+(`batched.Batched`). What it counts is an `EngineStats`. A runner group's members run it in
+lock step (`LockStep`, `runner.group.engine`).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
 from importlib.metadata import version
-from typing import Any
+from typing import Protocol
 
-import attrs
 import mlx.core as mx
 
 from protocol.frames import Generate, Message, ModelInfo, SamplingParams
-from runner.engine.base import CacheChange, CacheWatcher, EngineEvent, KvUsage
+from runner.engine.base import CacheChange, CacheWatcher, EngineEvent, KvUsage, Sink
 from runner.engine.generation import Generation, Stepping
-from runner.engine.interleaved import InterleavedDecoder
+from runner.engine.interleaved import Interleaved
 from runner.engine.kv_store import KvStore, model_identity
 from runner.engine.mlx_model import MlxModel
 from runner.engine.prefix_cache import MAX_ENTRIES, PrefixCache
-from runner.engine.threaded import AT_ONCE, Submit, ThreadedEngine
+from runner.engine.stats import EngineStats
+from runner.engine.threaded import AT_ONCE, Follow, Step, Submit, ThreadedEngine
 
 log = logging.getLogger("runner.engine")
 
 
-# Not slotted, and no __eq__ or __repr__: a base of the engine, which stays as it was.
-@attrs.define(slots=False, eq=False, repr=False)
-class GenerationTally:
-    """What the generation thread counts (`generation.Counters`), from zero: the engine's own
-    counters, or the warm-up's scratch ones."""
+class Strategy(Protocol):
+    """How an `MlxEngine` decodes (`interleaved.Interleaved`, `batched.Batched`): the
+    `Stepping` it makes on the generation thread, and what its KV caches take."""
 
-    tokens_generated: int = 0
-    requests_finished: int = 0
-    """Terminal events of any kind."""
-    active_requests: int = 0
-    waiting_requests: int = 0
-    peak_active_requests: int = 0
-    prefix_cache_hits: int = 0
-    recent_tokens: collections.deque[tuple[str, tuple[int, ...]]] = attrs.field(
-        factory=lambda: collections.deque(maxlen=32)
-    )
-    """The generated token ids of the last few requests that finished (for exact-output
-    tests)."""
+    def stepping(self, generation: Generation, stats: EngineStats) -> Stepping:
+        """The decoding strategy for `generation`, once the model is loaded; it counts in
+        `stats` (the engine's, or the warm-up's scratch record)."""
+
+    def prefix_bytes(self) -> int | None:
+        """The prefix cache's bound in bytes when the engine is given none."""
+
+    def kv_bytes(self, stats: EngineStats, prefix: int | None) -> int | None:
+        """Every KV cache in memory now (`prefix`: the kept prompts'), for heartbeats."""
+
+    def kv_limit(self, prefix_cache_bytes: int | None) -> int | None:
+        """What the KV caches may take together, for heartbeats."""
 
 
-@attrs.define(slots=False, eq=False, repr=False)
-class BatchTally:
-    """What batched decoding counts besides (`batched.BatchCounters`), from zero: a
-    `batched.BatchedMlxEngine`'s own counters, or the warm-up's."""
+class LockStep(Protocol):
+    """What runs an `MlxEngine` in step with others (`runner.group.engine.GroupLockStep`): it
+    loads the model, wraps the sink, decides when steps are due and wraps each step; on a
+    follower it is the engine thread's loop (`follow`)."""
 
-    kv_bytes: int = 0
-    kv_bytes_per_token: int = 0
-    batched_requests: int = 0
-    fallback_requests: int = 0
-    solo_requests: int = 0
-    peak_batch_size: int = 0
+    follow: Follow | None
+    """The engine thread's loop on a member that follows another (`ThreadedEngine`)."""
+
+    def load(self, name: str, context_length: int | None) -> MlxModel:
+        """Load this member's part of the model (on the engine thread)."""
+
+    def model_info(self, model: MlxModel, warm_up_seconds: float) -> ModelInfo:
+        """What the engine serves, once warmed up (and logs it)."""
+
+    def sink(self, sink: Sink) -> Sink:
+        """The sink the engine emits to, in place of `sink`."""
+
+    def next_step_at(self, due: bool) -> float | None:
+        """When the next step is due; `due`: requests are pending or busy (under the lock)."""
+
+    def step(self, step: Step, now: float, submits: list[Submit], cancels: list[str]) -> None:
+        """Run `step` as this member must (the others told first)."""
+
+    def exit(self, loaded: bool) -> None:
+        """The engine thread ends (`loaded`: it served)."""
 
 
-class MlxEngine(ThreadedEngine, GenerationTally):
+class MlxEngine(ThreadedEngine):
     """Serves one mlx-lm model (a local MLX directory, a Hugging Face id or "orchard-demo").
 
-    Counters for tests and metrics are plain attributes, written by the generation thread:
-    `GenerationTally`'s (`tokens_generated`, `requests_finished`, `active_requests`,
-    `waiting_requests`, `peak_active_requests`, `prefix_cache_hits`, `recent_tokens`) and
-    `warm_up_seconds`.
+    `strategy` chooses how it decodes (`interleaved.Interleaved` by default, or
+    `batched.Batched`); `lock_step` runs it in step with the other members of a runner group.
+    What it counts is `stats` (an `EngineStats`, written by the generation thread), with
+    `warm_up_seconds` and `weights_bytes`.
     """
 
     def __init__(
@@ -91,23 +104,40 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         model: str,
         max_concurrent: int = 4,
         *,
+        strategy: Strategy | None = None,
         prefix_cache_size: int = MAX_ENTRIES,
         prefix_cache_bytes: int | None = None,
         kv_store: KvStore | None = None,
         context_length: int | None = None,
         close_timeout: float = 30.0,
         path: str | None = None,
+        lock_step: LockStep | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
-        super().__init__(thread_name=f"mlx-engine:{model}", close_timeout=close_timeout)
+        follow: Follow | None = None
+        if lock_step is not None and lock_step.follow is not None:
+            follows = lock_step.follow
+
+            def follow(step: Step) -> None:
+                # A follower steps as told: its own step, not the lock step's sharing one.
+                follows(self._step_alone)
+
+        super().__init__(
+            thread_name=f"mlx-engine:{model}", close_timeout=close_timeout, follow=follow
+        )
         self.model_name = model
         self.path = path
         """Where the model's files are, when `model` is only its name (`runner.engine.shelf`
         downloads first, then loads from the Hub's cache)."""
         self.max_concurrent = max_concurrent
+        self.strategy: Strategy = strategy if strategy is not None else Interleaved()
+        self.lock_step = lock_step
         self.prefix_cache_size = prefix_cache_size
         """Kept prompt caches at most (entries)."""
+        if prefix_cache_bytes is None:
+            # Kept prompts take from the same budget as running requests (batched).
+            prefix_cache_bytes = self.strategy.prefix_bytes()
         self.prefix_cache_bytes = prefix_cache_bytes
         """What kept prompt caches may take in memory (None: no bound but the entries')."""
         self.kv_store = kv_store
@@ -123,10 +153,13 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         self._generation: Generation | None = None
         self._stepping: Stepping | None = None
 
-        GenerationTally.__init__(self)
+        self.stats = EngineStats()
         self.warm_up_seconds = 0.0
         self.weights_bytes = 0
         """The loaded model's parameters, in bytes."""
+
+    def start(self, sink: Sink) -> None:
+        super().start(sink if self.lock_step is None else self.lock_step.sink(sink))
 
     def watch_cache(self, watcher: CacheWatcher) -> None:
         self._cache_watcher = watcher
@@ -141,19 +174,12 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         store = self.kv_store
         disk = store.nbytes if store is not None and store.enabled else None
         return KvUsage(
-            bytes=self._kv_bytes_now(prefix),
-            limit_bytes=self._kv_limit(),
+            bytes=self.strategy.kv_bytes(self.stats, prefix),
+            limit_bytes=self.strategy.kv_limit(self.prefix_cache_bytes),
             prefix_bytes=prefix,
             disk_bytes=disk,
             disk_limit_bytes=store.max_bytes if disk is not None and store is not None else None,
         )
-
-    def _kv_bytes_now(self, prefix: int | None) -> int | None:
-        """Every KV cache in memory now; the interleaved engine counts only kept prompts'."""
-        return prefix
-
-    def _kv_limit(self) -> int | None:
-        return self.prefix_cache_bytes
 
     def _cache_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
         """The prefix cache's word (generation thread): keep the copy, tell the watcher."""
@@ -182,15 +208,15 @@ class MlxEngine(ThreadedEngine, GenerationTally):
             on_change=self._cache_changed,
         )
 
-    def _make_stepping(self, generation: Generation, counters: Any) -> Stepping:
-        """The decoding strategy, made on the generation thread once the model is loaded;
-        `counters`: where it counts (the engine, or the warm-up's scratch tally)."""
-        return InterleavedDecoder(generation)
-
     # The generation thread.
 
     def _load(self) -> None:
         assert self._sink is not None
+        if self.lock_step is not None:
+            model = self.lock_step.load(self.model_name, self._context_length)
+            self._start_serving(model)
+            self._models = (self.lock_step.model_info(model, self.warm_up_seconds),)
+            return
         model = MlxModel.load(self.model_name, path=self.path, context_length=self._context_length)
         self.weights_bytes = model.weights_bytes()
         self._start_serving(model)
@@ -218,11 +244,11 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         generation = Generation(
             model,
             sink=self._sink,
-            counters=self,
+            stats=self.stats,
             max_concurrent=self.max_concurrent,
             prefix_cache=self._make_prefix_cache(model),
         )
-        self._stepping = self._make_stepping(generation, self)
+        self._stepping = self.strategy.stepping(generation, self.stats)
         self._generation = generation
 
     def _warm_up(self, model: MlxModel) -> float:
@@ -233,15 +259,15 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         run on a scratch generation and strategy with their own counters and no prefix
         cache: the engine's figures start from zero. Returns the seconds it took."""
         start = time.perf_counter()
-        tally = WarmUpTally()
+        scratch = EngineStats()
         generation = Generation(
             model,
             sink=_discard,
-            counters=tally,
+            stats=scratch,
             max_concurrent=self.max_concurrent,
             prefix_cache=PrefixCache(max_entries=0),
         )
-        stepping = self._make_stepping(generation, tally)
+        stepping = self.strategy.stepping(generation, scratch)
         try:
             for group in _warm_up_groups(min(WARM_UP_GROUP, self.max_concurrent), model.name):
                 for generate in group:
@@ -258,10 +284,19 @@ class MlxEngine(ThreadedEngine, GenerationTally):
 
     def _next_step_at(self, pending: bool) -> float | None:
         assert self._generation is not None
+        if self.lock_step is not None:
+            return self.lock_step.next_step_at(pending or self._generation.busy)
         woken, self._woken = self._woken, False
         return AT_ONCE if pending or woken or self._generation.busy else None
 
     def _step(self, now: float, submits: list[Submit], cancels: list[str]) -> None:
+        if self.lock_step is not None:
+            self.lock_step.step(self._step_alone, now, submits, cancels)
+        else:
+            self._step_alone(now, submits, cancels)
+
+    def _step_alone(self, now: float, submits: list[Submit], cancels: list[str]) -> None:
+        """One step of this engine's own: intake, cancels, disk reads, admissions, decoding."""
         generation, stepping = self._generation, self._stepping
         assert generation is not None
         assert stepping is not None
@@ -274,6 +309,13 @@ class MlxEngine(ThreadedEngine, GenerationTally):
         stepping.step()
 
     def _thread_exit(self) -> None:
+        try:
+            if self.lock_step is not None:
+                self.lock_step.exit(self._generation is not None)
+        finally:
+            self._drop_all()
+
+    def _drop_all(self) -> None:
         try:
             if self._stepping is not None:
                 self._stepping.drop_all()
@@ -316,12 +358,6 @@ def _warm_up_groups(group: int, model: str) -> list[list[Generate]]:
 
 def _discard(event: EngineEvent) -> None:
     """The warm-up's sink: nobody asked."""
-
-
-@attrs.define(slots=False, eq=False)
-class WarmUpTally(GenerationTally, BatchTally):
-    """What the warm-up's generation and strategy count, whichever the strategy, apart from
-    the engine's counters."""
 
 
 def engine_version() -> str:

@@ -48,10 +48,27 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import can_trim_prompt_cache
 
+from runner.engine.cache_entry import Entry, StoredEntry
 from runner.engine.kv_store import Loaded, Saved
 
 if TYPE_CHECKING:
-    from runner.engine.kv_store import Completion, ModelStore, StoredEntry
+    from runner.engine.kv_store import Completion, ModelStore
+
+# Entry lives in runner.engine.cache_entry (the disk store reads it too); still importable here.
+__all__ = [
+    "BLOCK",
+    "MAX_ENTRIES",
+    "WHOLE_VIEW",
+    "ChainChange",
+    "Entry",
+    "KVCache",
+    "Match",
+    "PrefixCache",
+    "QuantizedKVCache",
+    "common_prefix",
+    "compact",
+    "view",
+]
 
 log = logging.getLogger("runner.engine.prefix")
 
@@ -68,41 +85,6 @@ MAX_ENTRIES = 256
 
 ChainChange = Callable[[tuple[str, ...], tuple[str, ...]], None]
 """`on_change(added, removed)`: prefix hashes that became held, and that stopped being held."""
-
-
-@attrs.define(eq=False)
-class Entry:
-    """One kept prompt cache: the tokens it holds and where it is (memory, disk or both)."""
-
-    tokens: list[int]
-    cache: list[Any] | None
-    """The per-layer caches; None while it is on disk only."""
-    nbytes: int
-    """Bytes its caches take in memory (when there); what a file of it takes on disk is the
-    store's business."""
-    chain: tuple[str, ...] = ()
-    """The gateway's prefix hashes of the request that made it."""
-    used: int = 0
-    """When it was last kept or reused, on the cache's clock."""
-    hits: int = 0
-    reused: int = 0
-    """The longest prefix of it a later request reused (tokens)."""
-    reused_chain: tuple[str, ...] = ()
-    """The prefix hashes that part holds (those the reusing request shared with `chain`)."""
-    head: bool = False
-    """Cut back to what was reused of it: evicted only once no tail is left to cut."""
-    stored: StoredEntry | None = None
-    """Its file, once written."""
-    storing: bool = False
-    """A write of it is under way."""
-    loading: bool = False
-    """A read of it is under way."""
-    blocks: list[int] = attrs.field(factory=list)
-    """The chained hashes of its whole blocks (its index keys)."""
-
-    @property
-    def in_memory(self) -> bool:
-        return self.cache is not None
 
 
 @attrs.frozen

@@ -50,6 +50,7 @@ from protocol.frames import (
 )
 from runner.accounting import StopMatcher
 from runner.engine.base import EngineEvent, Failure, Output
+from runner.engine.stats import EngineStats
 from runner.engine.threaded import Submit, ThreadedEngine
 
 log = logging.getLogger("runner.engine.scripted")
@@ -71,10 +72,10 @@ def default_text(request: Generate, index: int) -> str:
 class ScriptedEngine(ThreadedEngine):
     """A fake engine following the `Engine` event contract exactly (see the module docstring).
 
-    Counters, for tests: `tokens_generated`, `active_requests`, `peak_active_requests`,
-    `requests_finished` (terminal events of any kind). Only the scheduler thread writes them,
-    as it computes a round and before the round's events reach the sink, so every event of one
-    round sees the same values.
+    Counters, for tests, in `stats` (an `EngineStats`, as the mlx engines'): `tokens_generated`,
+    `active_requests`, `peak_active_requests`, `requests_finished` (terminal events of any
+    kind). Only the scheduler thread writes them, as it computes a round and before the round's
+    events reach the sink, so every event of one round sees the same values.
     """
 
     def __init__(
@@ -117,10 +118,7 @@ class ScriptedEngine(ThreadedEngine):
         self._due: list[tuple[float, int, _Stream]] = []  # paced: heap of next token times
         self._seq = itertools.count()  # heap tie-break: streams do not compare
 
-        self.tokens_generated = 0
-        self.active_requests = 0
-        self.peak_active_requests = 0
-        self.requests_finished = 0
+        self.stats = EngineStats()
 
     # The scheduler thread: one round per step.
 
@@ -202,15 +200,17 @@ class ScriptedEngine(ThreadedEngine):
 
     def _admit(self, now: float) -> None:
         """Give free slots to waiting requests, first come first served."""
-        while self._waiting and self.active_requests < self.max_concurrent:
+        while self._waiting and self.stats.active_requests < self.max_concurrent:
             stream = self._waiting.popleft()
             if stream.done:
                 continue
             stream.running = True
             stream.started = now
             self._running[stream] = None
-            self.active_requests += 1
-            self.peak_active_requests = max(self.peak_active_requests, self.active_requests)
+            self.stats.active_requests += 1
+            self.stats.peak_active_requests = max(
+                self.stats.peak_active_requests, self.stats.active_requests
+            )
             if self.tokens_per_second > 0:
                 self._schedule(stream)
 
@@ -252,7 +252,7 @@ class ScriptedEngine(ThreadedEngine):
             text, reasoning = stream.matcher.feed(piece), ""
         stream.index += 1
         stream.progress.add_token(now, reasoning=index < self.reasoning_tokens)
-        self.tokens_generated += 1
+        self.stats.tokens_generated += 1
         if stream.matcher.stopped:
             self._finish(stream, "stop", text, events, now=now, tokens=1)
         elif stream.index == stream.max_tokens:
@@ -283,7 +283,7 @@ class ScriptedEngine(ThreadedEngine):
         progress = stream.progress
         progress.open -= 1
         last = progress.open == 0
-        self.requests_finished += last
+        self.stats.requests_finished += last
         events.append(
             Output(
                 stream.request.request_id,
@@ -302,7 +302,7 @@ class ScriptedEngine(ThreadedEngine):
     def _fail(
         self, request_id: str, code: ErrorCode, message: str, events: list[EngineEvent]
     ) -> None:
-        self.requests_finished += 1
+        self.stats.requests_finished += 1
         events.append(Failure(request_id, code, message))
 
     def _forget(self, stream: _Stream) -> None:
@@ -317,7 +317,7 @@ class ScriptedEngine(ThreadedEngine):
         if stream.running:
             stream.running = False
             del self._running[stream]
-            self.active_requests -= 1
+            self.stats.active_requests -= 1
 
     def _forget_all(self, stream: _Stream) -> None:
         """Forget every choice of `stream`'s request (it fails as a whole)."""

@@ -37,8 +37,8 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from runner.engine.constraint import ConstraintProcessor
 from runner.engine.generation import PREFILL_CHUNK, Generation
-from runner.engine.mlx_model import Request
 from runner.engine.prefix_cache import compact
+from runner.engine.request import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
 
 log = logging.getLogger("runner.engine")
@@ -179,7 +179,6 @@ class SoloDecoder:
         request = lone.request
         if lone.steps is not None:
             _close(request, lone.steps)
-        request.decoder = None
         cache = request.cache
         assert cache is not None
         request.cache = None

@@ -17,6 +17,9 @@ it needs no lock. Rules shared by every engine:
   inside the sink, on the engine thread: the thread then ends once the step is over.
 - A step that raises is a bug: it is logged and the thread goes on (stopping would hang every
   request in flight). Per-request errors are each engine's to turn into a Failure.
+- With a `follow` function (a runner group's member of rank > 0, `runner.group.engine`), the
+  engine thread runs it instead of its own loop: it calls `step` with the submits and
+  cancels that come from elsewhere, and returns when they stop coming.
 
 A subclass implements the engine thread's side:
 
@@ -34,6 +37,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 
 from protocol.frames import Generate, ModelInfo
 from runner.engine.base import Engine, EngineEvent, Failure, Sink, emit
@@ -46,13 +50,20 @@ AT_ONCE = -math.inf
 
 Submit = tuple[Generate, float]
 """A submitted request and its `time.perf_counter()` at submission."""
+Step = Callable[[float, list[Submit], list[str]], None]
+"""`_step(now, submits, cancels)`."""
+Follow = Callable[[Step], None]
+"""What the engine thread runs instead of its own loop (see the module docstring)."""
 
 
 class ThreadedEngine(Engine):
     """An `Engine` served by one thread of its own (see the module docstring)."""
 
-    def __init__(self, *, thread_name: str, close_timeout: float) -> None:
+    def __init__(
+        self, *, thread_name: str, close_timeout: float, follow: Follow | None = None
+    ) -> None:
         self._thread_name = thread_name
+        self._follow = follow
         self._close_timeout = close_timeout
         self._models: tuple[ModelInfo, ...] = ()
         self._sink: Sink | None = None
@@ -115,6 +126,12 @@ class ThreadedEngine(Engine):
             if thread.is_alive():
                 log.warning("%s still busy %.0f s after close", thread.name, self._close_timeout)
 
+    def wait(self) -> None:
+        """Block until the engine thread ends (a follower's: when what it follows stops)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
     def _emit(self, event: EngineEvent) -> None:
         """Hand an event to the sink, from the engine thread."""
         emit(self._sink, event)
@@ -130,7 +147,10 @@ class ThreadedEngine(Engine):
                 return
             finally:
                 self._ready.set()
-            self._loop()
+            if self._follow is not None:
+                self._follow(self._step)
+            else:
+                self._loop()
         finally:
             self._thread_exit()
 

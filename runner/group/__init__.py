@@ -11,7 +11,7 @@ shares each step's admissions, cancellations and closing with the others first.
     split.py      pipeline or tensor: what the model allows, and `sharded_load`
     exchange.py   the per-step message and the collectives that carry it
     watchdog.py   a member that hears nothing for the timeout ends its process
-    engine.py     `GroupEngine`: the batched engine, in lock step on every rank
+    engine.py     `GroupLockStep`: the batched engine, in lock step on every rank
     member.py     one member process: rank 0 serves the gateway, the others follow
 
 Errors (under `runner.errors.RunnerError`):

@@ -1,4 +1,4 @@
-"""`GroupEngine`: the batched mlx-lm engine, run in lock step by every rank of a group.
+"""`GroupLockStep`: the batched mlx-lm engine, run in lock step by every rank of a group.
 
 Every rank runs the same engine on its part of the model (`split.load`). A pipeline or tensor
 split model runs collectives inside each forward pass, so all ranks must run the same forward
@@ -11,6 +11,10 @@ every rank's engine gets the same submits and cancels before the same step:
   steps. Idle, it still steps every `heartbeat` seconds, so that silence means trouble;
 - the other ranks have no transport: their engine thread takes each step's message from rank
   0 and runs that step, and stops when rank 0 says the group closes.
+
+`group_engine` makes each rank's engine: an `MlxEngine` with the `Batched` strategy and this
+module's `GroupLockStep` as its `lock_step` (the collaborator that loads the rank's part of the
+model, shares each step and, on a follower, is the engine thread's loop).
 
 What would make ranks diverge is fixed at load: the draws of requests without a seed come
 from a generator every rank seeds alike, and the batch's prefill budget, which adapts to
@@ -33,11 +37,11 @@ from typing import Any
 
 from protocol.frames import ModelInfo
 from runner.engine.base import EngineEvent, Failure, Sink
-from runner.engine.batched import BatchedMlxEngine
-from runner.engine.mlx_engine import engine_version
+from runner.engine.batched import Batched
+from runner.engine.mlx_engine import MlxEngine, engine_version
 from runner.engine.mlx_model import MlxModel
 from runner.engine.sampling import seed_unseeded
-from runner.engine.threaded import AT_ONCE, Submit
+from runner.engine.threaded import AT_ONCE, Follow, Step, Submit
 from runner.group import split as splitting
 from runner.group.exchange import Exchange, StepMessage
 from runner.group.watchdog import Watchdog, leave
@@ -45,27 +49,37 @@ from runner.group.watchdog import Watchdog, leave
 log = logging.getLogger("runner.group")
 
 
-class GroupEngine(BatchedMlxEngine):
-    """`BatchedMlxEngine` in lock step across `exchange`'s group (module docstring).
+def group_engine(
+    model: str,
+    lock_step: GroupLockStep,
+    *,
+    max_concurrent: int = 32,
+    **options: Any,
+) -> MlxEngine:
+    """This rank's engine: batched, in lock step across `lock_step`'s group (module
+    docstring). On rank 0 it is an `Engine` like any other; on the others, `start` loads and
+    `wait` follows rank 0 until it closes the group."""
+    # Measured step times differ by rank: no adaptive prefill budget (see above).
+    strategy = Batched(prefill_share=None)
+    return MlxEngine(model, max_concurrent, strategy=strategy, lock_step=lock_step, **options)
 
-    On rank 0 it is an `Engine` like any other; on the others, `start` loads and `wait`
-    follows rank 0 until it closes the group. Extra attributes: `steps`, `exchange_seconds`
-    (rank 0: time spent sharing step messages), `split` (once loaded).
+
+class GroupLockStep:
+    """An `MlxEngine`'s `LockStep` across `exchange`'s group (module docstring).
+
+    Attributes: `steps`, `exchange_seconds` (rank 0: time spent sharing step messages),
+    `split` (the one chosen, once loaded).
     """
 
     def __init__(
         self,
-        model: str,
         exchange: Exchange,
         watchdog: Watchdog,
         *,
         split: splitting.Split = "auto",
         backend: str = "ring",
         heartbeat: float = 0.5,
-        **options: Any,
     ) -> None:
-        options["prefill_share"] = None  # measured step times differ by rank: see above
-        super().__init__(model, **options)
         self.exchange = exchange
         self.rank = exchange.rank
         self.watchdog = watchdog
@@ -75,18 +89,15 @@ class GroupEngine(BatchedMlxEngine):
         self._last_step_at = time.perf_counter()
         self._outer_sink: Sink | None = None
         self._held: list[EngineEvent] = []
+        self._thread: threading.Thread | None = None
+        """The engine thread (it loads)."""
         self.steps = 0
         self.exchange_seconds = 0.0
+        self.follow: Follow | None = self._follow if self.rank > 0 else None
 
-    def start(self, sink: Sink) -> None:
+    def sink(self, sink: Sink) -> Sink:
         self._outer_sink = sink
-        super().start(self._hold_errors if self.rank == 0 else _discard)
-
-    def wait(self) -> None:
-        """A follower: block until rank 0 closes the group (the engine thread ends)."""
-        thread = self._thread
-        if thread is not None:
-            thread.join()
+        return self._hold_errors if self.rank == 0 else _discard
 
     def _hold_errors(self, event: EngineEvent) -> None:
         if (
@@ -101,8 +112,8 @@ class GroupEngine(BatchedMlxEngine):
 
     # The engine thread, every rank.
 
-    def _load(self) -> None:
-        assert self._sink is not None
+    def load(self, name: str, context_length: int | None) -> MlxModel:
+        self._thread = threading.current_thread()
         # While loading it only watches the launcher: a load has no bound (downloads).
         self.watchdog.start()
         exchange = self.exchange
@@ -110,31 +121,30 @@ class GroupEngine(BatchedMlxEngine):
         seed = exchange.share(os.urandom(8) if self.rank == 0 else None)
         seed_unseeded(int.from_bytes(seed, "little"))
         model, tokenizer, config, chosen = splitting.load(
-            self.model_name, exchange.group, self.split, self._backend
+            name, exchange.group, self.split, self._backend
         )
         self.split = chosen
-        loaded = MlxModel(
-            self.model_name, model, tokenizer, config, context_length=self._context_length
-        )
-        self._start_serving(loaded)
-        engine = f"{engine_version()}, {chosen} split over {exchange.size} ranks"
-        self._models = (ModelInfo(self.model_name, loaded.context_length, engine),)
+        return MlxModel(name, model, tokenizer, config, context_length=context_length)
+
+    def model_info(self, model: MlxModel, warm_up_seconds: float) -> ModelInfo:
+        exchange = self.exchange
+        engine = f"{engine_version()}, {self.split} split over {exchange.size} ranks"
         log.info(
             "rank %d/%d: loaded %s (%s split, warmed up in %.0f ms)",
             self.rank,
             exchange.size,
-            self.model_name,
-            chosen,
-            self.warm_up_seconds * 1000,
+            model.name,
+            self.split,
+            warm_up_seconds * 1000,
         )
+        return ModelInfo(model.name, model.context_length, engine)
 
-    def _next_step_at(self, pending: bool) -> float | None:
-        assert self._generation is not None
-        if pending or self._generation.busy:
+    def next_step_at(self, due: bool) -> float | None:
+        if due:
             return AT_ONCE
         return self._last_step_at + self._heartbeat
 
-    def _step(self, now: float, submits: list[Submit], cancels: list[str]) -> None:
+    def step(self, step: Step, now: float, submits: list[Submit], cancels: list[str]) -> None:
         """Rank 0: share what was drained, release held errors, then step like every rank."""
         self.watchdog.busy()
         try:
@@ -145,17 +155,15 @@ class GroupEngine(BatchedMlxEngine):
             for event in held:
                 assert self._outer_sink is not None
                 self._outer_sink(event)
-            super()._step(now, submits, cancels)
+            step(now, submits, cancels)
         except Exception as exc:
             leave("rank 0: a step failed: %s", exc)
         self.steps += 1
         self.watchdog.idle()
         self._last_step_at = time.perf_counter()
 
-    def _loop(self) -> None:
-        if self.rank == 0:
-            super()._loop()
-            return
+    def _follow(self, step: Step) -> None:
+        """Ranks 1..N-1: the engine thread's loop, rank 0's steps until it closes the group."""
         watchdog = self.watchdog
         while True:
             try:
@@ -169,15 +177,15 @@ class GroupEngine(BatchedMlxEngine):
             now = time.perf_counter()
             watchdog.busy()
             try:
-                super()._step(now, [(g, now) for g in message.submits], list(message.cancels))
+                step(now, [(g, now) for g in message.submits], list(message.cancels))
             except Exception as exc:
                 leave("rank %d: a step failed: %s", self.rank, exc)
             self.steps += 1
             watchdog.idle()
 
-    def _thread_exit(self) -> None:
+    def exit(self, loaded: bool) -> None:
         try:
-            if self.rank == 0 and self._generation is not None:
+            if self.rank == 0 and loaded:
                 try:
                     self.exchange.share_step(StepMessage(close=True))
                 except Exception as exc:
@@ -189,7 +197,6 @@ class GroupEngine(BatchedMlxEngine):
                 )
         finally:
             self.watchdog.stop()
-            super()._thread_exit()
 
 
 def _discard(event: EngineEvent) -> None:

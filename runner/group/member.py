@@ -1,10 +1,10 @@
 """One member of a runner group: a process `mlx.launch` started with `--group-member`.
 
 Every member joins the group (`mx.distributed.init`), shares its hardware with the others and
-loads its part of the model (`GroupEngine`). Then rank 0 serves the gateway as an ordinary
-runner whose hello lists every member (`GroupRunner`), and the other ranks follow rank 0's
-steps until it closes the group; they ignore SIGTERM and SIGINT, which are rank 0's to act on
-(it drains, then closes the group).
+loads its part of the model (`group_engine`, in lock step: `GroupLockStep`). Then rank 0
+serves the gateway as an ordinary runner whose hello lists every member (`GroupRunner`), and
+the other ranks follow rank 0's steps until it closes the group; they ignore SIGTERM and
+SIGINT, which are rank 0's to act on (it drains, then closes the group).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from runner.client import Runner
 from runner.errors import ModelLoadError
 from runner.group import GroupError
 from runner.group import split as splitting
-from runner.group.engine import GroupEngine
+from runner.group.engine import GroupLockStep, group_engine
 from runner.group.exchange import Exchange
 from runner.group.watchdog import LEAVE_SIGNAL, Watchdog, leave
 
@@ -68,15 +68,10 @@ class GroupMember:
         self.members = tuple(_decode(data) for data in gathered)
         self.watchdog = Watchdog(timeout, rank=self.rank)
         leave_when_told(self.rank)
-        self.engine = GroupEngine(
-            model,
-            self.exchange,
-            self.watchdog,
-            split=split,
-            backend=backend,
-            heartbeat=timeout / 4,
-            max_concurrent=max_concurrent,
+        self.lock_step = GroupLockStep(
+            self.exchange, self.watchdog, split=split, backend=backend, heartbeat=timeout / 4
         )
+        self.engine = group_engine(model, self.lock_step, max_concurrent=max_concurrent)
 
     def follow(self) -> int:
         """Ranks 1..N-1: load, then run rank 0's steps until it closes the group."""

@@ -157,7 +157,7 @@ class SharedEngine(Generic[M]):
     def _idle(self) -> bool:
         # A request's counters change at the end of the step that emitted its last event.
         deadline = time.monotonic() + 5 * UNIT
-        while self.engine.active_requests or self.engine.waiting_requests:
+        while self.engine.stats.active_requests or self.engine.stats.waiting_requests:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)

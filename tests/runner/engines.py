@@ -15,7 +15,7 @@ from protocol.frames import Generate, LogitBias, Message, SamplingParams
 from runner.accounting import Piece, RequestAccounting
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import batched_engine
 from runner.engine.mlx_engine import MlxEngine
 from runner.engine.scripted import ScriptedEngine, scripted_prompt_tokens
 
@@ -97,14 +97,18 @@ class EngineCase:
     engine options that takes."""
 
 
-ENGINE_NAMES = ["mlx", "mlx-batched", "scripted"]
+MakeMlxEngine = Callable[..., MlxEngine]
+"""An mlx engine from a model and options: `MlxEngine` or `batched.batched_engine`."""
+MLX_ENGINES: dict[str, MakeMlxEngine] = {"mlx": MlxEngine, "mlx-batched": batched_engine}
+"""The mlx engines by test id: interleaved and batched."""
+ENGINE_NAMES = [*MLX_ENGINES, "scripted"]
 
 
 def engine_case(name: str, reference: Callable[[], Reference]) -> EngineCase:
     """The case of engine `name`; `reference` is only called for the mlx engines."""
     if name == "scripted":
         return _scripted_case()
-    make: Callable[..., Engine] = MlxEngine if name == "mlx" else BatchedMlxEngine
+    make = MLX_ENGINES[name]
     return _mlx_case(name, lambda **options: make(DEMO_MODEL_ID, **options), reference())
 
 

@@ -1,4 +1,4 @@
-"""A group member for tests/runner/test_group_engine.py: `python -m tests.runner.group_script
+"""A group member for tests/runner/group/test_engine.py: `python -m tests.runner.group_script
 MODE OUT`, started twice with the ring environment (`runner.group.launch.local_members`).
 Each rank writes what it saw as JSON to OUT.rank<N>.
 
@@ -135,12 +135,12 @@ def tensor(out: dict[str, object]) -> None:
         return
     relay = Relay()
     member.engine.start(relay)
-    out["split"] = member.engine.split
-    out["answers"] = answer(_Submitter(member.engine, relay), model)
+    out["split"] = member.lock_step.split
+    out["answers"] = answer(Submitter(member.engine, relay), model)
     member.engine.close()
 
 
-class _Submitter:
+class Submitter:
     """`answer`'s view of an engine whose sink is a `Relay`."""
 
     def __init__(self, engine: Any, relay: Relay) -> None:

@@ -28,8 +28,9 @@ from protocol.frames import (
     Usage,
     Welcome,
 )
+from protocol.merge import merge
 from protocol.session import Delivered, GatewaySession
-from runner.client import GATHER_MIN_REQUESTS, GATHER_S, Runner, _merged
+from runner.client import GATHER_MIN_REQUESTS, GATHER_S, Runner
 from runner.engine.base import Engine, Output, Sink
 from runner.engine.scripted import ScriptedEngine
 from runner.hardware import detect
@@ -330,7 +331,7 @@ async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
     engine = ScriptedEngine(("scripted",), 1000.0, max_concurrent=requests, text=lambda r, i: big)
 
     async def halfway() -> bool:
-        return engine.tokens_generated >= requests * tokens // 2
+        return engine.stats.tokens_generated >= requests * tokens // 2
 
     async with serve(gateway, "127.0.0.1", 0, max_size=None) as server:
         runner = runner_for(server, engine, requests)
@@ -346,15 +347,15 @@ async def test_frames_keep_their_order_when_the_gateway_stops_reading() -> None:
 
 
 def test_merged_outputs_keep_each_choices_echo() -> None:
-    """Outputs that piled up are merged per choice; a choice's first output carries its echo,
-    and the merged one keeps it."""
+    """Outputs that piled up are merged per choice (`protocol.merge`, as the runner merges
+    them); a choice's first output carries its echo, and the merged one keeps it."""
     echo = Echo("Hi")
     outputs = [
         Output("r", "a", "", 1, Usage(1, 1), echo=echo),
         Output("r", "b", "", 1, Usage(1, 2), index=1, echo=echo),
         Output("r", "c", "", 1, Usage(1, 3)),
     ]
-    merged = {output.index: output for output in _merged(outputs)}
+    merged = {output.index: output for output in merge(outputs, echo_apart=True)}
     assert (merged[0].text, merged[0].echo) == ("ac", echo)
     assert (merged[1].text, merged[1].echo) == ("b", echo)
 
@@ -367,7 +368,7 @@ def test_echo_pieces_are_not_merged_together() -> None:
         Output("r", "x", "", 1, Usage(1, 1)),
         Output("r", "y", "", 1, Usage(1, 2)),
     ]
-    merged = _merged(outputs)
+    merged = merge(outputs, echo_apart=True)
     assert [(o.echo, o.text) for o in merged] == [(Echo("a"), ""), (Echo("b"), "xy")]
 
 

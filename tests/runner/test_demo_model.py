@@ -24,10 +24,9 @@ from runner.demo_model import (
     resolve_model,
     tool_calls_text,
 )
+from tests.runner.demo import FILES
 from tests.runner.engines import Reference
 from tests.support import REPO, UNIT
-
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
 @pytest.fixture(scope="module")
@@ -445,38 +444,3 @@ def test_single_stream_speed(loaded: tuple[Any, Any]) -> None:
     assert len(list(stream)) == 300
     tokens_per_second = 300 / (time.perf_counter() - started)
     assert tokens_per_second > 100 / UNIT, f"{tokens_per_second:.0f} tok/s"
-
-
-def test_the_training_arithmetic_matches_mlx_lm() -> None:
-    """demo_shaping trains on its own copy of the added layers' arithmetic: the widened model
-    that mlx-lm runs gives the same logits, and so does the copy past a shared prompt."""
-    import mlx.core as mx
-    import mlx.utils
-    from mlx_lm.models import llama
-
-    from runner import demo_shaping
-    from runner.demo_model import _CONFIG
-
-    base_config = {**_CONFIG, "vocab_size": 40}
-    mx.random.seed(7)
-    base_model = llama.Model(llama.ModelArgs.from_dict(base_config))  # type: ignore[no-untyped-call]
-    base = dict(mlx.utils.tree_flatten(base_model.parameters()))
-    key = mx.random.key(3)
-    modes = mx.array([[1.0] if i % 3 == 0 else [0.0] for i in range(40)])
-    mode_embedding = mx.random.normal((40, demo_shaping.NEW_DIMS), key=key) * 5 * modes
-    shaper = demo_shaping._Shaper(40, mx.random.key(4))
-    tokens = [5, 7, 3, 9, 12, 1, 0, 6, 30, 31, 33, 2, 8]
-    run = demo_shaping._BaseRun(base_model, base, mode_embedding, [f"t{i}" for i in range(40)])
-    batch = run.batch([(tokens, 1)], len(tokens) - 1, len(tokens) - 1)
-
-    model = llama.Model(llama.ModelArgs.from_dict(demo_shaping.config(base_config)))  # type: ignore[no-untyped-call]
-    weights = demo_shaping.widen(base, shaper, mode_embedding, base_config["num_hidden_layers"])
-    model.update(mlx.utils.tree_unflatten(list(weights.items())))
-    expected = model(mx.array([tokens[:-1]]))[0]
-    assert mx.allclose(shaper(batch), expected, atol=1e-3).item()
-
-    prompt = run.batch([([*tokens[:5], 0], 5)], 5, 1)
-    rest = batch._replace(
-        positions=mx.arange(5, len(tokens) - 1), old_logits=batch.old_logits[5:]
-    ).after(5)
-    assert mx.allclose(shaper(rest, shaper.past(prompt)), expected[5:], atol=1e-3).item()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.runner.test_demo_model import FILES
+from tests.runner.demo import FILES
 from tests.support import REPO, UNIT
 
 

@@ -135,6 +135,18 @@ VALUE_SCHEMAS: list[dict[str, Any]] = [
 ]
 
 
+def exact_number(schema: dict[str, Any], written: str) -> Decimal | None:
+    """The number a value of a number parameter is, digit for digit, where mlx-lm reads it
+    through a float (`2**53 + 1` becomes `2**53`): Orchard keeps the digits, on purpose."""
+    if str(schema.get("type")).lower() not in ("number", "float"):
+        return None
+    try:
+        float(written)
+    except ValueError:
+        return None
+    return Decimal(written.strip())
+
+
 @st.composite
 def params(draw: st.DrawFn, key: str) -> Param:
     kind = draw(
@@ -173,7 +185,7 @@ def params(draw: st.DrawFn, key: str) -> Param:
         # A value of another type than declared: mlx-lm tries each type, then JSON.
         schema = draw(st.sampled_from(VALUE_SCHEMAS))
         written = draw(st.one_of(texts, values.map(tojson)).filter(plain_json))
-        return Param(key, schema, written)
+        return Param(key, schema, written, exact_number(schema, written))
     return Param(key, None, draw(st.one_of(texts, values.map(tojson))))
 
 

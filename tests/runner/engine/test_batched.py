@@ -1,6 +1,6 @@
-"""What only BatchedMlxEngine does, on the real demo model: one batch for concurrent requests
-(with their lone output), shared samplers, late joiners, the own-stream path of seeded
-requests, the KV budget, and a failing batch step."""
+"""What only the batched engine (`MlxEngine` with the `Batched` strategy) does, on the real
+demo model: one batch for concurrent requests (with their lone output), shared samplers, late
+joiners, the own-stream path of seeded requests, the KV budget, and a failing batch step."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from protocol.frames import LogitBias, SamplingParams
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import EngineEvent, Failure, Output
 from runner.engine.batch_decoder import PREFILL_MIN_CHUNK
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import batched_engine
 from runner.engine.generation import PREFILL_CHUNK
+from runner.engine.mlx_engine import MlxEngine
 from runner.engine.solo import SoloDecoder
 from tests.runner.collect import (
     Collector,
@@ -37,33 +38,33 @@ from tests.runner.collect import (
 from tests.runner.engines import GREEDY, PROMPTS, Reference, ask
 from tests.support import UNIT, wait_until
 
-StartEngine = Callable[..., tuple[BatchedMlxEngine, Collector]]
+StartEngine = Callable[..., tuple[MlxEngine, Collector]]
 
 
 @pytest.fixture
 def start_engine(demo_model_path: Path) -> Iterator[StartEngine]:
     """Engines of the test's own."""
-    with engine_starter(lambda **options: BatchedMlxEngine(DEMO_MODEL_ID, **options)) as start:
+    with engine_starter(lambda **options: batched_engine(DEMO_MODEL_ID, **options)) as start:
         yield start
 
 
 @pytest.fixture(scope="module")
-def shared(demo_model_path: Path) -> Iterator[SharedEngine[BatchedMlxEngine]]:
-    with shared_engine(lambda: BatchedMlxEngine(DEMO_MODEL_ID)) as shared:
+def shared(demo_model_path: Path) -> Iterator[SharedEngine[MlxEngine]]:
+    with shared_engine(lambda: batched_engine(DEMO_MODEL_ID)) as shared:
         yield shared
 
 
 @pytest.fixture
-def lent(shared: SharedEngine[BatchedMlxEngine]) -> Iterator[tuple[BatchedMlxEngine, Collector]]:
+def lent(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[MlxEngine, Collector]]:
     """The module's engine, for a test that needs no options (its counters go on from the
     tests before: read them as differences)."""
     with shared.borrow() as lent:
         yield lent
 
 
-def paths(engine: BatchedMlxEngine) -> tuple[int, int]:
+def paths(engine: MlxEngine) -> tuple[int, int]:
     """Requests served so far in a batch, and on their own streams."""
-    return engine.batched_requests, engine.fallback_requests
+    return engine.stats.batched_requests, engine.stats.fallback_requests
 
 
 def sub(now: tuple[int, int], before: tuple[int, int]) -> tuple[int, int]:
@@ -86,8 +87,8 @@ def test_concurrent_requests_share_one_batch_with_their_lone_output(
         events = collector.wait(request.request_id)
         assert [o.text for o in outputs(events)] == reference.greedy(request)[1]
         assert final(events).usage.completion_tokens == request.max_tokens
-    assert engine.peak_batch_size == 8
-    assert (engine.batched_requests, engine.fallback_requests) == (9, 0)
+    assert engine.stats.peak_batch_size == 8
+    assert (engine.stats.batched_requests, engine.stats.fallback_requests) == (9, 0)
 
 
 def test_staggered_joins_keep_lone_output(start_engine: StartEngine, reference: Reference) -> None:
@@ -109,11 +110,11 @@ def test_staggered_joins_keep_lone_output(start_engine: StartEngine, reference: 
     for request in requests:
         events = collector.wait(request.request_id)
         assert [o.text for o in outputs(events)] == reference.greedy(request)[1], request
-    assert engine.peak_batch_size > 1
+    assert engine.stats.peak_batch_size > 1
 
 
 def test_logit_bias_and_penalties_in_the_batch(
-    lent: tuple[BatchedMlxEngine, Collector], reference: Reference
+    lent: tuple[MlxEngine, Collector], reference: Reference
 ) -> None:
     engine, collector = lent
     before = paths(engine)
@@ -125,7 +126,7 @@ def test_logit_bias_and_penalties_in_the_batch(
     engine.submit(ask("penalised", max_tokens=30, sampling=penalised))
     assert text_of(collector.wait("biased")) == "apple" + " apple" * 4
     collector.wait("penalised")
-    tokens = dict(engine.recent_tokens)["penalised"]
+    tokens = dict(engine.stats.recent_tokens)["penalised"]
     assert len(set(tokens)) == len(tokens)
     assert tokens[0] == reference.greedy(ask("x", max_tokens=1))[0][0]
     plain = collector.wait("plain")
@@ -170,7 +171,7 @@ def test_late_joiner_starts_at_the_next_step(
         assert final(collector.wait(f"d{i}")).finish_reason == "cancelled"
 
 
-def test_seeded_requests_run_on_their_own_stream(lent: tuple[BatchedMlxEngine, Collector]) -> None:
+def test_seeded_requests_run_on_their_own_stream(lent: tuple[MlxEngine, Collector]) -> None:
     engine, collector = lent
     before = paths(engine)
     sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
@@ -188,15 +189,15 @@ def test_seeded_requests_run_on_their_own_stream(lent: tuple[BatchedMlxEngine, C
     assert sub(paths(engine), before) == (3, 2)
 
 
-def test_unseeded_sampling_shares_a_sampler(lent: tuple[BatchedMlxEngine, Collector]) -> None:
+def test_unseeded_sampling_shares_a_sampler(lent: tuple[MlxEngine, Collector]) -> None:
     engine, collector = lent
-    fallback = engine.fallback_requests
+    fallback = engine.stats.fallback_requests
     sampling = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05)
     for i in range(4):
         engine.submit(ask(f"s{i}", PROMPTS[i], max_tokens=12, sampling=sampling))
     for i in range(4):
         assert final(collector.wait(f"s{i}")).usage.completion_tokens == 12
-    assert engine.fallback_requests == fallback
+    assert engine.stats.fallback_requests == fallback
 
 
 def test_kv_budget_bounds_memory(start_engine: StartEngine) -> None:
@@ -207,7 +208,7 @@ def test_kv_budget_bounds_memory(start_engine: StartEngine) -> None:
     assert event.code == "context_length_exceeded"
     assert "KV-cache budget" in event.message
 
-    per_token = engine.kv_bytes_per_token
+    per_token = engine.stats.kv_bytes_per_token
     assert per_token > 0
     # Room for two rows of ~120 tokens at a time (each may hold 255 more as growth room).
     budget = 2 * 400 * per_token
@@ -219,13 +220,13 @@ def test_kv_budget_bounds_memory(start_engine: StartEngine) -> None:
     while time.monotonic() < deadline and not all(
         collector.events[f"r{i}"] and is_terminal(collector.events[f"r{i}"][-1]) for i in range(4)
     ):
-        peak = max(peak, engine.kv_bytes)
+        peak = max(peak, engine.stats.kv_bytes)
         time.sleep(0.002)
     for i in range(4):
         assert final(collector.wait(f"r{i}")).usage.completion_tokens == 100
-    assert engine.peak_active_requests == 2
+    assert engine.stats.peak_active_requests == 2
     assert 0 < peak <= budget
-    assert engine.kv_bytes <= budget  # what the prefix cache keeps stays within it too
+    assert engine.stats.kv_bytes <= budget  # what the prefix cache keeps stays within it too
 
 
 def test_a_failing_batch_step_fails_its_rows_only(
@@ -276,8 +277,8 @@ def test_rows_leave_the_batch_when_their_requests_end(start_engine: StartEngine)
         "cancelled"
     )
     # Counted at the end of the step that ended the request, after its events.
-    wait_until(lambda: engine.kv_bytes == 0, 5, "the batch to hold nothing")
-    assert engine.active_requests == 0
+    wait_until(lambda: engine.stats.kv_bytes == 0, 5, "the batch to hold nothing")
+    assert engine.stats.active_requests == 0
 
 
 def test_a_lone_request_decodes_on_a_plain_cache(
@@ -288,14 +289,18 @@ def test_a_lone_request_decodes_on_a_plain_cache(
     events = run(engine, collector, request)
     tokens, texts = reference.greedy(request)
     assert [o.text for o in outputs(events)] == texts
-    assert dict(engine.recent_tokens)["alone"] == tuple(tokens)
+    assert dict(engine.stats.recent_tokens)["alone"] == tuple(tokens)
     # It never took a batch row.
-    assert (engine.solo_requests, engine.batched_requests, engine.peak_batch_size) == (1, 1, 0)
+    assert (
+        engine.stats.solo_requests,
+        engine.stats.batched_requests,
+        engine.stats.peak_batch_size,
+    ) == (1, 1, 0)
     # Its KV cache (prompt and every generated token) went to the prefix cache.
     again = ask("again", PROMPTS[0], max_tokens=4, sampling=GREEDY)
     usage = final(run(engine, collector, again)).usage
     assert usage.cached_tokens == len(reference.prompt(again)) - 1
-    assert engine.solo_requests == 2
+    assert engine.stats.solo_requests == 2
 
 
 def test_a_lone_request_joins_the_batch_with_its_state(
@@ -325,11 +330,11 @@ def test_a_lone_request_joins_the_batch_with_its_state(
     engine.submit(penalised)
     events = collector.wait("penalised")
     assert final(events).usage.completion_tokens == 40
-    tokens = dict(engine.recent_tokens)["penalised"]
+    tokens = dict(engine.stats.recent_tokens)["penalised"]
     assert len(set(tokens)) == len(tokens)
     assert tokens[0] == plain[0]
     assert [o.text for o in outputs(collector.wait("other"))] == reference.greedy(other)[1]
-    assert (engine.solo_requests, engine.peak_batch_size) == (1, 2)
+    assert (engine.stats.solo_requests, engine.stats.peak_batch_size) == (1, 2)
 
 
 def test_the_engine_warms_up_before_serving_and_counts_from_zero(
@@ -356,19 +361,19 @@ def test_the_engine_warms_up_before_serving_and_counts_from_zero(
     assert engine.warm_up_seconds > 0
     # ...on scratch state: the engine's figures and its prefix cache start empty.
     counted = (
-        engine.tokens_generated,
-        engine.requests_finished,
-        engine.peak_active_requests,
-        engine.batched_requests,
-        engine.solo_requests,
-        engine.peak_batch_size,
-        engine.kv_bytes,
-        len(engine.recent_tokens),
+        engine.stats.tokens_generated,
+        engine.stats.requests_finished,
+        engine.stats.peak_active_requests,
+        engine.stats.batched_requests,
+        engine.stats.solo_requests,
+        engine.stats.peak_batch_size,
+        engine.stats.kv_bytes,
+        len(engine.stats.recent_tokens),
     )
     assert counted == (0, 0, 0, 0, 0, 0, 0, 0)
     first = final(run(engine, collector, ask("first", "Warm up pear.", max_tokens=2)))
     assert first.usage.cached_tokens == 0
-    assert engine.tokens_generated == 2
+    assert engine.stats.tokens_generated == 2
 
 
 @pytest.mark.parametrize("share", [3.0, None])
@@ -441,7 +446,7 @@ def test_a_long_lone_prompt_hands_over_between_chunks(
 
     collector.on_event = note_first
     engine.submit(long)
-    wait_until(lambda: engine.solo_requests == 1, 10, "the long one to start alone")
+    wait_until(lambda: engine.stats.solo_requests == 1, 10, "the long one to start alone")
     engine.submit(short)
     long_events, short_events = collector.wait("long"), collector.wait("short")
     assert [o.text for o in outputs(long_events)] == reference.greedy(long)[1]

@@ -23,7 +23,7 @@ from protocol.frames import Generate, LogitBias, ResponseFormat, SamplingParams,
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import constraint as constraint_module
 from runner.engine.base import Failure, Output
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import Batched, batched_engine
 from runner.engine.constraint import (
     NO_PARAMETERS,
     BatchConstraints,
@@ -45,7 +45,7 @@ from tests.runner.collect import (
     shared_engine,
     text_of,
 )
-from tests.runner.engines import GREEDY, Reference, ask
+from tests.runner.engines import GREEDY, MLX_ENGINES, MakeMlxEngine, Reference, ask
 
 FREE_STRINGS = pytest.mark.usefixtures("closes_free_strings")
 """Tests of output with free strings: they need a demo model trained to close them."""
@@ -507,17 +507,14 @@ def test_apply_bitmask_keeps_the_dtype_and_refuses_tokens_past_the_mask() -> Non
 StartEngine = Callable[..., tuple[MlxEngine, Collector]]
 
 
-@pytest.fixture(scope="module", params=[MlxEngine, BatchedMlxEngine], ids=["mlx", "mlx-batched"])
-def engine_class(request: pytest.FixtureRequest) -> type[MlxEngine]:
-    engine_class: type[MlxEngine] = request.param
-    return engine_class
+@pytest.fixture(scope="module", params=list(MLX_ENGINES))
+def make_engine(request: pytest.FixtureRequest) -> MakeMlxEngine:
+    return MLX_ENGINES[request.param]
 
 
 @pytest.fixture(scope="module")
-def shared(
-    engine_class: type[MlxEngine], demo_model_path: Path
-) -> Iterator[SharedEngine[MlxEngine]]:
-    with shared_engine(lambda: engine_class(DEMO_MODEL_ID)) as shared:
+def shared(make_engine: MakeMlxEngine, demo_model_path: Path) -> Iterator[SharedEngine[MlxEngine]]:
+    with shared_engine(lambda: make_engine(DEMO_MODEL_ID)) as shared:
         yield shared
 
 
@@ -529,9 +526,9 @@ def lent(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[MlxEngine, Collector
 
 
 @pytest.fixture
-def start_engine(engine_class: type[MlxEngine], demo_model_path: Path) -> Iterator[StartEngine]:
+def start_engine(make_engine: MakeMlxEngine, demo_model_path: Path) -> Iterator[StartEngine]:
     """Engines of this kind of the test's own."""
-    with engine_starter(lambda **options: engine_class(DEMO_MODEL_ID, **options)) as start:
+    with engine_starter(lambda **options: make_engine(DEMO_MODEL_ID, **options)) as start:
         yield start
 
 
@@ -548,7 +545,7 @@ def test_json_schema_output_validates_and_stops(lent: tuple[MlxEngine, Collector
     jsonschema.validate(json.loads(text_of(events)), SMALL)
     last = final(events)
     assert last.finish_reason == "stop"
-    assert last.usage.completion_tokens == len(engine.recent_tokens[-1][1])
+    assert last.usage.completion_tokens == len(engine.stats.recent_tokens[-1][1])
 
 
 def test_logit_bias_cannot_escape_the_mask(
@@ -649,8 +646,8 @@ def test_rows_with_different_grammars_and_none_share_a_batch(
         assert final(events).finish_reason == "stop", name
     # The unconstrained row decodes exactly as it would alone.
     assert [o.text for o in outputs(collector.wait("free"))] == reference.greedy(free)[1]
-    if isinstance(engine, BatchedMlxEngine):
-        assert engine.peak_batch_size == 5
+    if isinstance(engine.strategy, Batched):
+        assert engine.stats.peak_batch_size == 5
         # The constrained rows were masked together, once a step, in the batch's model call.
         assert max(steps) == 4
 
@@ -907,8 +904,8 @@ FREE = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def batched(demo_model_path: Path) -> Iterator[tuple[BatchedMlxEngine, Collector]]:
-    with engine_starter(lambda: BatchedMlxEngine(DEMO_MODEL_ID)) as start:
+def batched(demo_model_path: Path) -> Iterator[tuple[MlxEngine, Collector]]:
+    with engine_starter(lambda: batched_engine(DEMO_MODEL_ID)) as start:
         yield start()
 
 
@@ -916,7 +913,7 @@ _ids = itertools.count()
 
 
 def _generated_validates(
-    engine: BatchedMlxEngine, collector: Collector, schema: dict[str, Any], seed: int
+    engine: MlxEngine, collector: Collector, schema: dict[str, Any], seed: int
 ) -> None:
     request = Generate(
         f"h{next(_ids)}",
@@ -934,7 +931,7 @@ def _generated_validates(
 @settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=_schemas(BOUNDED_STRINGS), seed=st.integers(0, 10**6))
 def test_any_bounded_schema_produces_output_that_validates(
-    batched: tuple[BatchedMlxEngine, Collector], schema: dict[str, Any], seed: int
+    batched: tuple[MlxEngine, Collector], schema: dict[str, Any], seed: int
 ) -> None:
     _generated_validates(*batched, schema, seed)
 
@@ -943,6 +940,6 @@ def test_any_bounded_schema_produces_output_that_validates(
 @settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=_schemas(FREE), seed=st.integers(0, 10**6))
 def test_any_schema_produces_output_that_validates(
-    batched: tuple[BatchedMlxEngine, Collector], schema: dict[str, Any], seed: int
+    batched: tuple[MlxEngine, Collector], schema: dict[str, Any], seed: int
 ) -> None:
     _generated_validates(*batched, schema, seed)

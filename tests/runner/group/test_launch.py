@@ -1,13 +1,12 @@
-"""The runner group's parts that need no second process: the step message, the members'
-command line, the hostfile, the ring's addresses, the choice of split, the watchdog and the
-supervisor (on plain child processes)."""
+"""Starting a runner group (runner.group.launch), with no second process of a member: the
+members' command line, the hostfile, the ring's addresses, the supervisor (on plain child
+processes), and what `orchard runner` refuses for a group."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -16,34 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import attrs
 import click
 import pytest
 
-from protocol.frames import Generate, Message, SamplingParams
-from runner.demo_model import DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID
-from runner.group import GroupError, launch, split
-from runner.group.exchange import StepMessage
-from runner.group.watchdog import EXIT_GROUP_LOST, Watchdog
+from runner.group import GroupError, launch
+from runner.group.watchdog import EXIT_GROUP_LOST
 from tests.support import UNIT
-
-# --- the step message ---------------------------------------------------------------------
-
-
-def test_step_message_round_trips_frames_cancels_and_close() -> None:
-    generate = Generate(
-        "r1",
-        "m",
-        (Message("user", "two\nlines and ünïcode"),),
-        max_tokens=7,
-        sampling=SamplingParams(temperature=0.5, seed=3),
-    )
-    message = StepMessage((generate, attrs.evolve(generate, request_id="r2")), ("r0",), True)
-    assert StepMessage.decode(message.encode()) == message
-    assert StepMessage.decode(StepMessage(cancels=("x",)).encode()) == StepMessage(cancels=("x",))
-    assert StepMessage().empty
-    assert not StepMessage(close=True).empty
-
 
 # --- the members' command line ---------------------------------------------------------------
 
@@ -125,111 +102,6 @@ def test_hostfile_members_go_through_mlx_launch_with_the_token_as_env(tmp_path: 
     assert argv[argv.index("--backend") + 1] == "ring"
     assert argv[argv.index("--env") + 1] == "ORCHARD_RUNNER_TOKEN=s3"
     assert argv[argv.index("--") + 1 :] == ["orchard", "runner"]
-
-
-# --- the split ------------------------------------------------------------------------------
-
-
-@pytest.mark.usefixtures("demo_model_path")  # the session's copy, not a build of its own
-def test_what_each_demo_layout_can_split_into() -> None:
-    llama = split.supported(split.model_path(DEMO_MODEL_ID), 2)
-    assert llama == {
-        "pipeline": "mlx-lm's llama model has no pipeline stages",
-        "tensor": "num_key_value_heads (3) not divisible by 2",
-    }
-    qwen2 = split.model_path(DEMO_PIPELINE_MODEL_ID)
-    assert split.supported(qwen2, 2) == {
-        "pipeline": None,
-        "tensor": "num_key_value_heads (3) not divisible by 2",
-    }
-    assert split.supported(qwen2, 5)["pipeline"] == "4 layers cannot make 5 stages"
-    assert split.supported(qwen2, 3) == {
-        "pipeline": None,
-        "tensor": "intermediate_size (128) not divisible by 3",
-    }
-
-
-def test_choose_split() -> None:
-    both: dict[str, str | None] = {"pipeline": None, "tensor": None}
-    assert split.choose("auto", both, "ring") == "pipeline"
-    assert split.choose("auto", both, "jaccl") == "tensor"
-    assert split.choose("auto", {"pipeline": "no", "tensor": None}, "ring") == "tensor"
-    assert split.choose("tensor", both, "ring") == "tensor"
-    with pytest.raises(GroupError, match="cannot split the model by tensor: heads"):
-        split.choose("tensor", {"pipeline": None, "tensor": "heads"}, "ring")
-    with pytest.raises(GroupError, match="pipeline: a; tensor: b"):
-        split.choose("auto", {"pipeline": "a", "tensor": "b"}, "ring")
-
-
-# --- the watchdog ---------------------------------------------------------------------------
-
-
-TIMEOUT = 0.3 * UNIT
-"""The watchdogs' timeout here."""
-
-
-def _watch(timeout: float) -> tuple[Watchdog, list[str], threading.Event]:
-    reasons: list[str] = []
-    fired = threading.Event()
-
-    def expire(reason: str) -> None:
-        reasons.append(reason)
-        fired.set()
-
-    return Watchdog(timeout, rank=1, expire=expire, check_every=0.02), reasons, fired
-
-
-def _waited(reason: str, pattern: str) -> float:
-    """The seconds a watchdog's reason says it waited (`pattern` has one group for them)."""
-    match = re.fullmatch(pattern, reason)
-    assert match is not None, reason
-    return float(match[1])
-
-
-def test_watchdog_fires_on_a_step_that_waits_too_long() -> None:
-    dog, reasons, fired = _watch(TIMEOUT)
-    dog.start()
-    started = time.monotonic()
-    dog.busy()
-    assert fired.wait(2 * UNIT)
-    assert TIMEOUT <= time.monotonic() - started < 1.0 * UNIT
-    assert reasons == [reasons[0]]
-    waited = _waited(reasons[0], r"rank 1: one step has waited (\d+\.\d) s on the other members .*")
-    assert waited >= round(TIMEOUT, 1)
-
-
-def test_watchdog_stays_quiet_while_steps_end_and_beats_come() -> None:
-    dog, reasons, fired = _watch(TIMEOUT)
-    dog.start()
-    for _ in range(10):
-        dog.beat()
-        dog.busy()
-        time.sleep(0.05)
-        dog.idle()
-    assert not fired.wait(0.1)
-    dog.stop()
-    assert reasons == []
-
-
-def test_watchdog_fires_when_a_follower_hears_nothing() -> None:
-    dog, reasons, fired = _watch(TIMEOUT)
-    dog.start()
-    # Before its first message a follower is loading: no limit.
-    assert not fired.wait(TIMEOUT + 0.2 * UNIT)
-    beat = time.monotonic()
-    dog.beat()
-    assert fired.wait(2 * UNIT)
-    assert time.monotonic() - beat >= TIMEOUT
-    waited = _waited(reasons[0], r"rank 1: no step from rank 0 for (\d+\.\d) s .*")
-    assert waited >= round(TIMEOUT, 1)
-
-
-def test_watchdog_fires_when_the_launcher_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
-    dog, reasons, fired = _watch(10)
-    monkeypatch.setattr(os, "getppid", lambda: 1)
-    dog.start()
-    assert fired.wait(2 * UNIT)
-    assert reasons == ["rank 1: the launcher that started this member is gone"]
 
 
 # --- the supervisor -------------------------------------------------------------------------

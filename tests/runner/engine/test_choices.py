@@ -12,21 +12,21 @@ from protocol.frames import SamplingParams
 from runner.accounting import Piece, RequestAccounting
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, Failure, Output
-from runner.engine.batched import BatchedMlxEngine
 from runner.engine.generation import Generation
 from runner.engine.mlx_engine import MlxEngine
 from tests.runner.collect import Collector, SharedEngine, engine_starter, run, shared_engine
-from tests.runner.engines import GREEDY, Reference, ask
-
-ENGINES = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
+from tests.runner.engines import GREEDY, MLX_ENGINES, MakeMlxEngine, Reference, ask
 
 
-@pytest.fixture(scope="module", params=sorted(ENGINES))
-def shared(
-    request: pytest.FixtureRequest, demo_model_path: Path
-) -> Iterator[SharedEngine[MlxEngine]]:
+@pytest.fixture(scope="module", params=sorted(MLX_ENGINES))
+def make(request: pytest.FixtureRequest) -> MakeMlxEngine:
+    """Each mlx engine's maker."""
+    return MLX_ENGINES[request.param]
+
+
+@pytest.fixture(scope="module")
+def shared(make: MakeMlxEngine, demo_model_path: Path) -> Iterator[SharedEngine[MlxEngine]]:
     """Each mlx engine, started once for the module's tests."""
-    make = ENGINES[request.param]
     with shared_engine(lambda: make(DEMO_MODEL_ID)) as shared:
         yield shared
 
@@ -39,9 +39,8 @@ def engine(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[Engine, Collector]
 
 
 @pytest.fixture
-def fresh(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[Engine, Collector]]:
+def fresh(make: MakeMlxEngine) -> Iterator[tuple[Engine, Collector]]:
     """A new engine of the same kind, for a test that needs its state from zero."""
-    make = type(shared.engine)
     with engine_starter(lambda: make(DEMO_MODEL_ID)) as start:
         yield start()
 

@@ -1,10 +1,10 @@
-"""The Engine contract, on every engine: MlxEngine, BatchedMlxEngine and ScriptedEngine.
+"""The Engine contract, on every engine: MlxEngine (interleaved and batched) and ScriptedEngine.
 
 What runner.engine.base and runner.engine.threaded promise: per request, Outputs without a
 finish_reason then exactly one terminal event; exact usage; slots and queueing; cancel; stop
 strings and the end of sequence; a failing request or a raising sink harms nothing else; the
 one engine thread; close and the calls around it. What only one engine does is tested in its
-own module (test_mlx_engine, test_batched_engine, test_scripted_engine).
+own module (test_mlx_engine, test_batched, test_scripted).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, EngineEvent, Failure, Output
 from runner.engine.mlx_engine import MlxEngine, engine_version
 from runner.engine.scripted import ScriptedEngine
+from runner.engine.stats import EngineStats
 from runner.errors import EngineStateError
 from tests.runner.collect import (
     Collector,
@@ -78,10 +79,10 @@ def lent(
         yield engine
 
 
-def counted(engine: Engine) -> MlxEngine | ScriptedEngine:
-    """The engine, with its counters (every engine here keeps the same ones)."""
+def counted(engine: Engine) -> EngineStats:
+    """The engine's counters (every engine here keeps the same ones, `EngineStats`)."""
     assert isinstance(engine, MlxEngine | ScriptedEngine)
-    return engine
+    return engine.stats
 
 
 def started_outputs(collector: Collector, request_id: str) -> list[Output]:

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from runner.engine import kv_store
+from runner.engine.cache_entry import Entry
 from runner.engine.kv_store import DATA, SUM, KvStore, Loaded, ModelStore, model_identity
-from runner.engine.prefix_cache import BLOCK, Entry, PrefixCache
-from tests.runner.test_prefix_cache import filled, held, nbytes, tokens
+from runner.engine.prefix_cache import BLOCK, PrefixCache
+from tests.runner.caches import filled, held, nbytes, tokens
 from tests.support import wait_until
 
 MODEL = "org_model-0123456789abcdef"  # as model_identity names one

@@ -222,7 +222,7 @@ def test_a_busy_model_cannot_keep_another_out(make_shelf: MakeShelf) -> None:
     assert s.ended_at["a1"] < s.made_at["b"] < s.made_at["a"] < s.ended_at["a2"]
     assert s.ended_at["b1"] < s.made_at["a"]
     assert len(s.engines["a"]) == 2
-    assert s.engines["a"][0].requests_finished == 1  # a1 only
+    assert s.engines["a"][0].stats.requests_finished == 1  # a1 only
     assert states(s.shelf) == {"a": "loaded", "b": "loadable"}
     assert s.shelf.unloads == 2
 
@@ -245,7 +245,7 @@ def test_a_model_marked_for_eviction_serves_again_when_room_is_made_otherwise(
     for rid in ("a1", "b1", "c1", "a2"):
         assert outputs(s.collector.wait(rid))[-1].finish_reason == "length"
     assert len(s.engines["a"]) == 1  # never unloaded
-    assert s.engines["a"][0].requests_finished == 2  # a2 ran on it
+    assert s.engines["a"][0].stats.requests_finished == 2  # a2 ran on it
     assert not s.shelf._models["a"].evicting
     assert states(s.shelf) == {"a": "loaded", "b": "loadable", "c": "loaded"}
 

@@ -1,6 +1,6 @@
 """ThreadedEngine's own rules, on a minimal engine built on its subclass interface: a bug in a
 step, load errors, and the thread-exit hook. (The rules every engine shows, such as submit
-after close, are in test_engine_contract.)"""
+after close, are in test_contract.)"""
 
 from __future__ import annotations
 

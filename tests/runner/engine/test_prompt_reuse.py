@@ -18,24 +18,24 @@ from protocol.frames import Generate, Message
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import kv_store
 from runner.engine.base import EngineEvent, Output
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import batched_engine
+from runner.engine.cache_entry import StoredEntry
 from runner.engine.generation import SHARE_MIN
 from runner.engine.kv_store import KvStore
 from runner.engine.mlx_engine import MlxEngine
 from runner.engine.prefix_cache import common_prefix
 from tests.runner.collect import Collector, engine_starter, final, hold, outputs, run
-from tests.runner.engines import GREEDY, Reference
+from tests.runner.engines import GREEDY, MLX_ENGINES, Reference
 from tests.support import UNIT
 
-KINDS: dict[str, type[MlxEngine]] = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
 SYSTEM = " ".join(f"Rule {i}: answer about orchards, briefly and kindly." for i in range(16))
 
 StartEngine = Callable[..., tuple[MlxEngine, Collector]]
 
 
-@pytest.fixture(params=list(KINDS))
+@pytest.fixture(params=list(MLX_ENGINES))
 def start_engine(request: pytest.FixtureRequest, demo_model_path: Path) -> Iterator[StartEngine]:
-    kind = KINDS[request.param]
+    kind = MLX_ENGINES[request.param]
     with engine_starter(lambda **options: kind(DEMO_MODEL_ID, **options)) as start:
         yield start
 
@@ -53,7 +53,7 @@ def chat(request_id: str, system: str, user: str, max_tokens: int = 6) -> Genera
 def kept_tokens(engine: MlxEngine, reference: Reference, request: Generate) -> list[int]:
     """What the prefix cache keeps of a finished request: its prompt and its answer but the
     last token (which never ran through the model)."""
-    answer = list(dict(engine.recent_tokens)[request.request_id])
+    answer = list(dict(engine.stats.recent_tokens)[request.request_id])
     return reference.prompt(request) + answer[:-1]
 
 
@@ -64,7 +64,7 @@ def test_one_kept_prefix_serves_concurrent_requests_exactly(
     first = chat("first", SYSTEM, "Hello")
     run(engine, collector, first)
     kept = kept_tokens(engine, reference, first)
-    hits = engine.prefix_cache_hits
+    hits = engine.stats.prefix_cache_hits
     requests = [chat(f"r{i}", SYSTEM, f"Question number {i}?") for i in range(8)]
     gate = hold(engine, collector, chat("gate", "Something else entirely.", "Hi", max_tokens=1))
     for request in requests:
@@ -78,7 +78,7 @@ def test_one_kept_prefix_serves_concurrent_requests_exactly(
         assert usage.cached_tokens == common_prefix(kept, prompt) > len(SYSTEM) // 8
         # Read from the shared entry, written on copies: each output is a lone run's.
         assert [o.text for o in outputs(events)] == reference.greedy(request)[1]
-    assert engine.prefix_cache_hits - hits == 8 + 1  # the gate reused the template's head
+    assert engine.stats.prefix_cache_hits - hits == 8 + 1  # the gate reused the template's head
     assert len(engine._generation.prefix_cache) >= 1  # type: ignore[union-attr]
 
 
@@ -159,7 +159,7 @@ def test_reading_from_disk_never_holds_up_the_running_streams(
     streamed = threading.Event()
     real = kv_store.ModelStore._verified
 
-    def slow_read(self: kv_store.ModelStore, stored: kv_store.StoredEntry) -> Any:
+    def slow_read(self: kv_store.ModelStore, stored: StoredEntry) -> Any:
         assert streamed.wait(20 * UNIT), "the running stream stalled while the disk was read"
         return real(self, stored)
 
@@ -214,7 +214,7 @@ def test_files_of_other_weights_under_the_same_name_are_ignored(
 
     def start() -> tuple[MlxEngine, Collector]:
         collector = Collector()
-        engine = BatchedMlxEngine(str(copy), kv_store=store)
+        engine = batched_engine(str(copy), kv_store=store)
         engine.start(collector)
         return engine, collector
 

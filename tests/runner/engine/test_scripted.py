@@ -1,5 +1,5 @@
 """What only ScriptedEngine does: its documented output and usage, pacing and rounds, and its
-scripted faults (the Engine contract itself is in test_engine_contract)."""
+scripted faults (the Engine contract itself is in test_contract)."""
 
 from __future__ import annotations
 
@@ -132,10 +132,10 @@ def test_queue_and_cancel_while_queued(engines: list[ScriptedEngine], collector:
     held = sum(final(collector.wait(f"long{i}")).usage.completion_tokens for i in range(2))
     for i in range(2):
         assert final(collector.wait(f"r{i}")).usage.completion_tokens == 10
-    assert engine.peak_active_requests == 2
-    assert engine.tokens_generated == held + 20
-    assert engine.requests_finished == 5
-    assert engine.active_requests == 0
+    assert engine.stats.peak_active_requests == 2
+    assert engine.stats.tokens_generated == held + 20
+    assert engine.stats.requests_finished == 5
+    assert engine.stats.active_requests == 0
 
 
 def test_slots_are_first_come_first_served_and_rounds_step_every_request(
@@ -152,7 +152,7 @@ def test_slots_are_first_come_first_served_and_rounds_step_every_request(
         assert final(collector.wait(request_id)).usage.completion_tokens == tokens
     # Rounds: a b | b c | b c | d e | d. A freed slot goes to the longest waiting request.
     assert "".join(order) == "abbcbcded"
-    assert engine.peak_active_requests == 2
+    assert engine.stats.peak_active_requests == 2
 
 
 def test_one_thread_serves_every_request(
@@ -178,7 +178,10 @@ def test_paced_requests_share_rounds(engines: list[ScriptedEngine], collector: C
     engine = start(engines, collector, tokens_per_second=rate)
     seen: list[int] = []  # tokens_generated as each token is delivered: one value per round
     gate = hold(
-        engine, collector, ask("gate", max_tokens=1), lambda _: seen.append(engine.tokens_generated)
+        engine,
+        collector,
+        ask("gate", max_tokens=1),
+        lambda _: seen.append(engine.stats.tokens_generated),
     )
     started = time.monotonic()
     for i in range(count):
@@ -200,7 +203,7 @@ def test_min_step_batches_rounds(engines: list[ScriptedEngine], collector: Colle
     engine = start(engines, collector, tokens_per_second=rate, min_step=min_step)
     arrivals: list[tuple[float, int]] = []
     collector.on_event = lambda event: arrivals.append(
-        (time.perf_counter(), engine.tokens_generated)
+        (time.perf_counter(), engine.stats.tokens_generated)
     )
     submitted = time.perf_counter()
     events = run(engine, collector, ask("r1", max_tokens=10))
@@ -313,8 +316,8 @@ def test_n_choices(engines: list[ScriptedEngine], collector: Collector) -> None:
     ]
     assert final(events).usage == Usage(prompt_tokens=7, completion_tokens=6)
     assert final(events).stats is not None
-    assert engine.peak_active_requests == 3
-    assert (engine.requests_finished, engine.active_requests) == (1, 0)
+    assert engine.stats.peak_active_requests == 3
+    assert (engine.stats.requests_finished, engine.stats.active_requests) == (1, 0)
 
 
 def test_n_choices_cancel_and_fail_together(
@@ -338,4 +341,4 @@ def test_n_choices_cancel_and_fail_together(
     engine = start(engines, collector, fail_after=1)
     events = run(engine, collector, ask("r2", n=2))
     assert [type(e) for e in events] == [Output, Output, Failure]
-    assert engine.active_requests == 0
+    assert engine.stats.active_requests == 0

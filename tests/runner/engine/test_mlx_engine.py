@@ -14,7 +14,7 @@ from protocol.frames import Generate, LogitBias, Message, ModelInfo, SamplingPar
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import interleaved
 from runner.engine.base import Failure, Output
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import Batched
 from runner.engine.mlx_engine import MlxEngine, engine_version
 from runner.engine.prefix_cache import common_prefix
 from runner.errors import ModelLoadError
@@ -28,23 +28,20 @@ from tests.runner.collect import (
     shared_engine,
     text_of,
 )
-from tests.runner.engines import GREEDY, Reference, ask
+from tests.runner.engines import GREEDY, MLX_ENGINES, MakeMlxEngine, Reference, ask
 from tests.support import weights_bytes
 
 StartEngine = Callable[..., tuple[MlxEngine, Collector]]
 
 
-@pytest.fixture(scope="module", params=[MlxEngine, BatchedMlxEngine], ids=["mlx", "mlx-batched"])
-def engine_class(request: pytest.FixtureRequest) -> type[MlxEngine]:
-    engine_class: type[MlxEngine] = request.param
-    return engine_class
+@pytest.fixture(scope="module", params=list(MLX_ENGINES))
+def make_engine(request: pytest.FixtureRequest) -> MakeMlxEngine:
+    return MLX_ENGINES[request.param]
 
 
 @pytest.fixture(scope="module")
-def shared(
-    engine_class: type[MlxEngine], demo_model_path: Path
-) -> Iterator[SharedEngine[MlxEngine]]:
-    with shared_engine(lambda: engine_class(DEMO_MODEL_ID)) as shared:
+def shared(make_engine: MakeMlxEngine, demo_model_path: Path) -> Iterator[SharedEngine[MlxEngine]]:
+    with shared_engine(lambda: make_engine(DEMO_MODEL_ID)) as shared:
         yield shared
 
 
@@ -56,9 +53,9 @@ def lent(shared: SharedEngine[MlxEngine]) -> Iterator[tuple[MlxEngine, Collector
 
 
 @pytest.fixture
-def start_engine(engine_class: type[MlxEngine], demo_model_path: Path) -> Iterator[StartEngine]:
+def start_engine(make_engine: MakeMlxEngine, demo_model_path: Path) -> Iterator[StartEngine]:
     """Engines of this kind of the test's own."""
-    with engine_starter(lambda **options: engine_class(DEMO_MODEL_ID, **options)) as start:
+    with engine_starter(lambda **options: make_engine(DEMO_MODEL_ID, **options)) as start:
         yield start
 
 
@@ -70,7 +67,7 @@ def test_greedy_equals_stream_generate(
     events = run(engine, collector, request)
     tokens, texts = reference.greedy(request)
     assert [o.text for o in outputs(events)] == texts
-    assert engine.recent_tokens[-1] == ("r1", tuple(tokens))
+    assert engine.stats.recent_tokens[-1] == ("r1", tuple(tokens))
     assert all(o.tokens == 1 and o.reasoning == "" for o in outputs(events))
 
 
@@ -103,7 +100,7 @@ def test_prefix_cache_reuses_a_shared_prefix(
     first = ask("r1", "What grows in an orchard?", max_tokens=12, sampling=GREEDY)
     first_events = run(engine, collector, first)
     assert final(first_events).usage.cached_tokens == 0
-    assert engine.prefix_cache_hits == 0
+    assert engine.stats.prefix_cache_hits == 0
 
     follow_up = Generate(
         "r2",
@@ -128,20 +125,20 @@ def test_prefix_cache_reuses_a_shared_prefix(
     # What of the first request's prompt and answer the follow-up starts with (the answer's
     # text, templated, need not be its tokens; its last token never ran through the model):
     # at least all of the first prompt.
-    answer = list(dict(engine.recent_tokens)["r1"])
+    answer = list(dict(engine.stats.recent_tokens)["r1"])
     kept = reference.prompt(first) + answer[:-1]
     assert usage.cached_tokens == common_prefix(kept, prompt) >= len(reference.prompt(first))
     # The reused cache holds the right keys and values: same output as a fresh run.
     assert [o.text for o in outputs(events)] == reference.greedy(follow_up)[1]
     other_usage = final(collector.wait("other")).usage
     assert other_usage.cached_tokens == common_prefix(kept, reference.prompt(other)) > 0
-    assert engine.prefix_cache_hits == 2
+    assert engine.stats.prefix_cache_hits == 2
 
     again = Generate("r3", DEMO_MODEL_ID, follow_up.messages, max_tokens=4, sampling=GREEDY)
     usage = final(run(engine, collector, again)).usage
     # Everything but the last prompt token, whose logits start generation.
     assert usage.cached_tokens == usage.prompt_tokens - 1
-    assert engine.prefix_cache_hits == 3
+    assert engine.stats.prefix_cache_hits == 3
 
 
 def test_seeded_sampling_is_reproducible(lent: tuple[MlxEngine, Collector]) -> None:
@@ -175,7 +172,7 @@ def test_presence_penalty_counts_generated_tokens_only(
     engine, collector = lent
     request = ask("r1", max_tokens=30, sampling=SamplingParams(temperature=0, presence_penalty=50))
     run(engine, collector, request)
-    _, tokens = engine.recent_tokens[-1]
+    _, tokens = engine.stats.recent_tokens[-1]
     assert len(set(tokens)) == len(tokens)  # nothing generated twice
     # The first token sees no generated tokens, so no penalty: plain greedy's first token.
     assert tokens[0] == reference.greedy(ask("x", max_tokens=1))[0][0]
@@ -192,7 +189,7 @@ def test_logit_bias(lent: tuple[MlxEngine, Collector], reference: Reference) -> 
 
 
 def test_starting_inside_a_think_span_is_reasoning(
-    engine_class: type[MlxEngine], demo_model_path: Path, tmp_path: Path
+    make_engine: MakeMlxEngine, demo_model_path: Path, tmp_path: Path
 ) -> None:
     # A copy of the demo model whose template opens the reasoning, as DeepSeek-R1's does.
     thinking = tmp_path / "thinking"
@@ -202,7 +199,7 @@ def test_starting_inside_a_think_span_is_reasoning(
     config = thinking / "tokenizer_config.json"
     config.write_text(config.read_text().replace("assistant\\\\n", "assistant\\\\n<think>\\\\n"))
 
-    with engine_starter(lambda: engine_class(str(thinking))) as start:
+    with engine_starter(lambda: make_engine(str(thinking))) as start:
         engine, collector = start()
         size = weights_bytes(thinking)
         assert engine.models == (ModelInfo(str(thinking), 2048, engine_version(), size_bytes=size),)
@@ -244,7 +241,6 @@ def test_invalid_requests(lent: tuple[MlxEngine, Collector]) -> None:
 
 
 def test_an_error_in_a_generation_stream_fails_one_request_only(
-    engine_class: type[MlxEngine],
     lent: tuple[MlxEngine, Collector],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -258,8 +254,8 @@ def test_an_error_in_a_generation_stream_fails_one_request_only(
 
     monkeypatch.setattr(interleaved, "stream_generate", broken_for_13)
     # The batched engine runs seeded sampled requests on their own streams.
-    sampling = SamplingParams(seed=5) if engine_class is BatchedMlxEngine else GREEDY
     engine, collector = lent
+    sampling = SamplingParams(seed=5) if isinstance(engine.strategy, Batched) else GREEDY
     engine.submit(ask("bad", max_tokens=13, sampling=sampling))
     engine.submit(ask("good", max_tokens=20, sampling=sampling))
     bad = collector.wait("bad")
@@ -270,8 +266,8 @@ def test_an_error_in_a_generation_stream_fails_one_request_only(
     assert final(run(engine, collector, ask("after", max_tokens=3))).finish_reason == "length"
 
 
-def test_load_error_is_raised_by_start(engine_class: type[MlxEngine], tmp_path: Path) -> None:
-    engine = engine_class(str(tmp_path))  # a directory with no model in it
+def test_load_error_is_raised_by_start(make_engine: MakeMlxEngine, tmp_path: Path) -> None:
+    engine = make_engine(str(tmp_path))  # a directory with no model in it
     with pytest.raises(ModelLoadError) as raised:
         engine.start(Collector())
     assert isinstance(raised.value.__cause__, FileNotFoundError)

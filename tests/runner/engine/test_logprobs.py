@@ -13,7 +13,6 @@ import pytest
 from protocol.frames import LogitBias, SamplingParams, TokenLogprob
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine.base import Engine, Output
-from runner.engine.batched import BatchedMlxEngine
 from runner.engine.mlx_engine import MlxEngine
 from tests.runner.collect import (
     Collector,
@@ -22,17 +21,15 @@ from tests.runner.collect import (
     run,
     shared_engine,
 )
-from tests.runner.engines import GREEDY, Reference, ask
-
-ENGINES = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
+from tests.runner.engines import GREEDY, MLX_ENGINES, Reference, ask
 
 
-@pytest.fixture(scope="module", params=sorted(ENGINES))
+@pytest.fixture(scope="module", params=sorted(MLX_ENGINES))
 def shared(
     request: pytest.FixtureRequest, demo_model_path: Path
 ) -> Iterator[SharedEngine[MlxEngine]]:
     """Each mlx engine, started once for the module's tests."""
-    make = ENGINES[request.param]
+    make = MLX_ENGINES[request.param]
     with shared_engine(lambda: make(DEMO_MODEL_ID)) as shared:
         yield shared
 
@@ -73,8 +70,8 @@ def test_logprobs_are_the_models_own(
     )
     events = run(eng, collector, request)
     entries = token_entries(events)
-    assert isinstance(eng, MlxEngine)  # BatchedMlxEngine is one too
-    tokens = list(dict(eng.recent_tokens)["r1"])  # the last r1 to finish: this one
+    assert isinstance(eng, MlxEngine)  # a batched engine is one too
+    tokens = list(dict(eng.stats.recent_tokens)["r1"])  # the last r1 to finish: this one
     assert len(entries) == len(tokens) == 8
     expected = expected_logprobs(reference, reference.prompt(request), tokens, bias)
     for entry, token, vector in zip(entries, tokens, expected, strict=True):

@@ -15,8 +15,9 @@ import pytest
 from protocol.frames import Generate, Message, ResponseFormat, SamplingParams, Tool
 from runner.demo_families import FAMILIES
 from runner.engine.base import Output
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import batched_engine
 from runner.engine.constraint import constraint_for
+from runner.engine.mlx_engine import MlxEngine
 from runner.engine.mlx_model import MlxModel
 from runner.harmony import MARKERS
 from tests.runner.collect import Collector, outputs
@@ -61,12 +62,12 @@ class Fleet:
     """One started engine per family, made on first use."""
 
     def __init__(self) -> None:
-        self.engines: dict[str, tuple[BatchedMlxEngine, Collector]] = {}
+        self.engines: dict[str, tuple[MlxEngine, Collector]] = {}
 
-    def __call__(self, family: str) -> tuple[BatchedMlxEngine, Collector]:
+    def __call__(self, family: str) -> tuple[MlxEngine, Collector]:
         if family not in self.engines:
             collector = Collector()
-            engine = BatchedMlxEngine(FAMILIES[family].model_id, max_concurrent=16)
+            engine = batched_engine(FAMILIES[family].model_id, max_concurrent=16)
             engine.start(collector)
             self.engines[family] = engine, collector
         return self.engines[family]

@@ -14,7 +14,6 @@ import pytest
 from protocol.frames import Echo, Generate, LogitBias, Message, PromptToken, SamplingParams
 from runner.demo_model import CONTEXT_LENGTH, DEMO_MODEL_ID
 from runner.engine.base import Engine, Failure, Output
-from runner.engine.batched import BatchedMlxEngine
 from runner.engine.generation import ECHO_PIECE_CHARS, ECHO_PIECE_TOKENS, split_echo
 from runner.engine.mlx_engine import MlxEngine
 from tests.runner.collect import (
@@ -24,18 +23,17 @@ from tests.runner.collect import (
     run,
     shared_engine,
 )
-from tests.runner.engines import GREEDY, Reference
+from tests.runner.engines import GREEDY, MLX_ENGINES, Reference
 
-ENGINES = {"mlx": MlxEngine, "mlx-batched": BatchedMlxEngine}
 TEXT = "Once upon a time, in an orchard"
 
 
-@pytest.fixture(scope="module", params=sorted(ENGINES))
+@pytest.fixture(scope="module", params=sorted(MLX_ENGINES))
 def shared(
     request: pytest.FixtureRequest, demo_model_path: Path
 ) -> Iterator[SharedEngine[MlxEngine]]:
     """Each mlx engine, started once for the module's tests."""
-    make = ENGINES[request.param]
+    make = MLX_ENGINES[request.param]
     with shared_engine(lambda: make(DEMO_MODEL_ID)) as shared:
         yield shared
 

@@ -101,7 +101,7 @@ def _tensor_model(path: Path, demo: Path) -> None:
 def test_tensor_split_answers_as_one_process_within_float_rounding(
     tmp_path: Path, demo_model_path: Path
 ) -> None:
-    from runner.engine.batched import BatchedMlxEngine
+    from runner.engine.batched import batched_engine
 
     model = tmp_path / "tensor-model"
     _tensor_model(model, demo_model_path)
@@ -110,10 +110,10 @@ def test_tensor_split_answers_as_one_process_within_float_rounding(
     assert outs[0]["split"] == "tensor"
 
     relay = group_script.Relay()
-    engine = BatchedMlxEngine(str(model), max_concurrent=2)
+    engine = batched_engine(str(model), max_concurrent=2)
     engine.start(relay)
     try:
-        expected = group_script.answer(group_script._Submitter(engine, relay), str(model))
+        expected = group_script.answer(group_script.Submitter(engine, relay), str(model))
     finally:
         engine.close()
     for got, want in zip(outs[0]["answers"], expected, strict=True):
