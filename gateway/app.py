@@ -8,36 +8,32 @@ from pathlib import Path
 from litestar import Litestar, get
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
-from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.response import File
 from litestar.static_files import create_static_files_router
 
-from gateway.anthropic import routes as anthropic_api
-from gateway.auth import before_request
+from gateway.anthropic import router as anthropic
+from gateway.api import unrouted
 from gateway.browser.routes import client_socket
 from gateway.config import GatewayConfig
-from gateway.http_errors import handle_api_error, handle_http_exception, handle_unexpected
-from gateway.observability.admin import health, list_models, list_runners, metrics, tls_proof
-from gateway.ollama import routes as ollama_api
-from gateway.openai.chat.routes import chat_completions
-from gateway.openai.chat.stored import (
-    delete_stored,
-    get_stored,
-    list_stored,
-    list_stored_messages,
-    update_stored,
-)
-from gateway.openai.completions.routes import completions
-from gateway.openai.responses import routes as responses_api
+from gateway.http_errors import exception_handlers
+from gateway.observability.admin import health, metrics, tls_proof
+from gateway.ollama import router as ollama
+from gateway.openai import router as openai
 from gateway.pool.link import runner_socket
 from gateway.pool.pool import Pool
 from gateway.stores.chat import CompletionStore
-from protocol.core.errors import ApiError
 
 log = logging.getLogger("gateway")
 
 STATIC = Path(__file__).parent / "static"
+MOUNTED = (
+    # The client APIs, each its own router (gateway.api): one line per API.
+    openai.MOUNTED,
+    anthropic.MOUNTED,
+    ollama.MOUNTED,
+)
+APIS = tuple(mounted.api for mounted in MOUNTED)
 
 
 @get("/", include_in_schema=False)
@@ -53,18 +49,7 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
     pool = Pool(config)
     return Litestar(
         route_handlers=[
-            chat_completions,
-            completions,
-            *responses_api.ROUTES,
-            *anthropic_api.ROUTES,
-            *ollama_api.ROUTES,
-            list_stored,
-            get_stored,
-            update_stored,
-            delete_stored,
-            list_stored_messages,
-            list_models,
-            list_runners,
+            *(mounted.router() for mounted in MOUNTED),
             health,
             metrics,
             tls_proof,
@@ -81,14 +66,12 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
                 "client_sockets": [],
             }
         ),
-        exception_handlers={
-            ApiError: handle_api_error,
-            HTTPException: handle_http_exception,
-            Exception: handle_unexpected,
-        },
+        # Errors of the routes outside the APIs' routers, and of requests no route took.
+        exception_handlers=exception_handlers(
+            lambda request: unrouted(request.url.path, APIS, openai.OPENAI.error_body)
+        ),
         openapi_config=OpenAPIConfig(title="Orchard gateway", version="0.1.0", path="/schema"),
         request_max_body_size=config.max_body_bytes,
-        before_request=before_request,
         cors_config=(
             CORSConfig(
                 allow_origins=sorted(config.allowed_origins),

@@ -15,15 +15,13 @@ from litestar import Request
 
 from gateway.config import GatewayConfig
 from protocol.core.errors import ApiError, authentication
-from protocol.pinning import PROOF_PATH
 
-AUTH_EXEMPT = frozenset({"/health", PROOF_PATH})
-"""Paths open even when API keys are set: liveness probes, and the TLS proof runners ask
-for (it needs the runner token to answer, not a client's key)."""
-API_PREFIXES = ("/v1/", "/api/")
-"""The client APIs API keys guard: OpenAI's and Anthropic's (`/v1/`), Ollama's (`/api/`)."""
 METRICS_PATH = "/metrics"
-"""Guarded too, unless the gateway runs with `--metrics-open`."""
+"""Guarded as the client APIs are (`check_metrics`), unless the gateway runs with
+`--metrics-open`. The liveness probe and the TLS proof runners ask for (which needs the runner
+token to answer, not a client's key) are open."""
+BEARER_HINT = "Authorization: Bearer <key>"
+"""How OpenAI's and Ollama's clients send their key."""
 
 
 def secret_in(given: object, secrets: Iterable[str]) -> bool:
@@ -75,24 +73,20 @@ def origin_allowed(origin: str | None, host: str | None, config: GatewayConfig) 
     return host is not None and urlsplit(origin).netloc == host
 
 
-def check_http(request: Request[Any, Any, Any]) -> None:
-    """Raise the `ApiError` for a request that fails origin or API-key checks."""
+def check_client(request: Request[Any, Any, Any], key_hint: str = BEARER_HINT) -> None:
+    """Raise the `ApiError` for a request to a client API (every route of its router:
+    gateway.api) that fails the origin or API-key checks; `key_hint` says how its clients
+    send their key."""
     config: GatewayConfig = request.app.state.config
-    path = request.url.path
-    if path == METRICS_PATH:
-        if config.metrics_open:
-            return
-    elif not path.startswith(API_PREFIXES) or path in AUTH_EXEMPT:
-        return
     if not origin_allowed(request.headers.get("origin"), request.headers.get("host"), config):
         raise ApiError(
             403, "This origin is not allowed.", "permission_error", None, "origin_not_allowed"
         )
     if config.api_keys and not secret_in(api_key(request.headers), config.api_keys):
-        raise authentication(
-            "Missing or incorrect API key. Send it as 'Authorization: Bearer <key>'."
-        )
+        raise authentication(f"Missing or incorrect API key. Send it as '{key_hint}'.")
 
 
-async def before_request(request: Request[Any, Any, Any]) -> None:
-    check_http(request)
+async def check_metrics(request: Request[Any, Any, Any]) -> None:
+    """`/metrics`' before_request: the client checks, unless `--metrics-open`."""
+    if not request.app.state.config.metrics_open:
+        check_client(request)

@@ -1,11 +1,9 @@
 """Every error the gateway answers, decided once as an `ApiError` and written in the shape
-of the API the client spoke: OpenAI's `{"error": {message, type, param, code}}`, Anthropic's
-`{"type": "error", "error": {type, message}}` under `/v1/messages`, Ollama's
-`{"error": message}` under `/api/` (`error_shape`).
+of the API the client spoke (each API's router has its own handlers: gateway.api).
 
-`api_error_for` maps gateway errors and runner error frames to `ApiError`; the
-exception handlers turn those, Litestar's own HTTP errors (404 route, 405, 413 body too
-large) and anything unexpected into error responses.
+`api_error_for` maps gateway errors and runner error frames to `ApiError`;
+`exception_handlers` turns those, Litestar's own HTTP errors (404 route, 405, 413 body too
+large) and anything unexpected into error responses in one shape.
 """
 
 from __future__ import annotations
@@ -17,15 +15,13 @@ from typing import Any
 import orjson
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+from litestar.types import ExceptionHandlersMap
 
 from gateway.errors import GatewayError
 from gateway.streaming.request_stream import Failed
-from protocol.anthropic.errors import error_body as anthropic_error
 from protocol.core import errors
 from protocol.core.errors import ApiError
 from protocol.frames import Error
-from protocol.ollama.errors import error_body as ollama_error
-from protocol.openai.errors import error_body as openai_error
 
 log = logging.getLogger("gateway.errors")
 
@@ -55,16 +51,7 @@ def api_error_for(problem: object) -> ApiError:
 ErrorShape = Callable[[ApiError], dict[str, Any]]
 
 
-def error_shape(path: str) -> ErrorShape:
-    """How errors are written for a request to `path`: in the shape of its API."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return anthropic_error
-    if path == "/api" or path.startswith("/api/"):
-        return ollama_error
-    return openai_error
-
-
-def error_response(err: ApiError, shape: ErrorShape = openai_error) -> Response[bytes]:
+def error_response(err: ApiError, shape: ErrorShape) -> Response[bytes]:
     headers = {}
     if err.retry_after is not None:
         headers["Retry-After"] = str(max(1, round(err.retry_after)))
@@ -76,21 +63,33 @@ def error_response(err: ApiError, shape: ErrorShape = openai_error) -> Response[
     )
 
 
-def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
-    return error_response(exc, error_shape(request.url.path))
-
-
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
-
-def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    status = exc.status_code
-    shape = error_shape(request.url.path)
-    if status == 413:
-        return error_response(errors.too_large(request.app.state.config.max_body_bytes), shape)
-    kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return error_response(ApiError(status, str(exc.detail), kind, None, None), shape)
+ShapeOf = Callable[[Request[Any, Any, Any]], ErrorShape]
+"""The error shape for a request (its API's; for a request no route took, by its path)."""
 
 
-def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    return error_response(api_error_for(exc), error_shape(request.url.path))
+def exception_handlers(shape_of: ShapeOf) -> ExceptionHandlersMap:
+    """Litestar exception handlers writing every error in `shape_of`'s shape."""
+
+    def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+        return error_response(exc, shape_of(request))
+
+    def handle_http_exception(
+        request: Request[Any, Any, Any], exc: HTTPException
+    ) -> Response[bytes]:
+        status = exc.status_code
+        shape = shape_of(request)
+        if status == 413:
+            return error_response(errors.too_large(request.app.state.config.max_body_bytes), shape)
+        kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        return error_response(ApiError(status, str(exc.detail), kind, None, None), shape)
+
+    def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+        return error_response(api_error_for(exc), shape_of(request))
+
+    return {
+        ApiError: handle_api_error,
+        HTTPException: handle_http_exception,
+        Exception: handle_unexpected,
+    }

@@ -121,9 +121,9 @@ def _decode(data: bytes | str, union: Any) -> Any:
         raise FrameError("a frame needs a string 'type' field")
     if tag not in _TAGS_BY_UNION[id(union)]:
         raise FrameError(f"unknown frame type {tag!r}")
-    if tag == "chunk" and (chunk := _fast_chunk(obj)) is not None:
+    if tag == "chunk" and (chunk := fast_chunk(obj)) is not None:
         return chunk
-    if tag == "batch" and (batch := _fast_batch(obj)) is not None:
+    if tag == "batch" and (batch := fast_batch(obj)) is not None:
         return batch
     try:
         return converter.structure(obj, union)
@@ -139,7 +139,7 @@ _USAGE_KEYS = frozenset(("prompt_tokens", "completion_tokens", "cached_tokens", 
 _FINISH_REASONS = frozenset(get_args(FinishReason))
 
 
-def _fast_chunk(obj: dict[str, Any], keys: frozenset[str] = _CHUNK_KEYS) -> Chunk | None:
+def fast_chunk(obj: dict[str, Any], keys: frozenset[str] = _CHUNK_KEYS) -> Chunk | None:
     """The per-token frame without cattrs' generic machinery (a quarter of the gateway's
     relay CPU in profiles). Only a complete, well-typed plain chunk (no stats, no optional
     field) takes this path; anything else returns None and goes through the converter, which
@@ -185,7 +185,7 @@ def _fast_chunk(obj: dict[str, Any], keys: frozenset[str] = _CHUNK_KEYS) -> Chun
     )
 
 
-def _fast_batch(obj: dict[str, Any]) -> Batch | None:
+def fast_batch(obj: dict[str, Any]) -> Batch | None:
     """A batch whose chunks all take the fast path; otherwise None (the converter decides)."""
     frames = obj.get("frames")
     if obj.keys() != _BATCH_KEYS or type(frames) is not list:
@@ -194,7 +194,7 @@ def _fast_batch(obj: dict[str, Any]) -> Batch | None:
     for item in frames:
         if type(item) is not dict:
             return None
-        chunk = _fast_chunk(item, _CHUNK_FIELDS)
+        chunk = fast_chunk(item, _CHUNK_FIELDS)
         if chunk is None:
             return None
         chunks.append(chunk)

@@ -140,11 +140,163 @@ def test_the_other_dialects_import_nothing_from_openai() -> None:
     assert found == []
 
 
-def test_no_private_name_is_imported_across_protocol_modules() -> None:
+OURS = ("protocol", "gateway", "runner", "orchard", "tests", "bench")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    """A name another module needs is public: nothing imports a `_name` of ours."""
     found = [
         (str(path.relative_to(REPO)), module, name)
-        for path in modules("protocol")
+        for package in OURS
+        for path in modules(package)
         for module, name in imported_from(path)
-        if name.startswith("_") and not name.startswith("__")
+        if module.split(".")[0] in OURS and name.startswith("_") and not name.startswith("__")
     ]
     assert found == []
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Each module of `package` → the modules of `package` it imports (lazily or not; a
+    package's `__init__` only when imported as such)."""
+    known = {module_name(path): path for path in modules(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    targets.add(sub if sub in known else node.module)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = {target for target in targets if target in known and target != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("package", ["gateway", "runner", "protocol", "orchard"])
+def test_no_import_cycles(package: str) -> None:
+    assert cycles(import_graph(package)) == []
+
+
+def test_the_cycle_check_can_fail() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+MAX_LINES = 600
+
+
+def test_no_module_is_over_600_lines() -> None:
+    found = [
+        (str(path.relative_to(REPO)), lines)
+        for package in ("protocol", "gateway", "runner", "orchard")
+        for path in modules(package)
+        if (lines := path.read_text().count("\n")) > MAX_LINES
+    ]
+    assert found == []
+
+
+def test_the_gateway_is_laid_out_by_concern() -> None:
+    """At most 12 modules at gateway/'s top level; the rest in folders by concern."""
+    top = sorted(path.name for path in (REPO / "gateway").glob("*.py"))
+    assert len([name for name in top if name != "__init__.py"]) <= 12, top
+
+
+DIALECT_FOLDERS = {
+    "protocol.anthropic": "gateway.anthropic",
+    "protocol.ollama": "gateway.ollama",
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECT_FOLDERS))
+def test_a_dialects_gateway_code_is_in_its_folder(dialect: str) -> None:
+    """Only the dialect's own gateway folder reads its protocol package."""
+    folder = DIALECT_FOLDERS[dialect]
+    found = [
+        module_name(path)
+        for path in modules("gateway")
+        for module, _ in imported_from(path)
+        if module.startswith(dialect) and not module_name(path).startswith(folder)
+    ]
+    assert found == []
+
+
+def test_each_route_is_served_from_its_apis_folder() -> None:
+    """Every client route is a handler of its API's folder (gateway/openai, anthropic,
+    ollama), mounted on that API's router."""
+    from gateway.app import MOUNTED
+
+    folders = {
+        "openai": "gateway.openai",
+        "anthropic": "gateway.anthropic",
+        "ollama": "gateway.ollama",
+    }
+    misplaced = []
+    for mounted in MOUNTED:
+        for handler in mounted.route_handlers:
+            module = handler.fn.__module__  # type: ignore[union-attr]
+            own = module.startswith(folders[mounted.api.name])
+            if not own and mounted.api.name != "openai":
+                misplaced.append((mounted.api.name, module))
+            elif not own and not module.startswith("gateway.observability.admin"):
+                misplaced.append((mounted.api.name, module))  # the model and runner lists
+    assert misplaced == []
+    assert {mounted.api.name for mounted in MOUNTED} == set(folders)
+
+
+def test_one_function_takes_a_streams_first_item() -> None:
+    """Every endpoint, the browser socket's included, starts its relay through
+    gateway.streaming.endpoint.relay_from_first: nothing else waits for a first item."""
+    callers = sorted(
+        module_name(path)
+        for path in modules("gateway")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("first_item", "relay_from_first")
+    )
+    assert callers == [
+        "gateway.browser.routes",
+        "gateway.streaming.endpoint",
+        "gateway.streaming.endpoint",
+    ]

@@ -27,9 +27,12 @@ from gateway.config import GatewayConfig
 from gateway.http_errors import api_error_for
 from gateway.observability.admin import runner_info
 from gateway.observability.history import RunnerReading
+from gateway.openai.chat.routes import keeper_of
 from gateway.pool.pool import Pool
-from gateway.stores.chat import CompletionStore, Keeper
-from gateway.streaming.relay import Relay, first_item
+from gateway.stores.chat import CompletionStore
+from gateway.streaming.endpoint import relay_from_first
+from gateway.streaming.keeper import Keeper
+from gateway.streaming.relay import Relay
 from gateway.streaming.request_stream import RequestStream
 from protocol.browser.framing import BrowserFraming
 from protocol.browser.messages import CLIENT_WS_PATH, PoolState, encode
@@ -38,7 +41,7 @@ from protocol.closecodes import CloseCode
 from protocol.core.stream import CompletionStream
 from protocol.frames import Generate
 from protocol.openai.chat.request import ChatRequest
-from protocol.openai.chat.response import ChunkWriter
+from protocol.openai.chat.response import chat_writer
 
 log = logging.getLogger("gateway.client_ws")
 
@@ -216,28 +219,19 @@ class ClientSocket:
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         fingerprint = self.pool.fingerprint(chat.model)
-        request = _Request(
-            CompletionStream(
-                id=completion_id,
-                created=created,
-                model=chat.model,
-                include_usage=chat.include_usage,
-                continuous_usage_stats=chat.continuous_usage_stats,
-                logprobs=chat.logprobs,
-                fingerprint=fingerprint,
-                n=chat.n,
-                framing=BrowserFraming(rid),
-                writer=ChunkWriter,
-            ),
-            Keeper.of(
-                self.store,
-                chat,
-                id=completion_id,
-                created=created,
-                fingerprint=fingerprint,
-                request_id=f"req_{uuid.uuid4().hex}",
-            ),
+        framing = BrowserFraming(rid)
+        writer = chat_writer(
+            chat, id=completion_id, created=created, fingerprint=fingerprint, framing=framing
         )
+        keeper = keeper_of(
+            self.store,
+            chat,
+            id=completion_id,
+            created=created,
+            fingerprint=fingerprint,
+            request_id=f"req_{uuid.uuid4().hex}",
+        )
+        request = _Request(CompletionStream(writer, framing, n=chat.n), keeper)
         task = asyncio.create_task(self._run(chat.to_generate(completion_id), request))
         request.task = task
         task.add_done_callback(lambda _: self._ended(rid, request))
@@ -255,8 +249,7 @@ class ClientSocket:
         request.stream = stream
         relay: Relay | None = None
         try:
-            first = await first_item(stream, self.config, self.pool.cancel)
-            relay = Relay(
+            relay, first = await relay_from_first(
                 stream,
                 request.completion,
                 self,

@@ -11,9 +11,10 @@ from litestar import Request, Response, get
 from litestar.datastructures import State
 from prometheus_client.exposition import choose_encoder
 
-from gateway.auth import METRICS_PATH
+from gateway.auth import METRICS_PATH, check_metrics
 from gateway.config import GatewayConfig
-from gateway.pool.pool import Pool, RunnerConn
+from gateway.pool.placement import RunnerConn
+from gateway.pool.pool import Pool
 from protocol.pinning import PROOF_PATH, fingerprint, proof
 
 _STATE_RANK = {"loadable": 0, "loading": 1, "loaded": 2}
@@ -107,7 +108,7 @@ async def health(state: State) -> Response[dict[str, Any]]:
     return Response(body, status_code=503 if draining else 200)
 
 
-@get(METRICS_PATH, include_in_schema=False)
+@get(METRICS_PATH, include_in_schema=False, before_request=check_metrics)
 async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Prometheus' text format, or OpenMetrics when the scraper asks for it
     (gateway.observability.metrics). Not in the OpenAPI document, which describes the client

@@ -19,8 +19,8 @@ from litestar.datastructures import State
 
 from gateway.auth import bearer, is_loopback, secret_in
 from gateway.config import GatewayConfig
-from gateway.pool.pool import Pool, RunnerConn
-from gateway.streaming.request_stream import RequestStream
+from gateway.pool.placement import Placement, RunnerConn
+from gateway.pool.pool import Pool
 from protocol.closecodes import CloseCode
 from protocol.codec import decode_runner_frame, encode
 from protocol.errors import ProtocolError
@@ -84,10 +84,10 @@ async def runner_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     config = pool.config
     await socket.accept()
     link = _Link(socket, config)
-    session: GatewaySession[RequestStream] = GatewaySession()
+    session: GatewaySession[Placement] = GatewaySession()
     conn: RunnerConn | None = None
     peer = socket.client.host if socket.client else None
-    refusal = _refusal(socket, peer, config)
+    refusal = runner_refusal(socket, peer, config)
     if refusal is not None:
         log.warning("refused a runner from %s: %s", peer, refusal)
         await link.close(CloseCode.UNAUTHORIZED, refusal)
@@ -111,7 +111,7 @@ async def runner_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
             pool.remove(conn)
 
 
-def _refusal(
+def runner_refusal(
     socket: WebSocket[Any, Any, Any], peer: str | None, config: GatewayConfig
 ) -> str | None:
     """Why this runner may not connect, or None."""
@@ -124,7 +124,7 @@ def _refusal(
 
 
 async def _handshake(
-    link: _Link, session: GatewaySession[RequestStream], config: GatewayConfig
+    link: _Link, session: GatewaySession[Placement], config: GatewayConfig
 ) -> None:
     try:
         async with asyncio.timeout(config.handshake_timeout):
@@ -137,7 +137,7 @@ async def _handshake(
 
 
 async def _serve(
-    link: _Link, session: GatewaySession[RequestStream], pool: Pool, conn: RunnerConn
+    link: _Link, session: GatewaySession[Placement], pool: Pool, conn: RunnerConn
 ) -> None:
     """Run the receive loop and the watchdog until either ends; re-raise what ended it."""
     tasks = {
@@ -155,7 +155,7 @@ async def _serve(
 
 
 async def _receive_loop(
-    link: _Link, session: GatewaySession[RequestStream], pool: Pool, conn: RunnerConn
+    link: _Link, session: GatewaySession[Placement], pool: Pool, conn: RunnerConn
 ) -> None:
     """Every frame goes through the session, which says what it means; the pool acts on it."""
     deliver = pool.deliver

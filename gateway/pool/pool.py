@@ -1,7 +1,9 @@
 """The runner pool: who is connected, what they serve, and which runner gets each request.
 
 The pool routes and queues; what each runner connection carries (its requests, free slots,
-drain state, counters) is its `GatewaySession`, and the pool keeps no copy of it.
+drain state, counters) is its `GatewaySession`, and the pool keeps no copy of it. The session
+holds each request's `Placement` (gateway.pool.placement: its runner, attempts, prefix and
+meter); the client reads the placement's `RequestStream`.
 
 A request goes to a runner serving its model with a free slot (draining runners have none),
 chosen by `gateway.pool.affinity`: the one whose KV caches hold the longest prefix of it, unless
@@ -24,7 +26,7 @@ import collections
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
@@ -40,13 +42,15 @@ from gateway.errors import (
     RunnerLost,
     ShuttingDown,
 )
+from gateway.observability.collector import PoolCollector
 from gateway.observability.metrics import UNKNOWN_MODEL, Dialect, Metrics, error_kind
-from gateway.pool.affinity import Choice, Holdings, Rates, choose
+from gateway.pool.affinity import Choice, Rates, choose
 from gateway.pool.memory import IdleTrimmer
+from gateway.pool.placement import Placement, RunnerConn
 from gateway.streaming.request_stream import Failed, RequestStream
 from protocol.closecodes import CloseCode
 from protocol.codec import encode
-from protocol.frames import Chunk, Generate, ModelInfo
+from protocol.frames import Chunk, Generate
 from protocol.openai.objects import system_fingerprint
 from protocol.prefix import prefix_chain
 from protocol.session import (
@@ -54,7 +58,6 @@ from protocol.session import (
     Delivered,
     Draining,
     GatewayEvent,
-    GatewaySession,
     Lost,
     ModelChanged,
     RequestFailed,
@@ -78,55 +81,9 @@ MAX_ATTEMPTS = 2
 """A request may be given to this many runners (the first, plus one failover)."""
 
 
-class RunnerConn:
-    """One connected, registered runner: its session (every request it carries, its slots,
-    its drain state and counters: `protocol.session.GatewaySession`) and its socket."""
-
-    def __init__(
-        self,
-        runner_id: str,
-        session: GatewaySession[RequestStream],
-        send: Callable[[bytes], Awaitable[None]],
-        close: Callable[[int, str], Awaitable[None]],
-    ) -> None:
-        assert session.hello is not None, "a runner joins the pool after its hello"
-        self.id = runner_id
-        self.hello: Final = session.hello
-        self.session = session
-        self.send = send
-        self.close = close
-        self.connected_at = time.time()
-        self.holdings = Holdings()
-        """The prefixes its caches hold, its requests' waiting prefill, its measured rates
-        (`gateway.pool.affinity`)."""
-
-    @property
-    def name(self) -> str:
-        return self.hello.runner_name
-
-    @property
-    def models(self) -> frozenset[str]:
-        """Every model it serves, loaded or loadable on demand."""
-        return self.session.models
-
-    def infos(self) -> list[ModelInfo]:
-        """Its models as it last described them (state, size, download progress)."""
-        return list(self.session.model_infos.values())
-
-    def loading(self, model: str) -> bool:
-        """`model` is loading here (requests for it wait on the runner meanwhile)."""
-        info = self.session.model_infos.get(model)
-        return info is not None and info.state == "loading"
-
-    def has_in_memory(self, model: str) -> bool:
-        """`model` is loaded here, or loading."""
-        info = self.session.model_infos.get(model)
-        return info is not None and info.state != "loadable"
-
-
 @attrs.define
 class _Waiter:
-    stream: RequestStream
+    placement: Placement
     future: asyncio.Future[RunnerConn]
     seq: int
 
@@ -143,7 +100,7 @@ class Pool:
         self.metrics = metrics or Metrics()
         """What `GET /metrics` reports (gateway.observability.metrics); the pool counts its
         events."""
-        self.metrics.watch(self)
+        self.metrics.registry.register(PoolCollector(self))
         self.runners: dict[str, RunnerConn] = {}
         self.shutting_down = False
         self._waiters: dict[str, collections.deque[_Waiter]] = collections.defaultdict(
@@ -260,46 +217,46 @@ class Pool:
             raise ShuttingDown
         meter = self.metrics.meter(self.model_label(model), dialect)
         chain = prefix_chain(generate)
-        stream = RequestStream(attrs.evolve(generate, prefix=chain.hashes), meter, chain)
+        placement = Placement(attrs.evolve(generate, prefix=chain.hashes), meter, chain)
         try:
-            await self._place(stream)
+            await self._place(placement)
         except GatewayError as exc:
             meter.end(error_kind(exc))
             raise
         except asyncio.CancelledError:
-            if stream.runner is None:  # otherwise the runner ends it, and its end counts
+            if placement.runner is None:  # otherwise the runner ends it, and its end counts
                 meter.end("cancelled")
             raise
-        return stream
+        return placement.stream
 
-    async def _place(self, stream: RequestStream) -> None:
-        """Find a runner for the stream (queueing if needed) and send it the request."""
-        model = stream.generate.model
+    async def _place(self, placement: Placement) -> None:
+        """Find a runner for the request (queueing if needed) and send it the request."""
+        model = placement.generate.model
         self.check_model(model)
-        conn = self._pick(stream)
+        conn = self._pick(placement)
         if conn is None:
             queued = time.perf_counter()
-            conn = await self._wait(stream)
+            conn = await self._wait(placement)
             self.metrics.queue_wait.labels(self.model_label(model)).observe(
                 time.perf_counter() - queued
             )
         else:
             self.metrics.queue_wait.labels(self.model_label(model)).observe(0.0)
-            self._assign(conn, stream)
-        await conn.send(encode(stream.generate))
+            self._assign(conn, placement)
+        await conn.send(encode(placement.generate))
 
-    def _pick(self, stream: RequestStream) -> RunnerConn | None:
-        """The runner to start `stream` on now (`gateway.pool.affinity.choose`), among those with
+    def _pick(self, placement: Placement) -> RunnerConn | None:
+        """The runner to start `placement` on now (`gateway.pool.affinity.choose`), among those with
         a free slot that hold its model in memory when any does (`_eligible`); None when
         none has a free slot."""
-        model = stream.generate.model
+        model = placement.generate.model
         serving = [c for c in self.runners.values() if self._eligible(c, model)]
         free = [c for c in serving if c.session.free > 0]
         if not free:
             return None
         busy = [c.holdings for c in serving if c.session.free <= 0]
         choice = choose(
-            model, stream.prefix, [(c.holdings, c.session.free) for c in free], self.rates, busy
+            model, placement.prefix, [(c.holdings, c.session.free) for c in free], self.rates, busy
         )
         self._count(model, choice)
         return free[choice.index]
@@ -318,25 +275,25 @@ class Pool:
             return True
         return not any(c.has_in_memory(model) for c in self.runners.values())
 
-    def _assign(self, conn: RunnerConn, stream: RequestStream) -> None:
-        conn.session.assign(stream.generate, stream)
-        model, chain = stream.generate.model, stream.prefix
+    def _assign(self, conn: RunnerConn, placement: Placement) -> None:
+        conn.session.assign(placement.generate, placement)
+        model, chain = placement.generate.model, placement.prefix
         conn.holdings.start(
-            stream.request_id, model, chain, self.rates.prefill(conn.holdings, model, chain)
+            placement.request_id, model, chain, self.rates.prefill(conn.holdings, model, chain)
         )
         self.trimmer.busy(self.in_flight())
-        stream.runner = conn
-        if stream.meter is not None:
-            stream.meter.runner = conn.name
-        stream.attempts += 1
+        placement.runner = conn
+        if placement.meter is not None:
+            placement.meter.runner = conn.name
+        placement.attempts += 1
 
-    async def _wait(self, stream: RequestStream) -> RunnerConn:
-        model = stream.generate.model
+    async def _wait(self, placement: Placement) -> RunnerConn:
+        model = placement.generate.model
         queue = self._waiters[model]
         if len(queue) >= self.config.queue_size:
             raise QueueFull(model, retry_after=1.0)
         future: asyncio.Future[RunnerConn] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(stream, future, next(self._seq))
+        waiter = _Waiter(placement, future, next(self._seq))
         queue.append(waiter)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.config.queue_timeout)
@@ -348,7 +305,7 @@ class Pool:
             if _dispatched(future):
                 # The slot was already ours: start and stop the request so that the
                 # runner frees it through the normal path.
-                self._spawn(self._start_cancelled(future.result(), stream))
+                self._spawn(self._start_cancelled(future.result(), placement))
             raise
         finally:
             if waiter in queue:
@@ -356,9 +313,9 @@ class Pool:
             if not future.done():
                 future.cancel()
 
-    async def _start_cancelled(self, conn: RunnerConn, stream: RequestStream) -> None:
-        await conn.send(encode(stream.generate))
-        self.cancel(stream)
+    async def _start_cancelled(self, conn: RunnerConn, placement: Placement) -> None:
+        await conn.send(encode(placement.generate))
+        self._cancel(placement)
 
     def _dispatch(self, conn: RunnerConn) -> None:
         """Hand free slots of `conn` to the oldest waiters it can serve."""
@@ -371,73 +328,75 @@ class Pool:
             if not heads:
                 return
             waiter = min(heads, key=lambda w: w.seq)
-            model = waiter.stream.generate.model
+            model = waiter.placement.generate.model
             self._waiters[model].popleft()
             if waiter.future.done():
                 continue
             others = [
                 c.holdings for c in self.runners.values() if c is not conn and model in c.models
             ]
-            choice = choose(model, waiter.stream.prefix, [(conn.holdings, 1)], self.rates, others)
+            choice = choose(
+                model, waiter.placement.prefix, [(conn.holdings, 1)], self.rates, others
+            )
             self._count(model, choice)
-            self._assign(conn, waiter.stream)
+            self._assign(conn, waiter.placement)
             waiter.future.set_result(conn)
 
-    def _fail_over(self, stream: RequestStream, reason: GatewayError) -> None:
+    def _fail_over(self, placement: Placement, reason: GatewayError) -> None:
         """Move a request that has produced nothing yet to another runner, once."""
-        if stream.cancelled or stream.attempts >= MAX_ATTEMPTS:
-            stream.push(Failed(reason))
+        if placement.stream.cancelled or placement.attempts >= MAX_ATTEMPTS:
+            placement.stream.push(Failed(reason))
             return
-        log.info("request %s moves to another runner (%s)", stream.request_id, reason)
+        log.info("request %s moves to another runner (%s)", placement.request_id, reason)
         self.metrics.failovers.inc()
-        stream.runner = None
-        self._spawn(self._replace(stream, reason))
+        placement.runner = None
+        self._spawn(self._replace(placement, reason))
 
-    async def _replace(self, stream: RequestStream, reason: GatewayError) -> None:
+    async def _replace(self, placement: Placement, reason: GatewayError) -> None:
         try:
-            await self._place(stream)
+            await self._place(placement)
         except GatewayError:
-            stream.push(Failed(reason))
+            placement.stream.push(Failed(reason))
 
-    def deliver(self, conn: RunnerConn, stream: RequestStream, chunk: Chunk) -> None:
+    def deliver(self, conn: RunnerConn, placement: Placement, chunk: Chunk) -> None:
         """A chunk for a request (the per-token path); a final one frees its slot."""
-        stream.push(chunk)
+        placement.stream.push(chunk)
         if chunk.seq == 0:
-            conn.holdings.first_token(stream.request_id)
+            conn.holdings.first_token(placement.request_id)
         if chunk.finish_reason is not None:
-            model = stream.generate.model
-            self.rates.learn(conn.holdings, model, stream.prefix, chunk)
-            conn.holdings.end(stream.request_id, model, stream.prefix)
+            model = placement.generate.model
+            self.rates.learn(conn.holdings, model, placement.prefix, chunk)
+            conn.holdings.end(placement.request_id, model, placement.prefix)
             self.metrics.prompt_sources(conn.name, self.model_label(model), chunk)
             self._dispatch(conn)
             self._check_idle()
 
-    def _ended(self, conn: RunnerConn, stream: RequestStream) -> None:
-        """`stream` ended on `conn` without a final chunk."""
-        conn.holdings.end(stream.request_id, stream.generate.model, stream.prefix)
+    def _ended(self, conn: RunnerConn, placement: Placement) -> None:
+        """The request ended on `conn` without a final chunk."""
+        conn.holdings.end(placement.request_id, placement.generate.model, placement.prefix)
 
-    def on_event(self, conn: RunnerConn, event: GatewayEvent[RequestStream]) -> None:
+    def on_event(self, conn: RunnerConn, event: GatewayEvent[Placement]) -> None:
         """Act on what the runner's session says happened (see protocol.session)."""
         match event:
-            case Delivered(handle=stream, chunk=chunk):
-                self.deliver(conn, stream, chunk)
+            case Delivered(handle=placement, chunk=chunk):
+                self.deliver(conn, placement, chunk)
                 return
-            case RequestFailed(handle=stream, error=error):
-                self._ended(conn, stream)
-                stream.push(error)
-            case Unstarted(handle=stream, reason=reason):
-                self._ended(conn, stream)
+            case RequestFailed(handle=placement, error=error):
+                self._ended(conn, placement)
+                placement.stream.push(error)
+            case Unstarted(handle=placement, reason=reason):
+                self._ended(conn, placement)
                 log.info(
                     "runner %s (%s) did not start %s: %s",
                     conn.id,
                     conn.name,
-                    stream.request_id,
+                    placement.request_id,
                     reason,
                 )
-                self._fail_over(stream, RunnerLost(conn.name))
-            case Lost(handle=stream):
-                self._ended(conn, stream)
-                stream.push(Failed(RunnerLost(conn.name)))
+                self._fail_over(placement, RunnerLost(conn.name))
+            case Lost(handle=placement):
+                self._ended(conn, placement)
+                placement.stream.push(Failed(RunnerLost(conn.name)))
             case CacheReported(held=held):
                 conn.holdings.report(held)
                 return
@@ -469,13 +428,19 @@ class Pool:
         handler that is itself being cancelled by a client disconnect.
         """
         stream.cancelled = True
-        conn = stream.runner
+        placement = stream.placement
+        if isinstance(placement, Placement):  # else no runner feeds it (a fan-in's stream)
+            self._cancel(placement)
+
+    def _cancel(self, placement: Placement) -> None:
+        stream, conn = placement.stream, placement.runner
+        stream.cancelled = True
         if conn is None or stream.done or self.runners.get(conn.id) is not conn:
             return
-        frame = conn.session.cancel(stream.request_id)
+        frame = conn.session.cancel(placement.request_id)
         if frame is not None:
-            if stream.meter is not None:
-                stream.meter.cancel()
+            if placement.meter is not None:
+                placement.meter.cancel()
             self._spawn(conn.send(encode(frame)))
 
     # --- shutdown -----------------------------------------------------------------------

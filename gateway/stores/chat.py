@@ -26,10 +26,7 @@ import attrs
 import orjson
 
 from gateway.config import GatewayConfig
-from protocol.core.stream import CompletionBuilder
-from protocol.frames import Chunk
-from protocol.openai.chat.request import ChatRequest
-from protocol.openai.chat.response import chat_completion_body
+from gateway.stores.bounded import BoundedStore
 from protocol.openai.chat.stored import (
     ListQuery,
     PageQuery,
@@ -59,8 +56,6 @@ class StoredCompletion:
     """The stored object (protocol.openai.chat.stored.stored_completion)."""
     messages: list[tuple[str, bytes]]
     """The request's messages: (id, JSON)."""
-    expires: float
-    """When it goes, on the store's clock."""
 
     @property
     def nbytes(self) -> int:
@@ -72,8 +67,8 @@ def _sort_key(entry: StoredCompletion) -> tuple[int, int]:
 
 
 class CompletionStore:
-    """The stored completions (see the module docstring). Every method first drops what
-    has expired."""
+    """The stored completions (see the module docstring), within the bounds of a
+    `BoundedStore`. Every method first drops what has expired."""
 
     def __init__(
         self,
@@ -82,27 +77,38 @@ class CompletionStore:
         ttl: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_completions = max_completions
-        self.max_bytes = max_bytes
-        self.ttl = ttl
-        self._clock = clock
-        self._entries: dict[str, StoredCompletion] = {}
-        """Oldest stored first: the order of eviction and of expiry."""
+        self._entries: BoundedStore[str, StoredCompletion] = BoundedStore(
+            max_completions, max_bytes, ttl, clock
+        )
         self._seq = 0
-        self.nbytes = 0
-        """The size of everything stored, as JSON."""
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> CompletionStore:
         return cls(config.store_max_completions, config.store_max_bytes, config.store_ttl)
 
     @property
+    def max_completions(self) -> int:
+        return self._entries.max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        return self._entries.max_bytes
+
+    @property
+    def ttl(self) -> float:
+        return self._entries.ttl
+
+    @property
+    def nbytes(self) -> int:
+        """The size of everything stored, as JSON."""
+        return self._entries.nbytes
+
+    @property
     def enabled(self) -> bool:
         """False when the limits leave no room: `store: true` is refused then."""
-        return self.max_completions > 0 and self.max_bytes > 0 and self.ttl > 0
+        return self._entries.enabled
 
     def __len__(self) -> int:
-        self._expire()
         return len(self._entries)
 
     # --- writing ----------------------------------------------------------------------------
@@ -112,7 +118,6 @@ class CompletionStore:
         it is larger than the whole byte budget and so cannot be kept."""
         if not self.enabled:
             return False
-        self._expire()
         completion_id: str = body["id"]
         self._seq += 1
         entry = StoredCompletion(
@@ -125,11 +130,11 @@ class CompletionStore:
             messages=[
                 (item["id"], orjson.dumps(item)) for item in stored_messages(completion_id, request)
             ],
-            expires=self._clock() + self.ttl,
         )
         entry.body = orjson.dumps(stored_completion(body, request, request_id, entry.metadata))
         size = entry.nbytes
-        if size > self.max_bytes:
+        # Ids are unique: a completion stored under one already there only replaces it.
+        if not self._entries.put(completion_id, entry, size):
             log.warning(
                 "chat completion %s not stored: %d bytes of JSON, over --store-max-bytes (%d)",
                 completion_id,
@@ -137,28 +142,22 @@ class CompletionStore:
                 self.max_bytes,
             )
             return False
-        self._drop(completion_id)  # ids are unique; this only guards the byte count
-        self._entries[completion_id] = entry
-        self.nbytes += size
-        self._shrink(completion_id)
         return True
 
     def update(self, completion_id: str, metadata: dict[str, str]) -> bytes:
         """Replace a completion's metadata; its stored object, updated, as JSON."""
         entry = self._get(completion_id)
-        self.nbytes -= entry.nbytes
         entry.metadata = dict(metadata)
         obj = orjson.loads(entry.body)
         obj["metadata"] = entry.metadata
         entry.body = orjson.dumps(obj)
-        self.nbytes += entry.nbytes
-        self._shrink(completion_id)
+        self._entries.resize(completion_id, entry.nbytes)
         return entry.body
 
     def delete(self, completion_id: str) -> bytes:
         """Delete a completion; the deletion object as JSON."""
         self._get(completion_id)
-        self._drop(completion_id)
+        self._entries.pop(completion_id)
         return orjson.dumps(completion_deleted(completion_id))
 
     # --- reading ----------------------------------------------------------------------------
@@ -169,7 +168,6 @@ class CompletionStore:
 
     def list(self, query: ListQuery) -> bytes:
         """A page of the completions that match the query's filters, as the list object."""
-        self._expire()
         matching = sorted(
             (e for e in self._entries.values() if query.matches(e.model, e.metadata)),
             key=_sort_key,
@@ -183,38 +181,11 @@ class CompletionStore:
         chosen, has_more = page(messages, query, _first, "message of this chat completion")
         return list_body([data for _, data in chosen], [id for id, _ in chosen], has_more)
 
-    # --- bounds -----------------------------------------------------------------------------
-
     def _get(self, completion_id: str) -> StoredCompletion:
-        self._expire()
         entry = self._entries.get(completion_id)
         if entry is None:
             raise completion_not_found(completion_id)
         return entry
-
-    def _drop(self, completion_id: str) -> None:
-        entry = self._entries.pop(completion_id, None)
-        if entry is not None:
-            self.nbytes -= entry.nbytes
-
-    def _expire(self) -> None:
-        now = self._clock()
-        entries = self._entries
-        # The TTL is the same for all, so the oldest stored is the first to expire.
-        while entries:
-            oldest = next(iter(entries.values()))
-            if oldest.expires > now:
-                return
-            self._drop(oldest.id)
-
-    def _shrink(self, spare: str) -> None:
-        """Drop the oldest until the store is within its bounds, `spare` last of all."""
-        entries = self._entries
-        while len(entries) > self.max_completions or self.nbytes > self.max_bytes:
-            victim = next((id for id in entries if id != spare), None)
-            if victim is None:
-                return
-            self._drop(victim)
 
 
 def _id_of(entry: StoredCompletion) -> str:
@@ -226,92 +197,3 @@ def _first(message: tuple[str, bytes]) -> str:
 
 
 # --- what is stored ---------------------------------------------------------------------------
-
-
-def keepable(builder: CompletionBuilder) -> bool:
-    """True when the request the builder collected finished as OpenAI stores one: ended by
-    its runner with stop, length or tool_calls (not failed, not cancelled)."""
-    last = builder.last
-    return (
-        builder.error is None
-        and last is not None
-        and last.finish_reason is not None
-        and last.finish_reason != "cancelled"
-    )
-
-
-class Keeper:
-    """Stores a streamed `store: true` completion when it finishes: the relay feeds it each
-    chunk it renders, and it collects them as a non-streaming response would."""
-
-    __slots__ = (
-        "_builder",
-        "created",
-        "fingerprint",
-        "id",
-        "model",
-        "request",
-        "request_id",
-        "store",
-    )
-
-    def __init__(
-        self,
-        store: CompletionStore,
-        request: StoreRequest,
-        *,
-        id: str,
-        created: int,
-        model: str,
-        fingerprint: str | None,
-        logprobs: bool,
-        n: int,
-        request_id: str,
-    ) -> None:
-        self.store = store
-        self.request = request
-        self.id = id
-        self.created = created
-        self.model = model
-        self.fingerprint = fingerprint
-        self.request_id = request_id
-        self._builder = CompletionBuilder(logprobs=logprobs, n=n)
-
-    @classmethod
-    def of(
-        cls,
-        store: CompletionStore,
-        chat: ChatRequest,
-        *,
-        id: str,
-        created: int,
-        fingerprint: str | None,
-        request_id: str,
-    ) -> Keeper | None:
-        """The keeper of a request's stream; None unless it asked for `store: true`."""
-        if chat.store is None:
-            return None
-        return cls(
-            store,
-            chat.store,
-            id=id,
-            created=created,
-            model=chat.model,
-            fingerprint=fingerprint,
-            logprobs=chat.logprobs,
-            n=chat.n,
-            request_id=request_id,
-        )
-
-    def feed(self, chunk: Chunk) -> None:
-        """A chunk the request's stream rendered; the last one stores the completion."""
-        builder = self._builder
-        if builder.feed(chunk) and keepable(builder):
-            body = chat_completion_body(
-                builder,
-                id=self.id,
-                created=self.created,
-                model=self.model,
-                fingerprint=self.fingerprint,
-            )
-            self.store.keep(body, self.request, self.request_id)

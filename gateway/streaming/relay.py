@@ -17,7 +17,7 @@ response body (gateway.streaming.sse) or the browser socket's outbox (gateway.br
   does not count, `RequestStream.model_loading`).
 - **Cancel on close.** Closing a relay before its request ended (the client left, the
   timeout) cancels the request on its runner.
-- **Stored completions.** A `store: true` request's relay has a `Keeper` (gateway.stores.chat):
+- **Stored answers.** A `store: true` request's relay has a `Keeper` (gateway.streaming.keeper):
   every chunk rendered is also fed to it, and it stores the completion when it finishes.
 - **Fault isolation.** Anything that goes wrong while serving this client (rendering,
   writing, a bug here) ends this request with an error to this client, is logged once with
@@ -35,7 +35,7 @@ from typing import Protocol
 from gateway.config import GatewayConfig
 from gateway.errors import StreamTimeout
 from gateway.http_errors import api_error_for
-from gateway.stores.chat import Keeper
+from gateway.streaming.keeper import Keeper
 from gateway.streaming.request_stream import Failed, RequestStream, StreamItem, next_item
 from protocol.core.errors import server_error
 from protocol.core.stream import CompletionBuilder, CompletionStream, Item

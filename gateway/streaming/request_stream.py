@@ -13,17 +13,12 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
 from gateway.errors import GatewayError
 from protocol.frames import Chunk, Echo, Error, Generate
-from protocol.prefix import PrefixChain
-
-if TYPE_CHECKING:
-    from gateway.observability.metrics import Meter
-    from gateway.pool.pool import RunnerConn
 
 log = logging.getLogger("gateway.stream")
 
@@ -39,6 +34,24 @@ class Failed:
 
 
 StreamItem = Chunk | Error | Failed
+
+
+class StreamMeter(Protocol):
+    """What counts the request in the gateway's metrics (gateway.observability.metrics.Meter),
+    as its stream and its readers use it."""
+
+    def chunk(self, chunk: Chunk, cancelled: bool) -> None: ...
+
+    def fail(self, problem: GatewayError | Error, cancelled: bool) -> None: ...
+
+    def end(self, outcome: str) -> None: ...
+
+
+class Placed(Protocol):
+    """Where the request runs, as its stream's readers may ask (the pool's placement,
+    gateway.pool.placement.Placement)."""
+
+    def model_loading(self) -> bool: ...
 
 
 def merge(chunks: list[Chunk]) -> list[Chunk]:
@@ -78,34 +91,32 @@ def joined_echo(chunks: list[Chunk]) -> Echo | None:
 
 
 class RequestStream:
-    """A request in flight: where it runs, and its frames not yet consumed."""
+    """A request's frames not yet consumed by its reader (relay, fan-in or collector)."""
 
     __slots__ = (
         "_items",
         "_overflow",
         "_waiter",
-        "attempts",
         "cancelled",
         "done",
         "generate",
         "merged",
         "meter",
-        "prefix",
-        "runner",
+        "placement",
         "sink",
     )
 
     def __init__(
-        self, generate: Generate, meter: Meter | None = None, prefix: PrefixChain | None = None
+        self,
+        generate: Generate,
+        meter: StreamMeter | None = None,
+        placement: Placed | None = None,
     ) -> None:
         self.generate = generate
         self.meter = meter
-        self.prefix = prefix if prefix is not None else PrefixChain((), ())
-        """Its prefix hashes and the prompt characters each covers (`gateway.pool.affinity`)."""
         """Counts the request in the gateway's metrics (gateway.observability.metrics)."""
-        self.runner: RunnerConn | None = None
-        self.attempts = 0
-        """Runners this request has been given to (failover retries once)."""
+        self.placement = placement
+        """Where the pool put the request; None for a stream no runner feeds (a fan-in's)."""
         self.cancelled = False
         """The client asked to stop it (or went away)."""
         self.done = False
@@ -128,8 +139,8 @@ class RequestStream:
         """Its runner is loading its model (downloading it, perhaps): silence is expected
         until it is loaded, and does not count toward the stream timeout (the runner's
         heartbeats say it is alive)."""
-        runner = self.runner
-        return runner is not None and runner.loading(self.generate.model)
+        placement = self.placement
+        return placement is not None and placement.model_loading()
 
     def push(self, item: StreamItem) -> None:
         """Called by the runner link: never raises, whatever the client side does."""

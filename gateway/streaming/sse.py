@@ -35,11 +35,11 @@ KEEPALIVE = b": keep-alive\n\n"
 class SseTransport:
     """Writes a relay's messages as the body of one streamed HTTP response."""
 
-    __slots__ = ("send",)
+    __slots__ = ("keepalive", "send")
 
-    keepalive = KEEPALIVE
-
-    def __init__(self) -> None:
+    def __init__(self, keepalive: bytes | None = KEEPALIVE) -> None:
+        self.keepalive = keepalive
+        """Written on silences (an SSE comment; Anthropic's `ping` event); None: nothing."""
         self.send: Send | None = None
         """The response's ASGI send, once its body begins."""
 
@@ -58,7 +58,7 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-class _RelayASGIResponse(ASGIResponse):
+class RelayASGIResponse(ASGIResponse):
     _should_set_content_length = False
 
     def __init__(
@@ -91,8 +91,15 @@ class _RelayASGIResponse(ASGIResponse):
 class SseResponse(Response[None]):
     """A Litestar response whose body is written by a `Relay` over an `SseTransport`."""
 
-    def __init__(self, relay: Relay, transport: SseTransport, first: StreamItem | None) -> None:
-        super().__init__(content=None, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(
+        self,
+        relay: Relay,
+        transport: SseTransport,
+        first: StreamItem | None,
+        *,
+        media_type: str = "text/event-stream",
+    ) -> None:
+        super().__init__(content=None, media_type=media_type, headers=SSE_HEADERS)
         self.relay = relay
         self.transport = transport
         self.first = first
@@ -112,7 +119,7 @@ class SseResponse(Response[None]):
         type_encoders: TypeEncodersMap | None = None,
     ) -> ASGIResponse:
         merged: Mapping[str, str] = {**(headers or {}), **self.headers}
-        return _RelayASGIResponse(
+        return RelayASGIResponse(
             self.relay,
             self.transport,
             self.first,

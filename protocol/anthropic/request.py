@@ -62,6 +62,7 @@ from protocol.core.limits import (
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
     CheckModel,
+    check_ceiling,
     read_model_first,
     read_stop_strings,
 )
@@ -122,6 +123,11 @@ class MessagesRequest:
     reasoning_effort: ReasoningEffort | None = None
     stop: tuple[str, ...] = ()
     response_format: ResponseFormat | None = None
+
+    def check_ceilings(self, max_tokens: int, choices: int) -> None:
+        """The gateway's own ceiling on the answer's length (`--max-tokens-limit`); one
+        choice only, so `--max-choices` never binds."""
+        check_ceiling(self.max_tokens, max_tokens, "max_tokens")
 
     def to_generate(self, request_id: str) -> Generate:
         """The internal request a runner executes."""

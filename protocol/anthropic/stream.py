@@ -116,22 +116,6 @@ class MessageWriter:
         self._stop: str | None = None
         """The stop sequence that ended the answer (on its last chunk)."""
 
-    @staticmethod
-    def factory(
-        id: str,
-        created: int,
-        model: str,
-        include_usage: bool = False,
-        continuous_usage_stats: bool = False,
-        *,
-        logprobs: bool = False,
-        fingerprint: str | None = None,
-        prefix: bytes = b"",
-        suffix: bytes = b"",
-    ) -> MessageWriter:
-        """A `WriterFactory`: the chat's stream options do not exist in this dialect."""
-        return MessageWriter(id, model)
-
     def role(self, usage: Usage | None, index: int) -> bytes:
         message: dict[str, Any] = {
             "id": self._id,

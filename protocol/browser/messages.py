@@ -36,8 +36,6 @@ from protocol.errors import FrameError
 from protocol.frames import FinishReason
 from protocol.openai.chat.request import (
     ChatRequest,
-    check_choices,
-    check_max_tokens,
     parse_chat_object,
 )
 from protocol.openai.params import MAX_N
@@ -252,8 +250,7 @@ def chat_request(
     if type(body) is dict and "stream" not in body:
         body = {**body, "stream": True}  # streaming is implied
     chat = parse_chat_object(body, store=store)
-    check_max_tokens(chat, max_tokens_limit)
-    check_choices(chat, max_choices)
+    chat.check_ceilings(max_tokens_limit, max_choices)
     if not chat.stream:
         raise errors.stream_required()
     return chat

@@ -96,3 +96,16 @@ def check_stop_string(value: str, param: str) -> str:
     if len(value) > MAX_STOP_CHARS:
         fail_too_long(param, MAX_STOP_CHARS, len(value))
     return value
+
+
+def check_ceiling(value: int | None, limit: int, param: str, per: str = "") -> None:
+    """Refuse a value over one of the gateway's own ceilings (`--max-tokens-limit`,
+    `--max-choices`), which every dialect applies after its own validation: a 400 naming
+    the field as the dialect names it ("max_tokens", "options.num_predict", ...). `per`: what
+    the ceiling counts, said after the limit (" choices per request")."""
+    if value is not None and value > limit:
+        raise invalid_request(
+            f"{param} is {value}; this gateway allows at most {limit}{per}.",
+            param,
+            "integer_above_max_value",
+        )

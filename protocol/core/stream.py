@@ -72,25 +72,6 @@ class ChoiceWriter(Protocol):
         the request asked for it."""
 
 
-class WriterFactory(Protocol):
-    """Makes a request's `ChoiceWriter` (`ChunkWriter`'s constructor is one); `prefix` and
-    `suffix` are the framing's, around each chunk."""
-
-    def __call__(
-        self,
-        id: str,
-        created: int,
-        model: str,
-        include_usage: bool = False,
-        continuous_usage_stats: bool = False,
-        *,
-        logprobs: bool = False,
-        fingerprint: str | None = None,
-        prefix: bytes = b"data: ",
-        suffix: bytes = b"\n\n",
-    ) -> ChoiceWriter: ...
-
-
 class Framing(Protocol):
     """How one transport wraps a completion's messages."""
 
@@ -127,35 +108,13 @@ class CompletionStream:
 
     __slots__ = ("_framing", "_open", "_usage", "_writer", "over", "started")
 
-    def __init__(
-        self,
-        *,
-        id: str,
-        created: int,
-        model: str,
-        include_usage: bool = False,
-        continuous_usage_stats: bool = False,
-        logprobs: bool = False,
-        fingerprint: str | None = None,
-        n: int = 1,
-        framing: Framing,
-        writer: WriterFactory,
-    ) -> None:
-        """`framing`: the transport's; `writer`: the dialect's objects."""
+    def __init__(self, writer: ChoiceWriter, framing: Framing, *, n: int = 1) -> None:
+        """`writer`: the dialect's objects, made by the dialect for this request (framed as
+        `framing` frames chunks); `framing`: the transport's; `n`: the request's choices."""
         self._framing = framing
         self._open = list(range(n))
         """Choices not finished yet."""
-        self._writer: ChoiceWriter = writer(
-            id,
-            created,
-            model,
-            include_usage,
-            continuous_usage_stats,
-            logprobs=logprobs,
-            fingerprint=fingerprint,
-            prefix=framing.chunk_prefix,
-            suffix=framing.chunk_suffix,
-        )
+        self._writer = writer
         self._usage: Usage | None = None
         """The usage of the last chunk seen."""
         self.started = False

@@ -46,6 +46,7 @@ from protocol.core.limits import (
     MAX_STOP,
     SAMPLING_RANGES,
     CheckModel,
+    check_ceiling,
     check_messages_chars,
     read_model_first,
     read_stop_strings,
@@ -167,6 +168,11 @@ class OllamaRequest:
         """Nothing to generate (no messages, or an empty prompt): Ollama answers such a request
         by loading the model, `done_reason` "load"; Orchard's models are always loaded."""
         return not self.messages and not self.prompt
+
+    def check_ceilings(self, max_tokens: int, choices: int) -> None:
+        """The gateway's own ceiling on the answer's length (`--max-tokens-limit`); one
+        choice only, so `--max-choices` never binds."""
+        check_ceiling(self.max_tokens, max_tokens, "options.num_predict")
 
     def to_generate(self, request_id: str) -> Generate:
         """The internal request a runner executes."""

@@ -200,17 +200,6 @@ class OllamaWriter:
         self._suffix = suffix
         self._calls = ToolCalls()
 
-    @classmethod
-    def factory(
-        cls, endpoint: Endpoint, model: str, timings: Timings, *, wall: Clock, mono: Clock
-    ) -> Callable[..., OllamaWriter]:
-        """A `WriterFactory` (the chat's id, created and fingerprint are not Ollama's)."""
-
-        def make(*args: Any, suffix: bytes = b"\n", **kwargs: Any) -> OllamaWriter:
-            return cls(endpoint, model, timings, wall=wall, mono=mono, suffix=suffix)
-
-        return make
-
     def role(self, usage: Usage | None = None, index: int = 0) -> bytes:
         return b""  # Ollama has no opening object
 

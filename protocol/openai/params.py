@@ -45,7 +45,7 @@ _STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous
 
 
 MAX_N = 128
-"""OpenAI's bound on `n`; a gateway sets its own, lower one (`check_choices`)."""
+"""OpenAI's bound on `n`; a gateway sets its own, lower one (`ChatRequest.check_ceilings`)."""
 
 
 _REASONING_EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)

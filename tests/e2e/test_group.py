@@ -27,7 +27,7 @@ from websockets.asyncio.client import connect
 from protocol.frames import Generate, Message, SamplingParams
 from runner.demo_model import DEMO_PIPELINE_MODEL_ID
 from runner.engine.base import Output
-from runner.engine.batched import BatchedMlxEngine
+from runner.engine.batched import batched_engine
 from tests.runner.collect import Collector
 from tests.support import (
     UNIT,
@@ -84,7 +84,7 @@ def _listed(gateway: Gateway, name: str, proc: Process) -> bool:
 def expected() -> dict[str, tuple[list[str], str]]:
     """Each prompt's greedy tokens and text from the single-process batched engine."""
     collector = Collector()
-    engine = BatchedMlxEngine(MODEL, max_concurrent=4)
+    engine = batched_engine(MODEL, max_concurrent=4)
     engine.start(collector)
     try:
         answers = {}

@@ -19,6 +19,7 @@ from gateway.errors import (
 from gateway.http_errors import api_error_for, error_response
 from gateway.observability.metrics import error_kind
 from gateway.streaming.request_stream import Failed
+from protocol.openai.errors import error_body
 
 NOT_FOUND, UNAVAILABLE = "model_not_found", "model_unavailable"
 Told = tuple[int, str, str, str, str | None]
@@ -42,7 +43,7 @@ def test_every_gateway_error_is_in_the_table() -> None:
 def test_the_client_and_the_metrics_are_told_the_same(error: GatewayError, told: Told) -> None:
     status, kind, code, outcome, retry_after = told
     for problem in (error, Failed(error)):
-        response = error_response(api_error_for(problem))
+        response = error_response(api_error_for(problem), error_body)
         assert response.status_code == status
         assert orjson.loads(response.content) == {
             "error": {"message": str(error), "type": kind, "param": None, "code": code}

@@ -22,7 +22,6 @@ from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, ReasoningEffort, TokenLogprob, ToolCallDelta, TopLogprob, Usage
 from protocol.openai.chat.request import (
     MAX_TEMPLATE_KWARGS_BYTES,
-    check_max_tokens,
     parse_chat_object,
 )
 from protocol.openai.chat.response import ChunkWriter, completion
@@ -58,7 +57,8 @@ def accepted(body: dict[str, Any]) -> bool:
     """True when the parser takes the body; a refusal must be a 400."""
     status = 200
     try:
-        check_max_tokens(parse_chat_object(body), GatewayConfig().max_tokens_limit)
+        config = GatewayConfig()
+        parse_chat_object(body).check_ceilings(config.max_tokens_limit, config.max_choices)
     except ApiError as err:
         status = err.status
     assert status in (200, 400)
@@ -371,15 +371,16 @@ def test_stream_events_fit_the_schema(
     event_ok: Check, include_usage: bool, continuous: bool, logprobs: bool
 ) -> None:
     stream = CompletionStream(
-        id="chatcmpl-1",
-        created=1,
-        model="m",
-        include_usage=include_usage,
-        continuous_usage_stats=continuous and include_usage,
-        logprobs=logprobs,
-        fingerprint="fp_0123456789",
-        framing=SSE,
-        writer=ChunkWriter,
+        ChunkWriter(
+            id="chatcmpl-1",
+            created=1,
+            model="m",
+            include_usage=include_usage,
+            continuous_usage_stats=continuous and include_usage,
+            logprobs=logprobs,
+            fingerprint="fp_0123456789",
+        ),
+        SSE,
     )
     out: list[bytes] = []
     for item in (
@@ -389,9 +390,7 @@ def test_stream_events_fit_the_schema(
         Chunk("r", 3, "", "", 0, USAGE, "tool_calls"),
     ):
         stream.feed(item, out)
-    failed = CompletionStream(
-        id="chatcmpl-2", created=1, model="m", framing=SSE, writer=ChunkWriter
-    )
+    failed = CompletionStream(ChunkWriter(id="chatcmpl-2", created=1, model="m"), SSE)
     failed.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     failed.fail(server_error("boom"), out)
     events = b"".join(out).split(b"\n\n")

@@ -17,6 +17,8 @@ import httpx
 import orjson
 import pytest
 
+from gateway.api import unrouted
+from gateway.app import APIS
 from gateway.config import GatewayConfig
 from gateway.errors import (
     ModelNotFound,
@@ -26,7 +28,7 @@ from gateway.errors import (
     ShuttingDown,
     StreamTimeout,
 )
-from gateway.http_errors import api_error_for, error_shape
+from gateway.http_errors import ErrorShape, api_error_for
 from protocol.anthropic.request import (
     MAX_BLOCKS,
     MAX_TOOLS,
@@ -77,6 +79,11 @@ DESCRIBED = {
 @pytest.fixture(scope="module")
 def spec() -> dict[str, Any]:
     return gateway_spec()
+
+
+def error_shape(path: str) -> ErrorShape:
+    """The shape the errors of `path` come in: its API's (gateway.api)."""
+    return unrouted(path, APIS, error_body)
 
 
 def request_check(spec: dict[str, Any], path: str) -> Check:
@@ -530,25 +537,17 @@ def sse_data(out: list[bytes]) -> list[Any]:
 
 def test_message_events_fit_the_schema(spec: dict[str, Any]) -> None:
     out: list[bytes] = []
-    stream = CompletionStream(
-        id="msg_1", created=0, model="m", framing=ANTHROPIC_SSE, writer=MessageWriter.factory
-    )
+    stream = CompletionStream(MessageWriter("msg_1", "m"), ANTHROPIC_SSE)
     stream.feed(Chunk("r", 0, "", "hmm", 1, USAGE), out)
     stream.feed(Chunk("r", 1, "Let me look.", "", 1, USAGE), out)
     stream.feed(Chunk("r", 2, "", "", 3, USAGE, tool_calls=CALLS), out)
     stream.feed(Chunk("r", 3, "", "", 0, USAGE, "tool_calls"), out)
-    stopped = CompletionStream(
-        id="msg_2", created=0, model="m", framing=ANTHROPIC_SSE, writer=MessageWriter.factory
-    )
+    stopped = CompletionStream(MessageWriter("msg_2", "m"), ANTHROPIC_SSE)
     stopped.feed(Chunk("r", 0, "x END", "", 2, USAGE, "stop", matched_stop="END"), out)
-    failed = CompletionStream(
-        id="msg_3", created=0, model="m", framing=ANTHROPIC_SSE, writer=MessageWriter.factory
-    )
+    failed = CompletionStream(MessageWriter("msg_3", "m"), ANTHROPIC_SSE)
     failed.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     failed.fail(server_error("boom"), out)
-    cancelled = CompletionStream(
-        id="msg_4", created=0, model="m", framing=ANTHROPIC_SSE, writer=MessageWriter.factory
-    )
+    cancelled = CompletionStream(MessageWriter("msg_4", "m"), ANTHROPIC_SSE)
     cancelled.feed(Chunk("r", 0, "a", "", 1, USAGE, "cancelled"), out)
     events = sse_data(out)
     kinds = {event["type"] for event in events}
@@ -602,11 +601,7 @@ def test_ollama_lines_and_answers_fit_the_schema(spec: dict[str, Any], endpoint:
         ],
     ):
         stream = CompletionStream(
-            id="r",
-            created=0,
-            model="m",
-            framing=NDJSON,
-            writer=OllamaWriter.factory(endpoint, "m", Timings(0, 1), wall=wall, mono=mono),
+            OllamaWriter(endpoint, "m", Timings(0, 1), wall=wall, mono=mono), NDJSON
         )
         for item in items:
             stream.feed(item, out)
@@ -617,11 +612,7 @@ def test_ollama_lines_and_answers_fit_the_schema(spec: dict[str, Any], endpoint:
         assert answer_ok(body), body
         assert not answer_ok({**body, "extra": 1})
     failed = CompletionStream(
-        id="r",
-        created=0,
-        model="m",
-        framing=NDJSON,
-        writer=OllamaWriter.factory(endpoint, "m", Timings(0, 1), wall=wall, mono=mono),
+        OllamaWriter(endpoint, "m", Timings(0, 1), wall=wall, mono=mono), NDJSON
     )
     failed.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     failed.fail(server_error("boom"), out)

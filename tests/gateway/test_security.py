@@ -178,15 +178,15 @@ def test_tokens_never_in_logs(gateway: Gateway) -> None:
 
 def test_loopback_only_without_a_token(tokenless: Gateway) -> None:
     config = GatewayConfig()
-    from gateway.pool.link import _refusal
+    from gateway.pool.link import runner_refusal
 
     class Sock:
         headers: ClassVar[dict[str, str]] = {}
 
-    assert _refusal(Sock(), "192.168.1.7", config) is not None  # type: ignore[arg-type]
-    assert _refusal(Sock(), "127.0.0.1", config) is None  # type: ignore[arg-type]
+    assert runner_refusal(Sock(), "192.168.1.7", config) is not None  # type: ignore[arg-type]
+    assert runner_refusal(Sock(), "127.0.0.1", config) is None  # type: ignore[arg-type]
     insecure = GatewayConfig(insecure=True)
-    assert _refusal(Sock(), "192.168.1.7", insecure) is None  # type: ignore[arg-type]
+    assert runner_refusal(Sock(), "192.168.1.7", insecure) is None  # type: ignore[arg-type]
     runner = start_runner(tokenless, "--engine", "scripted", "--model", "m")
     headers = {"Authorization": f"Bearer {ENV_KEYS[0]}"}
     try:

@@ -13,13 +13,13 @@ from hypothesis import given
 
 from protocol.closecodes import CloseCode
 from protocol.codec import (
-    _fast_batch,
-    _fast_chunk,
     converter,
     decode,
     decode_gateway_frame,
     decode_runner_frame,
     encode,
+    fast_batch,
+    fast_chunk,
 )
 from protocol.errors import FrameError, ProtocolError
 from protocol.frames import (
@@ -734,7 +734,7 @@ def test_arbitrary_json_raises_only_frame_error(value: Any) -> None:
 @given(strategies.chunks)
 def test_fast_chunk_path_agrees_with_the_converter(chunk: Chunk) -> None:
     obj = orjson.loads(encode(chunk))
-    fast = _fast_chunk(obj)
+    fast = fast_chunk(obj)
     if chunk.stats is None and chunk.matched_stop is None:
         assert fast == chunk  # every plain stats-less chunk takes the fast path
     else:
@@ -746,7 +746,7 @@ def test_fast_chunk_path_agrees_with_the_converter(chunk: Chunk) -> None:
 def test_fast_chunk_path_never_accepts_what_the_converter_refuses(obj: Any) -> None:
     if not isinstance(obj, dict) or obj.get("type") != "chunk":
         return
-    fast = _fast_chunk(obj)
+    fast = fast_chunk(obj)
     if fast is None:
         return
     union: Any = RunnerFrame
@@ -755,7 +755,7 @@ def test_fast_chunk_path_never_accepts_what_the_converter_refuses(obj: Any) -> N
 
 @given(strategies.batches)
 def test_fast_batch_path_agrees_with_the_converter(batch: Batch) -> None:
-    fast = _fast_batch(orjson.loads(encode(batch)))
+    fast = fast_batch(orjson.loads(encode(batch)))
     if all(chunk.stats is None and chunk.matched_stop is None for chunk in batch.frames):
         assert fast == batch
     else:

@@ -1,11 +1,11 @@
 """`POST /v1/chat/completions`: OpenAI Chat Completions over SSE and plain JSON.
 
-The request is validated (protocol.openai.chat.request) and handed to the pool. A streamed answer
-is relayed to the client by `gateway.streaming.relay.Relay` over
-`gateway.streaming.sse.SseTransport`; a plain one is collected by
-`protocol.core.stream.CompletionBuilder`. Errors that happen before the first byte (bad input,
-unknown model, queue full, a runner refusing the request) are HTTP errors in OpenAI's shape; errors
-after it are an SSE error event followed by `[DONE]`.
+The chat dialect on the shared endpoint (gateway.streaming.endpoint): the body is validated
+(protocol.openai.chat.request, the model first) and checked against the gateway's ceilings; a
+streamed answer is `ChunkWriter`'s chunks over SSE, a plain one the `chat.completion` body of
+the collected chunks. Errors before the first byte (bad input, unknown model, queue full, a
+runner refusing the request) are HTTP errors in OpenAI's shape; after it an SSE error event
+and `[DONE]`.
 
 Every response has an `x-request-id` header, as OpenAI's; a `store: true` request's stored
 completion (gateway.stores.chat) names it as its `request_id`.
@@ -15,131 +15,92 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-import orjson
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from gateway.config import GatewayConfig
-from gateway.http_errors import api_error_for
 from gateway.openai.chat.openapi import ChatCompletionsOperation
-from gateway.pool.pool import Pool
-from gateway.stores.chat import CompletionStore, Keeper, keepable
-from gateway.streaming.relay import Relay, collect, first_item
-from gateway.streaming.request_stream import RequestStream
-from gateway.streaming.sse import SseResponse, SseTransport, disconnected
-from protocol.core.stream import CompletionBuilder, CompletionStream
-from protocol.frames import Chunk
-from protocol.openai.chat.request import (
-    ChatRequest,
-    check_choices,
-    check_max_tokens,
-    parse_chat_request,
-)
-from protocol.openai.chat.response import ChunkWriter, chat_completion_body
+from gateway.stores.chat import CompletionStore
+from gateway.streaming.endpoint import Context, Dialect, Plan, serve
+from gateway.streaming.keeper import Keeper
+from protocol.core.stream import CompletionBuilder
+from protocol.openai.chat.request import ChatRequest, parse_chat_request
+from protocol.openai.chat.response import chat_completion_body, chat_writer
 from protocol.openai.sse import SSE
 
 
-def check_limits(chat: ChatRequest, config: GatewayConfig) -> ChatRequest:
-    """Gateway-configured limits on top of the API's own validation."""
-    check_max_tokens(chat, config.max_tokens_limit)
-    check_choices(chat, config.max_choices)
-    return chat
+def answer_of(
+    chat: ChatRequest, *, id: str, created: int, fingerprint: str | None
+) -> Callable[[CompletionBuilder], dict[str, Any]]:
+    """The `chat.completion` body of a request's collected chunks."""
+
+    def answer(builder: CompletionBuilder) -> dict[str, Any]:
+        return chat_completion_body(
+            builder, id=id, created=created, model=chat.model, fingerprint=fingerprint
+        )
+
+    return answer
+
+
+def keep_of(
+    store: CompletionStore, chat: ChatRequest, request_id: str
+) -> Callable[[dict[str, Any]], object] | None:
+    """Where a `store: true` request's finished completion goes; None for the others."""
+    if chat.store is None:
+        return None
+    return partial(store.keep, request=chat.store, request_id=request_id)
+
+
+def keeper_of(
+    store: CompletionStore,
+    chat: ChatRequest,
+    *,
+    id: str,
+    created: int,
+    fingerprint: str | None,
+    request_id: str,
+) -> Keeper | None:
+    """The keeper of a streamed request (the browser socket's); None unless it asked for
+    `store: true`."""
+    keep = keep_of(store, chat, request_id)
+    if keep is None:
+        return None
+    answer = answer_of(chat, id=id, created=created, fingerprint=fingerprint)
+    return Keeper(CompletionBuilder(logprobs=chat.logprobs, n=chat.n), answer, keep)
+
+
+def plan(body: bytes, context: Context) -> Plan:
+    store: CompletionStore = context.state.store
+    chat = parse_chat_request(body, context.check_model, store=store.enabled)
+    chat.check_ceilings(context.config.max_tokens_limit, context.config.max_choices)
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = f"req_{uuid.uuid4().hex}"
+    created = int(time.time())
+    fingerprint = context.pool.fingerprint(chat.model)
+    return Plan(
+        id=completion_id,
+        model=chat.model,
+        generates=(chat.to_generate(completion_id),),
+        stream=chat.stream,
+        body=answer_of(chat, id=completion_id, created=created, fingerprint=fingerprint),
+        writer=lambda: chat_writer(
+            chat, id=completion_id, created=created, fingerprint=fingerprint, framing=SSE
+        ),
+        framing=SSE,
+        n=chat.n,
+        builder=lambda: CompletionBuilder(logprobs=chat.logprobs, n=chat.n),
+        keep=keep_of(store, chat, request_id),
+        headers={"x-request-id": request_id},
+    )
+
+
+CHAT = Dialect("chat", plan)
 
 
 @post("/v1/chat/completions", status_code=200, operation_class=ChatCompletionsOperation)
 async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a chat completion (OpenAI wire format; `stream: true` for SSE)."""
-    pool: Pool = state.pool
-    store: CompletionStore = state.store
-
-    def check_model(model: str) -> None:
-        try:
-            pool.check_model(model, "chat")
-        except Exception as exc:
-            raise api_error_for(exc) from exc
-
-    body = await request.body()
-    chat = check_limits(parse_chat_request(body, check_model, store=store.enabled), pool.config)
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    request_id = f"req_{uuid.uuid4().hex}"
-    try:
-        stream = await pool.submit(chat.to_generate(completion_id), "chat")
-    except Exception as exc:
-        raise api_error_for(exc) from exc
-    if chat.stream:
-        response = await _streaming(
-            pool, stream, chat, completion_id, store=store, request_id=request_id
-        )
-    else:
-        response = await _non_streaming(
-            request, pool, stream, chat, completion_id, store=store, request_id=request_id
-        )
-    response.headers["x-request-id"] = request_id
-    return response
-
-
-async def _streaming(
-    pool: Pool,
-    stream: RequestStream,
-    chat: ChatRequest,
-    completion_id: str,
-    *,
-    store: CompletionStore,
-    request_id: str,
-) -> Response[Any]:
-    first = await first_item(stream, pool.config, pool.cancel)
-    if first is not None and not isinstance(first, Chunk):
-        raise api_error_for(first)  # nothing sent yet: a proper HTTP error
-    created = int(time.time())
-    fingerprint = pool.fingerprint(chat.model)
-    completion = CompletionStream(
-        id=completion_id,
-        created=created,
-        model=chat.model,
-        include_usage=chat.include_usage,
-        continuous_usage_stats=chat.continuous_usage_stats,
-        logprobs=chat.logprobs,
-        fingerprint=fingerprint,
-        n=chat.n,
-        framing=SSE,
-        writer=ChunkWriter,
-    )
-    keeper = Keeper.of(
-        store,
-        chat,
-        id=completion_id,
-        created=created,
-        fingerprint=fingerprint,
-        request_id=request_id,
-    )
-    transport = SseTransport()
-    relay = Relay(stream, completion, transport, pool.config, pool.cancel, keeper=keeper)
-    return SseResponse(relay, transport, first)
-
-
-async def _non_streaming(
-    request: Request[Any, Any, Any],
-    pool: Pool,
-    stream: RequestStream,
-    chat: ChatRequest,
-    completion_id: str,
-    *,
-    store: CompletionStore,
-    request_id: str,
-) -> Response[Any]:
-    builder = CompletionBuilder(logprobs=chat.logprobs, n=chat.n)
-    timeout = pool.config.stream_timeout
-    if not await collect(stream, builder, timeout, pool.cancel, disconnected(request)):
-        return Response(content=b"", status_code=499)  # the client is gone: never read
-    body = chat_completion_body(
-        builder,
-        id=completion_id,
-        created=int(time.time()),
-        model=chat.model,
-        fingerprint=pool.fingerprint(chat.model),
-    )
-    if chat.store is not None and keepable(builder):
-        store.keep(body, chat.store, request_id)
-    return Response(content=orjson.dumps(body), media_type="application/json")
+    return await serve(request, state, CHAT)

@@ -249,3 +249,7 @@ async def list_stored_messages(
     """The messages of a stored chat completion's request, in order."""
     store: CompletionStore = state.store
     return _json(store.messages(completion_id, parse_messages_query(_query(request))))
+
+
+ROUTES: list[Any] = [list_stored, get_stored, update_stored, delete_stored, list_stored_messages]
+"""The stored completions' route handlers, mounted with the chat's (gateway.openai.router)."""

@@ -1,22 +1,22 @@
 """OpenAI's Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`.
 
-The chat's path (gateway.openai.chat.routes) with the Responses objects: the body is validated
-(protocol.openai.responses, the model first), the request goes to the pool, a streamed
-answer is relayed by a `Relay` over SSE with `ResponseEvents` as the chat's
-`CompletionStream`'s writer and framing (protocol.openai.responses.events), a plain one is
-collected by a `CompletionBuilder`. So failover before the first token, the queue's 429/503,
-the stream timeout and cancelling on disconnect are the chat's. Errors before the first byte
-are HTTP errors in OpenAI's shape; after it, `response.failed`.
+The Responses dialect on the shared endpoint (gateway.streaming.endpoint): the body is
+validated (protocol.openai.responses, the model first), the request goes to the pool, a
+streamed answer is `ResponseEvents` over SSE (protocol.openai.responses.events: the writer and
+its own framing), a plain one the response object of the collected chunks. So failover before
+the first token, the queue's 429/503, the stream timeout and cancelling on disconnect are the
+chat's. Errors before the first byte are HTTP errors in OpenAI's shape; after it,
+`response.failed`.
 
 Stored responses (gateway.stores.responses) live in the app's state, made on first use with
-the stored completions' limits.
+the stored completions' limits; a response is kept as every answer is (gateway.streaming.
+keeper): streamed, the object its last event carried.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -24,21 +24,16 @@ from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
-from gateway.http_errors import api_error_for
 from gateway.openai.responses.openapi import (
     CreateResponseOperation,
     DeleteResponseOperation,
     GetResponseOperation,
 )
-from gateway.pool.pool import Pool
 from gateway.stores.responses import ResponseStore
-from gateway.streaming.relay import Relay, collect, first_item
-from gateway.streaming.request_stream import RequestStream
-from gateway.streaming.sse import SseResponse, SseTransport, disconnected
-from protocol.core.errors import invalid_request
+from gateway.streaming.endpoint import Context, Dialect, Plan, serve
 from protocol.core.fields import fail_unknown
-from protocol.core.stream import CompletionBuilder, CompletionStream
-from protocol.frames import Chunk, Message
+from protocol.core.stream import CompletionBuilder
+from protocol.frames import Message
 from protocol.openai.responses.events import (
     ResponseEvents,
     output_messages,
@@ -57,88 +52,59 @@ def response_store(state: State) -> ResponseStore:
     return store
 
 
-@post("/v1/responses", status_code=200, operation_class=CreateResponseOperation)
-async def create_response(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    """Create a model response (OpenAI's Responses API; `stream: true` for SSE)."""
-    pool: Pool = state.pool
-    store = response_store(state)
-
-    def check_model(model: str) -> None:
-        try:
-            pool.check_model(model, "responses")
-        except Exception as exc:
-            raise api_error_for(exc) from exc
-
-    parsed = parse_responses_request(await request.body(), check_model, store=store.enabled)
-    limit = pool.config.max_tokens_limit
-    if parsed.max_output_tokens is not None and parsed.max_output_tokens > limit:
-        raise invalid_request(
-            f"max_output_tokens is {parsed.max_output_tokens}; this gateway allows at most "
-            f"{limit}.",
-            "max_output_tokens",
-            "integer_above_max_value",
-        )
+def plan(body: bytes, context: Context) -> Plan:
+    store = response_store(context.state)
+    parsed = parse_responses_request(body, context.check_model, store=store.enabled)
+    parsed.check_ceilings(context.config.max_tokens_limit, context.config.max_choices)
     history: tuple[Message, ...] = ()
     if parsed.previous_response_id is not None:
         history = store.conversation(parsed.previous_response_id)
     response_id = f"resp_{uuid.uuid4().hex}"
     base = response_base(parsed, id=response_id, created_at=int(time.time()), store=parsed.store)
     conversation = (*history, *parsed.input)
+    events = ResponseEvents(base, clock=lambda: int(time.time()))
+
+    def answer(builder: CompletionBuilder) -> dict[str, Any]:
+        choices, usage = builder.result()
+        choice = choices[0]
+        return response_body(
+            base,
+            reasoning="".join(choice.reasoning),
+            text="".join(choice.content),
+            tool_calls=choice.tool_calls,
+            reason=choice.finish or "cancelled",
+            usage=usage,
+            completed_at=int(time.time()),
+        )
+
+    def streamed(builder: CompletionBuilder) -> dict[str, Any]:
+        assert events.response is not None, "a finished stream has its response"
+        return events.response
 
     def keep(response: dict[str, Any]) -> None:
-        if parsed.store:
-            store.keep(response, (*conversation, *output_messages(response["output"])))
+        store.keep(response, (*conversation, *output_messages(response["output"])))
 
-    try:
-        stream = await pool.submit(parsed.to_generate(response_id, history), "responses")
-    except Exception as exc:
-        raise api_error_for(exc) from exc
-    if parsed.stream:
-        first = await first_item(stream, pool.config, pool.cancel)
-        if first is not None and not isinstance(first, Chunk):
-            raise api_error_for(first)  # nothing sent yet: a proper HTTP error
-        events = ResponseEvents(base, clock=lambda: int(time.time()), on_finished=keep)
-        completion = CompletionStream(
-            id=response_id,
-            created=base["created_at"],
-            model=parsed.model,
-            framing=events,
-            writer=events.factory,
-        )
-        transport = SseTransport()
-        relay = Relay(stream, completion, transport, pool.config, pool.cancel)
-        response: Response[Any] = SseResponse(relay, transport, first)
-    else:
-        response = await _non_streaming(request, pool, stream, base, keep)
-    response.headers["x-request-id"] = f"req_{uuid.uuid4().hex}"
-    return response
-
-
-async def _non_streaming(
-    request: Request[Any, Any, Any],
-    pool: Pool,
-    stream: RequestStream,
-    base: dict[str, Any],
-    keep: Callable[[dict[str, Any]], None],
-) -> Response[Any]:
-    builder = CompletionBuilder()
-    if not await collect(
-        stream, builder, pool.config.stream_timeout, pool.cancel, disconnected(request)
-    ):
-        return Response(content=b"", status_code=499)  # the client is gone: never read
-    choices, usage = builder.result()
-    answer = choices[0]
-    body = response_body(
-        base,
-        reasoning="".join(answer.reasoning),
-        text="".join(answer.content),
-        tool_calls=answer.tool_calls,
-        reason=answer.finish or "cancelled",
-        usage=usage,
-        completed_at=int(time.time()),
+    return Plan(
+        id=response_id,
+        model=parsed.model,
+        generates=(parsed.to_generate(response_id, history),),
+        stream=parsed.stream,
+        body=answer,
+        writer=lambda: events,
+        framing=events,
+        keep=keep if parsed.store else None,
+        kept=streamed,
+        headers={"x-request-id": f"req_{uuid.uuid4().hex}"},
     )
-    keep(body)
-    return Response(content=orjson.dumps(body), media_type="application/json")
+
+
+RESPONSES = Dialect("responses", plan)
+
+
+@post("/v1/responses", status_code=200, operation_class=CreateResponseOperation)
+async def create_response(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """Create a model response (OpenAI's Responses API; `stream: true` for SSE)."""
+    return await serve(request, state, RESPONSES)
 
 
 def _no_query(request: Request[Any, Any, Any]) -> None:

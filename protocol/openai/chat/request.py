@@ -54,6 +54,7 @@ from protocol.core.limits import (
     INT64_MAX,
     MAX_MESSAGES,
     CheckModel,
+    check_ceiling,
     check_messages_chars,
     read_model_first,
 )
@@ -174,6 +175,12 @@ class ChatRequest:
     store: StoreRequest | None = None
     """`store: true`: what the stored completion keeps of the request."""
 
+    def check_ceilings(self, max_tokens: int, choices: int) -> None:
+        """The gateway's own ceilings (`--max-tokens-limit`, `--max-choices`), on top of the
+        API's validation."""
+        check_ceiling(self.max_tokens, max_tokens, "max_tokens")
+        check_ceiling(self.n, choices, "n", " choices per request")
+
     def to_generate(self, request_id: str) -> Generate:
         """The internal request a runner executes."""
         return Generate(
@@ -291,30 +298,6 @@ def _template_kwargs(value: Any) -> str | None:
             "string_above_max_length",
         )
     return text.decode()
-
-
-def check_max_tokens(chat: ChatRequest, limit: int) -> None:
-    """Refuse a completion bound over the gateway's ceiling (`--max-tokens-limit`).
-
-    Apart from `parse_chat_object` because the ceiling is the gateway's setting, not the API's;
-    every endpoint that takes a chat request applies it after parsing.
-    """
-    if chat.max_tokens is not None and chat.max_tokens > limit:
-        raise invalid_request(
-            f"max_tokens is {chat.max_tokens}; this gateway allows at most {limit}.",
-            "max_tokens",
-            "integer_above_max_value",
-        )
-
-
-def check_choices(chat: ChatRequest, limit: int) -> None:
-    """Refuse more choices than the gateway allows (`--max-choices`)."""
-    if chat.n > limit:
-        raise invalid_request(
-            f"n is {chat.n}; this gateway allows at most {limit} choices per request.",
-            "n",
-            "integer_above_max_value",
-        )
 
 
 # --- messages -------------------------------------------------------------------------------

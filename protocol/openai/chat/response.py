@@ -23,8 +23,9 @@ from typing import Any
 
 import orjson
 
-from protocol.core.stream import CompletionBuilder
+from protocol.core.stream import CompletionBuilder, Framing
 from protocol.frames import Chunk, FinishReason, TokenLogprob, ToolCallDelta, Usage
+from protocol.openai.chat.request import ChatRequest
 from protocol.openai.objects import FINISH_REASONS, logprob_entries, tool_call_entries, usage_dict
 
 _ROLE_DELTA = b'{"role":"assistant","content":"","refusal":null}'
@@ -325,3 +326,21 @@ def choice(
         else {"content": logprob_entries(logprobs), "refusal": None},
         "finish_reason": FINISH_REASONS[finish_reason],
     }
+
+
+def chat_writer(
+    chat: ChatRequest, *, id: str, created: int, fingerprint: str | None, framing: Framing
+) -> ChunkWriter:
+    """The writer of a chat request's stream, framed as `framing` frames chunks (SSE, or the
+    browser socket's envelope)."""
+    return ChunkWriter(
+        id,
+        created,
+        chat.model,
+        chat.include_usage,
+        chat.continuous_usage_stats,
+        logprobs=chat.logprobs,
+        fingerprint=fingerprint,
+        prefix=framing.chunk_prefix,
+        suffix=framing.chunk_suffix,
+    )

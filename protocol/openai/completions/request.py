@@ -40,7 +40,13 @@ from protocol.core.fields import (
     read_required,
     read_str,
 )
-from protocol.core.limits import INT64_MAX, MAX_PROMPT_CHARS, CheckModel, read_model_first
+from protocol.core.limits import (
+    INT64_MAX,
+    MAX_PROMPT_CHARS,
+    CheckModel,
+    check_ceiling,
+    read_model_first,
+)
 from protocol.frames import (
     Generate,
     SamplingParams,
@@ -93,6 +99,12 @@ class CompletionRequest:
     def choices(self) -> int:
         """Choices in the response: n for each prompt."""
         return len(self.prompts) * self.n
+
+    def check_ceilings(self, max_tokens: int, choices: int) -> None:
+        """The gateway's own ceilings (`--max-tokens-limit`, `--max-choices`), on top of the
+        API's validation."""
+        check_ceiling(self.max_tokens, max_tokens, "max_tokens")
+        check_ceiling(self.n, choices, "n", " choices per prompt")
 
     def to_generates(self, request_id: str) -> list[Generate]:
         """The runner requests, one per prompt (ids `request_id`, or `request_id-k` with
@@ -158,23 +170,6 @@ def parse_completion_object(data: Any, check_model: CheckModel | None = None) ->
         echo=echo,
         logprobs=logprobs,
     )
-
-
-def check_limits(request: CompletionRequest, max_tokens_limit: int, max_choices: int) -> None:
-    """The gateway's own ceilings (`--max-tokens-limit`, `--max-choices`) on top of the
-    API's validation."""
-    if request.max_tokens > max_tokens_limit:
-        raise invalid_request(
-            f"max_tokens is {request.max_tokens}; this gateway allows at most {max_tokens_limit}.",
-            "max_tokens",
-            "integer_above_max_value",
-        )
-    if request.n > max_choices:
-        raise invalid_request(
-            f"n is {request.n}; this gateway allows at most {max_choices} choices per prompt.",
-            "n",
-            "integer_above_max_value",
-        )
 
 
 # --- prompt ---------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ and the non-streamed body (`text_completion_body`), with echo, logprobs and `bes
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -160,15 +160,6 @@ class TextCompletionWriter:
         self._usage_head = self._head + b',"choices":[],"usage":'
         self._end = b"}" + suffix
         self._positions: dict[int, _Positions] = {}
-
-    @classmethod
-    def factory(cls, *, echo: bool) -> Callable[..., TextCompletionWriter]:
-        """A `WriterFactory` for requests with (or without) `echo`."""
-
-        def make(*args: Any, **kwargs: Any) -> TextCompletionWriter:
-            return cls(*args, **kwargs, echo=echo)
-
-        return make
 
     def role(self, usage: Usage | None = None, index: int = 0) -> bytes:
         return b""  # text completions have no opening chunk

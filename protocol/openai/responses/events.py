@@ -273,18 +273,18 @@ class _Open:
 
 class ResponseEvents:
     """The events of one streamed response: `CompletionStream`'s writer and framing (see
-    the module docstring). `on_finished` gets the final response object of one that ends
+    the module docstring). `response` is the final response object of one that ended
     completed or incomplete (to store it)."""
 
     __slots__ = (
         "_base",
         "_clock",
         "_new_id",
-        "_on_finished",
         "_open",
         "_output",
         "_reason",
         "_seq",
+        "response",
         "started",
     )
 
@@ -299,22 +299,19 @@ class ResponseEvents:
         *,
         clock: Callable[[], int],
         new_id: NewId = new_id,
-        on_finished: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self._base = base
         self._clock = clock
         self._new_id = new_id
-        self._on_finished = on_finished
+        self.response: dict[str, Any] | None = None
+        """The final response object of one that ended completed or incomplete (the one its
+        last event carries, with the ids it streamed: what is stored)."""
         self._seq = 0
         self._output: list[dict[str, Any]] = []
         """Items done."""
         self._open: _Open | None = None
         self._reason: FinishReason = "stop"
         self.started = False
-
-    def factory(self, *args: Any, **kwargs: Any) -> ResponseEvents:
-        """A `WriterFactory` that answers this object (it frames its own events)."""
-        return self
 
     def _event(self, type: str, **fields: Any) -> bytes:
         data = {"type": type, "sequence_number": self._seq, **fields}
@@ -410,8 +407,7 @@ class ResponseEvents:
         if reason == "cancelled":
             return self.error(server_error("The response was cancelled before it finished."))
         response = finished(self._base, list(self._output), reason, usage, self._clock())
-        if self._on_finished is not None:
-            self._on_finished(response)
+        self.response = response
         kind = "response.incomplete" if reason == "length" else "response.completed"
         return self._event(kind, response=response)
 

@@ -50,6 +50,7 @@ from protocol.core.limits import (
     MAX_PROMPT_CHARS,
     SAMPLING_RANGES,
     CheckModel,
+    check_ceiling,
     read_model_first,
 )
 from protocol.core.tools import check_function_name
@@ -125,6 +126,11 @@ class ResponsesRequest:
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     max_tool_calls: int | None = None
+
+    def check_ceilings(self, max_tokens: int, choices: int) -> None:
+        """The gateway's own ceiling on the answer's length (`--max-tokens-limit`); one
+        choice only, so `--max-choices` never binds."""
+        check_ceiling(self.max_output_tokens, max_tokens, "max_output_tokens")
 
     def to_generate(self, request_id: str, history: tuple[Message, ...] = ()) -> Generate:
         """The internal request: the instructions, the earlier turns (`history`, from the

@@ -18,7 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import RunnerLost, StreamTimeout
 from gateway.streaming.relay import Relay, first_item
 from gateway.streaming.request_stream import MAX_PENDING, Failed, RequestStream, StreamItem
-from gateway.streaming.sse import KEEPALIVE, SseTransport, _RelayASGIResponse
+from gateway.streaming.sse import KEEPALIVE, RelayASGIResponse, SseTransport
 from protocol.browser.framing import BrowserFraming
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Generate, Message, Usage
@@ -87,9 +87,7 @@ class Setup:
         self.cancelled: list[RequestStream] = []
         self.client = Client()
         self.config = GatewayConfig(**config)
-        self.completion = CompletionStream(
-            id="chatcmpl-x", created=1, model="m", framing=SSE, writer=ChunkWriter
-        )
+        self.completion = CompletionStream(ChunkWriter(id="chatcmpl-x", created=1, model="m"), SSE)
         self.transport = SseTransport()
 
     def cancel(self, stream: RequestStream) -> None:
@@ -101,7 +99,7 @@ class Setup:
 
     def start(self, relay: Relay, first: StreamItem | None) -> asyncio.Task[None]:
         """The SSE response's body, as uvicorn would run it."""
-        response = _RelayASGIResponse(relay, self.transport, first, media_type="text/event-stream")
+        response = RelayASGIResponse(relay, self.transport, first, media_type="text/event-stream")
         return asyncio.ensure_future(response.send_body(self.client.send, self.client.receive))
 
 
@@ -374,12 +372,18 @@ class Outbox:
         return None
 
 
+def browser_stream(rid: str) -> CompletionStream:
+    framing = BrowserFraming(rid)
+    writer = ChunkWriter(
+        "chatcmpl-x", 1, "m", prefix=framing.chunk_prefix, suffix=framing.chunk_suffix
+    )
+    return CompletionStream(writer, framing)
+
+
 @virtual_time
 async def test_an_outbox_transport_gets_browser_messages_and_no_keepalives() -> None:
     stream = RequestStream(Generate("r", "m", (Message("user", "hi"),)))
-    completion = CompletionStream(
-        id="chatcmpl-x", created=1, model="m", framing=BrowserFraming("q1"), writer=ChunkWriter
-    )
+    completion = browser_stream("q1")
     outbox = Outbox()
     config = GatewayConfig(keepalive_interval=0.01, stream_timeout=0.2)
     relay = Relay(stream, completion, outbox, config, lambda _: None)
@@ -399,9 +403,7 @@ async def test_an_outbox_transport_gets_browser_messages_and_no_keepalives() -> 
 @virtual_time
 async def test_an_outbox_transport_times_out_with_an_error_message() -> None:
     stream = RequestStream(Generate("r", "m", (Message("user", "hi"),)))
-    completion = CompletionStream(
-        id="chatcmpl-x", created=1, model="m", framing=BrowserFraming("q1"), writer=ChunkWriter
-    )
+    completion = browser_stream("q1")
     outbox = Outbox()
     cancelled: list[RequestStream] = []
     relay = Relay(stream, completion, outbox, GatewayConfig(stream_timeout=0.05), cancelled.append)

@@ -123,3 +123,49 @@ def test_a_merged_chunk_is_the_last_one_with_what_accumulates_joined() -> None:
         for f in attrs.fields(Chunk)
         if f.name not in joined | {"request_id", "index", "echo"}
     )
+
+
+class Placed:
+    """A stand-in for the pool's placement: says whether the model is loading."""
+
+    def __init__(self) -> None:
+        self.loading = False
+
+    def model_loading(self) -> bool:
+        return self.loading
+
+
+class Meter:
+    """A stand-in for the request's metrics: records what the stream tells it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object, bool]] = []
+
+    def chunk(self, chunk: Chunk, cancelled: bool) -> None:
+        self.calls.append(("chunk", chunk.seq, cancelled))
+
+    def fail(self, problem: object, cancelled: bool) -> None:
+        self.calls.append(("fail", problem, cancelled))
+
+    def end(self, outcome: str) -> None:
+        self.calls.append(("end", outcome, False))
+
+
+def test_whether_its_model_is_loading_is_its_placements_say() -> None:
+    assert not stream().model_loading()  # no placement: nothing to wait for
+    placed = Placed()
+    s = RequestStream(Generate("r", "m", (Message("user", "hi"),)), placement=placed)
+    assert not s.model_loading()
+    placed.loading = True
+    assert s.model_loading()
+
+
+def test_its_meter_hears_each_chunk_and_a_failure_as_it_is_pushed() -> None:
+    meter = Meter()
+    s = RequestStream(Generate("r", "m", (Message("user", "hi"),)), meter)
+    s.push(chunk(0))
+    s.cancelled = True
+    lost = RunnerLost("r1")
+    s.push(Failed(lost))
+    assert meter.calls == [("chunk", 0, False), ("fail", lost, True)]
+    assert s.done

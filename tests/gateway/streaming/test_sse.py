@@ -11,7 +11,7 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.streaming.relay import Relay
 from gateway.streaming.request_stream import RequestStream
-from gateway.streaming.sse import KEEPALIVE, SseTransport, _RelayASGIResponse
+from gateway.streaming.sse import KEEPALIVE, RelayASGIResponse, SseTransport
 from protocol.core.stream import CompletionStream
 from protocol.frames import Chunk, Generate, Message, Usage
 from protocol.openai.chat.response import ChunkWriter
@@ -69,13 +69,13 @@ async def test_a_response_that_fails_before_its_body_cancels_the_request() -> No
     transport = SseTransport()
     relay = Relay(
         stream,
-        CompletionStream(id="chatcmpl-x", created=1, model="m", framing=SSE, writer=ChunkWriter),
+        CompletionStream(ChunkWriter(id="chatcmpl-x", created=1, model="m"), SSE),
         transport,
         GatewayConfig(),
         cancelled.append,
     )
     first = Chunk("r", 0, "t", "", 1, Usage(5, 1))
-    response = _RelayASGIResponse(relay, transport, first, media_type="text/event-stream")
+    response = RelayASGIResponse(relay, transport, first, media_type="text/event-stream")
 
     async def send(message: Any) -> None:
         assert message["type"] == "http.response.start"

@@ -25,9 +25,7 @@ RID = "msg_1"
 
 
 def stream() -> CompletionStream:
-    return CompletionStream(
-        id=RID, created=0, model="m", framing=ANTHROPIC_SSE, writer=MessageWriter.factory
-    )
+    return CompletionStream(MessageWriter(RID, "m"), ANTHROPIC_SSE)
 
 
 def events(out: list[bytes]) -> list[tuple[str, Any]]:

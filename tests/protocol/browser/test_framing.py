@@ -91,14 +91,16 @@ ID, CREATED, MODEL = "chatcmpl-1", 1795998132, "orchard-demo"
 
 
 def _stream(rid: str, include_usage: bool = False) -> CompletionStream:
-    return CompletionStream(
-        id=ID,
-        created=CREATED,
-        model=MODEL,
-        include_usage=include_usage,
-        framing=BrowserFraming(rid),
-        writer=ChunkWriter,
+    framing = BrowserFraming(rid)
+    writer = ChunkWriter(
+        ID,
+        CREATED,
+        MODEL,
+        include_usage,
+        prefix=framing.chunk_prefix,
+        suffix=framing.chunk_suffix,
     )
+    return CompletionStream(writer, framing)
 
 
 def _bare(include_usage: bool = False) -> ChunkWriter:

@@ -67,9 +67,12 @@ class Recording:
 
 
 def stream(**options: Any) -> CompletionStream:
-    return CompletionStream(
-        id=ID, created=CREATED, model=MODEL, framing=Recording(), writer=ChunkWriter, **options
+    framing = Recording()
+    n = options.pop("n", 1)
+    writer = ChunkWriter(
+        ID, CREATED, MODEL, prefix=framing.chunk_prefix, suffix=framing.chunk_suffix, **options
     )
+    return CompletionStream(writer, framing, n=n)
 
 
 def decode(messages: list[bytes]) -> list[Any]:
@@ -148,7 +151,7 @@ def test_an_error_after_the_start() -> None:
 
 
 def test_a_runner_error_frame_is_mapped_to_openais_terms() -> None:
-    s = CompletionStream(id=ID, created=CREATED, model=MODEL, framing=SSE, writer=ChunkWriter)
+    s = CompletionStream(ChunkWriter(id=ID, created=CREATED, model=MODEL), SSE)
     out: list[bytes] = []
     assert s.feed(Error("r", "context_length_exceeded", "too long"), out)
     assert out == [
@@ -221,7 +224,7 @@ def test_nothing_after_the_end() -> None:
 
 
 def test_sse_framing_end_to_end() -> None:
-    s = CompletionStream(id=ID, created=CREATED, model=MODEL, framing=SSE, writer=ChunkWriter)
+    s = CompletionStream(ChunkWriter(id=ID, created=CREATED, model=MODEL), SSE)
     out: list[bytes] = []
     s.feed(chunk(0, "hi", finish="stop"), out)
     assert all(m.startswith(b"data: ") and m.endswith(b"\n\n") for m in out)

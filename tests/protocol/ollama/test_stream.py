@@ -46,13 +46,7 @@ def chunk(seq: int, text: str = "", **fields: Any) -> Chunk:
 
 def stream_of(endpoint: Endpoint, timings: Timings) -> CompletionStream:
     wall, mono = clocks()
-    return CompletionStream(
-        id="r",
-        created=0,
-        model="m",
-        framing=NDJSON,
-        writer=OllamaWriter.factory(endpoint, "m", timings, wall=wall, mono=mono),
-    )
+    return CompletionStream(OllamaWriter(endpoint, "m", timings, wall=wall, mono=mono), NDJSON)
 
 
 def lines(out: list[bytes]) -> list[dict[str, Any]]:

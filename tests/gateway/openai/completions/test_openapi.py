@@ -16,7 +16,7 @@ from gateway.config import GatewayConfig
 from protocol.core.errors import ApiError, server_error
 from protocol.core.stream import CompletionBuilder, CompletionStream
 from protocol.frames import Chunk, Echo, PromptToken, TokenLogprob, TopLogprob, Usage
-from protocol.openai.completions.request import check_limits, parse_completion_object
+from protocol.openai.completions.request import parse_completion_object
 from protocol.openai.completions.response import TextCompletionWriter, text_completion_body
 from protocol.openai.sse import SSE
 
@@ -50,7 +50,7 @@ def accepted(body: dict[str, Any]) -> bool:
     status = 200
     config = GatewayConfig()
     try:
-        check_limits(parse_completion_object(body), config.max_tokens_limit, config.max_choices)
+        parse_completion_object(body).check_ceilings(config.max_tokens_limit, config.max_choices)
     except ApiError as err:
         status = err.status
     assert status in (200, 400)
@@ -190,21 +190,21 @@ def test_stream_events_fit_the_schema(
     event_ok: Check, include_usage: bool, echo: bool, logprobs: bool
 ) -> None:
     stream = CompletionStream(
-        id="cmpl-1",
-        created=1,
-        model="m",
-        include_usage=include_usage,
-        logprobs=logprobs,
+        TextCompletionWriter(
+            id="cmpl-1",
+            created=1,
+            model="m",
+            include_usage=include_usage,
+            logprobs=logprobs,
+            echo=echo,
+        ),
+        SSE,
         n=2,
-        framing=SSE,
-        writer=TextCompletionWriter.factory(echo=echo),
     )
     out: list[bytes] = []
     for item in items():
         stream.feed(item, out)
-    failed = CompletionStream(
-        id="cmpl-2", created=1, model="m", framing=SSE, writer=TextCompletionWriter
-    )
+    failed = CompletionStream(TextCompletionWriter("cmpl-2", 1, "m"), SSE)
     failed.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     failed.fail(server_error("boom"), out)
     events = b"".join(out).split(b"\n\n")

@@ -331,9 +331,7 @@ def test_responses_fit_the_schema(
 def stream_events(data: dict[str, Any], items: list[Any], fail: bool = False) -> list[Any]:
     clock = itertools.count(2)
     events = ResponseEvents(base(data), clock=lambda: next(clock))
-    stream = CompletionStream(
-        id="resp_1", created=1, model="m", framing=events, writer=events.factory
-    )
+    stream = CompletionStream(events, events)
     out: list[bytes] = []
     for item in items:
         stream.feed(item, out)

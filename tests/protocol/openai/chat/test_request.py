@@ -24,13 +24,11 @@ from protocol.frames import (
 from protocol.openai.chat.request import (
     MAX_CONTENT_PARTS,
     ChatRequest,
-    check_choices,
-    check_max_tokens,
     parse_chat_object,
     parse_chat_request,
 )
 from protocol.openai.errors import error_body
-from protocol.openai.params import MAX_LOGIT_BIAS
+from protocol.openai.params import MAX_LOGIT_BIAS, MAX_N
 from tests.protocol.bad_input import METADATA_REFUSALS
 from tests.protocol.strategies import json_values, mutations, text
 
@@ -266,9 +264,9 @@ def test_max_tokens(fields: dict[str, Any], max_tokens: int) -> None:
 
 
 def accepted(chat: ChatRequest, limit: int) -> bool:
-    """Whether the gateway's ceiling (`check_max_tokens`) lets `chat` through."""
+    """Whether the gateway's ceiling (`check_ceilings`) lets `chat` through."""
     try:
-        check_max_tokens(chat, limit)
+        chat.check_ceilings(limit, MAX_N)
     except ApiError:
         return False
     return True
@@ -296,7 +294,7 @@ def test_max_tokens_within_the_gateway_ceiling(
 @pytest.mark.parametrize("fields", [{"max_tokens": 101}, {"max_completion_tokens": 101}])
 def test_max_tokens_over_the_gateway_ceiling(fields: dict[str, Any]) -> None:
     with pytest.raises(ApiError) as caught:
-        check_max_tokens(parse(request(**fields)), 100)
+        parse(request(**fields)).check_ceilings(100, MAX_N)
     assert caught.value.status == 400
     assert error_body(caught.value) == {
         "error": {
@@ -1120,9 +1118,9 @@ def test_n_choices_up_to_the_gateways_limit() -> None:
     chat = parse(request(n=5))
     assert (chat.n, chat.to_generate("r").n) == (5, 5)
     assert parse(request()).n == 1
-    check_choices(chat, 5)
+    chat.check_ceilings(2**31, 5)
     with pytest.raises(ApiError) as info:
-        check_choices(chat, 4)
+        chat.check_ceilings(2**31, 4)
     err = info.value
     assert (err.status, err.param, err.code) == (400, "n", "integer_above_max_value")
     assert err.message == "n is 5; this gateway allows at most 4 choices per request."

@@ -431,7 +431,7 @@ def sse(*events: bytes) -> Callable[[httpx2.Request], httpx2.Response]:
 
 def test_sdk_reads_a_whole_stream() -> None:
     completion = CompletionStream(
-        id=ID, created=CREATED, model=MODEL, include_usage=True, framing=SSE, writer=ChunkWriter
+        ChunkWriter(id=ID, created=CREATED, model=MODEL, include_usage=True), SSE
     )
     out: list[bytes] = []
     pieces: list[tuple[str, str, FinishReason | None]] = [
@@ -459,9 +459,7 @@ def test_sdk_reads_a_whole_stream() -> None:
 
 
 def test_sdk_raises_on_an_error_event() -> None:
-    completion = CompletionStream(
-        id=ID, created=CREATED, model=MODEL, framing=SSE, writer=ChunkWriter
-    )
+    completion = CompletionStream(ChunkWriter(id=ID, created=CREATED, model=MODEL), SSE)
     out: list[bytes] = []
     completion.feed(Chunk("r", 0, "a", "", 1, USAGE), out)
     completion.fail(errors.unavailable("the runner went away"), out)

@@ -30,15 +30,9 @@ def chunk(seq: int, text: str = "", **fields: Any) -> Chunk:
 
 
 def events(items: list[Chunk], **options: Any) -> list[Any]:
-    stream = CompletionStream(
-        id="c1",
-        created=7,
-        model="m",
-        fingerprint="fp_0123456789",
-        framing=SSE,
-        writer=ChunkWriter,
-        **options,
-    )
+    n = options.pop("n", 1)
+    writer = ChunkWriter("c1", 7, "m", fingerprint="fp_0123456789", **options)
+    stream = CompletionStream(writer, SSE, n=n)
     out: list[bytes] = []
     for item in items:
         stream.feed(item, out)
@@ -227,13 +221,7 @@ def test_n_choices_stream_with_their_indexes() -> None:
 
 def test_a_cancel_finishes_every_open_choice() -> None:
     stream = CompletionStream(
-        id="c1",
-        created=7,
-        model="m",
-        fingerprint="fp_0123456789",
-        n=3,
-        framing=SSE,
-        writer=ChunkWriter,
+        ChunkWriter(id="c1", created=7, model="m", fingerprint="fp_0123456789"), SSE, n=3
     )
     out: list[bytes] = []
     stream.feed(chunk(0, "a", index=2, choice_finish="stop"), out)

@@ -29,7 +29,6 @@ from protocol.openai.completions.request import (
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPTS,
     CompletionRequest,
-    check_limits,
     parse_completion_object,
     parse_completion_request,
 )
@@ -253,12 +252,12 @@ def test_the_model_is_checked_first() -> None:
 
 
 def test_the_gateways_limits() -> None:
-    check_limits(parse(max_tokens=100, n=8), 100, 8)
+    parse(max_tokens=100, n=8).check_ceilings(100, 8)
     with pytest.raises(ApiError) as info:
-        check_limits(parse(max_tokens=101), 100, 8)
+        parse(max_tokens=101).check_ceilings(100, 8)
     assert (info.value.param, info.value.code) == ("max_tokens", "integer_above_max_value")
     with pytest.raises(ApiError) as info:
-        check_limits(parse(n=9), 100, 8)
+        parse(n=9).check_ceilings(100, 8)
     assert (info.value.param, info.value.code) == ("n", "integer_above_max_value")
 
 
@@ -319,15 +318,9 @@ def event(
 
 
 def stream(*, echo: bool = False, **options: Any) -> CompletionStream:
-    return CompletionStream(
-        id=ID,
-        created=CREATED,
-        model=MODEL,
-        fingerprint=FP,
-        framing=SSE,
-        writer=TextCompletionWriter.factory(echo=echo),
-        **options,
-    )
+    n = options.pop("n", 1)
+    writer = TextCompletionWriter(ID, CREATED, MODEL, fingerprint=FP, echo=echo, **options)
+    return CompletionStream(writer, SSE, n=n)
 
 
 def sse(messages: list[bytes]) -> list[Any]:
@@ -548,9 +541,7 @@ def test_a_committed_stream_cancelled_before_its_first_chunk() -> None:
 
 def test_sse_framing_bytes() -> None:
     out: list[bytes] = []
-    CompletionStream(
-        id=ID, created=CREATED, model=MODEL, framing=SSE, writer=TextCompletionWriter
-    ).feed(piece(0, "a"), out)
+    CompletionStream(TextCompletionWriter(ID, CREATED, MODEL), SSE).feed(piece(0, "a"), out)
     assert out == [
         b'data: {"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"m",'
         b'"system_fingerprint":null,"choices":[{"text":"a","index":0,"logprobs":null,'

@@ -62,14 +62,13 @@ def stream(
         base(**extra),
         clock=lambda: 200,
         new_id=Ids(),
-        on_finished=None if finished is None else finished.append,
     )
-    completion = CompletionStream(
-        id=RID, created=100, model="m", framing=events, writer=events.factory
-    )
+    completion = CompletionStream(events, events)
     out: list[bytes] = []
     for item in items:
         completion.feed(item, out)
+    if finished is not None and events.response is not None:
+        finished.append(events.response)
     return parse(out)
 
 
@@ -356,9 +355,7 @@ def test_an_error_before_anything_was_sent_is_an_error_event() -> None:
 
 def test_a_cancelled_response_fails() -> None:
     events = ResponseEvents(base(), clock=lambda: 200, new_id=Ids())
-    completion = CompletionStream(
-        id=RID, created=100, model="m", framing=events, writer=events.factory
-    )
+    completion = CompletionStream(events, events)
     out: list[bytes] = []
     completion.feed(chunk(0, "a"), out)
     completion.cancel(out)

@@ -1,0 +1,117 @@
+"""The bounds the gateway's in-memory stores share (gateway.stores.chat, gateway.stores.responses).
+
+`BoundedStore` keeps values by key, oldest stored first, bounded three ways: at most
+`max_entries` of them and `max_bytes` together (past either, the oldest stored is dropped
+first, the one just stored or resized last of all), each for `ttl` seconds from when it was
+stored. The caller says what a value weighs; the store only counts. Every read first drops
+what has expired.
+
+The store takes its clock as an argument, so that tests drive expiry without waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+import attrs
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@attrs.define
+class _Slot(Generic[V]):
+    value: V
+    nbytes: int
+    expires: float
+    """When it goes, on the store's clock."""
+
+
+class BoundedStore(Generic[K, V]):
+    """Values by key within a count, a byte budget and a TTL (see the module docstring)."""
+
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.ttl = ttl
+        self._clock = clock
+        self._slots: dict[K, _Slot[V]] = {}
+        """Oldest stored first: the order of eviction and of expiry."""
+        self.nbytes = 0
+        """What everything stored weighs, as its callers measured it."""
+
+    @property
+    def enabled(self) -> bool:
+        """False when the limits leave no room: nothing can be stored."""
+        return self.max_entries > 0 and self.max_bytes > 0 and self.ttl > 0
+
+    def __len__(self) -> int:
+        self.expire()
+        return len(self._slots)
+
+    def put(self, key: K, value: V, nbytes: int) -> bool:
+        """Store `value` as the newest (replacing what `key` held); False, storing nothing,
+        when it alone is over the byte budget."""
+        self.expire()
+        if nbytes > self.max_bytes:
+            return False
+        self.pop(key)
+        self._slots[key] = _Slot(value, nbytes, self._clock() + self.ttl)
+        self.nbytes += nbytes
+        self._shrink(key)
+        return True
+
+    def get(self, key: K) -> V | None:
+        """The value stored under `key`, unless it is not there (or has expired)."""
+        self.expire()
+        slot = self._slots.get(key)
+        return None if slot is None else slot.value
+
+    def resize(self, key: K, nbytes: int) -> None:
+        """`key`'s value (changed in place) now weighs `nbytes`: it keeps its place and its
+        expiry, and the others make room for it, oldest first."""
+        slot = self._slots[key]
+        self.nbytes += nbytes - slot.nbytes
+        slot.nbytes = nbytes
+        self._shrink(key)
+
+    def pop(self, key: K) -> V | None:
+        """Drop `key`'s value; it, or None when there was none."""
+        slot = self._slots.pop(key, None)
+        if slot is None:
+            return None
+        self.nbytes -= slot.nbytes
+        return slot.value
+
+    def values(self) -> list[V]:
+        """Every value not expired, oldest stored first."""
+        self.expire()
+        return [slot.value for slot in self._slots.values()]
+
+    def expire(self) -> None:
+        """Drop what has expired."""
+        now = self._clock()
+        slots = self._slots
+        # The TTL is the same for all, so the oldest stored is the first to expire.
+        while slots:
+            key, oldest = next(iter(slots.items()))
+            if oldest.expires > now:
+                return
+            self.pop(key)
+
+    def _shrink(self, spare: K) -> None:
+        """Drop the oldest until the store is within its bounds, `spare` last of all."""
+        slots = self._slots
+        while len(slots) > self.max_entries or self.nbytes > self.max_bytes:
+            victim = next((key for key in slots if key != spare), None)
+            if victim is None:
+                return
+            self.pop(victim)
