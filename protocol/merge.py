@@ -2,10 +2,10 @@
 
 Used wherever outputs wait to be sent: the runner merges its engine's outputs before they
 become chunks (`runner.client`), the gateway merges the chunks a slow reader has not taken
-(`gateway.stream`). Both kinds (`protocol.frames.Chunk`, `runner.engine.base.Output`) are
-frozen attrs classes with the fields of `Mergeable`. A merged item is the last one of its run
-with what accumulates joined (text, reasoning, tokens, tool-call deltas, logprobs, echo):
-every other field, and any field added to those classes later, is the last item's.
+(`gateway.streaming.request_stream`). Both kinds (`protocol.frames.Chunk`,
+`runner.engine.base.Output`) are frozen attrs classes with the fields of `Mergeable`. A merged item
+is the last one of its run with what accumulates joined (text, reasoning, tokens, tool-call deltas,
+logprobs, echo): every other field, and any field added to those classes later, is the last item's.
 
 Pure: no I/O, no state.
 """

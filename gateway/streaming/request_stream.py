@@ -18,7 +18,8 @@ from typing import Protocol
 import attrs
 
 from gateway.errors import GatewayError
-from protocol.frames import Chunk, Echo, Error, Generate
+from protocol.frames import Chunk, Error, Generate
+from protocol.merge import merge
 
 log = logging.getLogger("gateway.stream")
 
@@ -52,42 +53,6 @@ class Placed(Protocol):
     gateway.pool.placement.Placement)."""
 
     def model_loading(self) -> bool: ...
-
-
-def merge(chunks: list[Chunk]) -> list[Chunk]:
-    """Consecutive chunks of one request as one per choice (joined once: no quadratic
-    copying): a request with n choices merges to at most n chunks, the one that ends the
-    request last."""
-    by_choice: dict[int, list[Chunk]] = {}
-    for chunk in chunks:
-        by_choice.setdefault(chunk.index, []).append(chunk)
-    last = chunks[-1]
-    ends = last.index if last.finish_reason is not None else -1
-    return [_merge_run(by_choice[i]) for i in sorted(by_choice, key=lambda i: i == ends)]
-
-
-def _merge_run(chunks: list[Chunk]) -> Chunk:
-    if len(chunks) == 1:
-        return chunks[0]
-    # The last chunk's fields (seq, usage, finish, stats, matched_stop, ...), with what
-    # accumulates joined: a field added to Chunk later is carried without a change here.
-    return attrs.evolve(
-        chunks[-1],
-        text="".join(c.text for c in chunks),
-        reasoning="".join(c.reasoning for c in chunks),
-        tokens=sum(c.tokens for c in chunks),
-        tool_calls=tuple(delta for c in chunks for delta in c.tool_calls),
-        logprobs=tuple(entry for c in chunks for entry in c.logprobs),
-        echo=joined_echo(chunks),
-    )
-
-
-def joined_echo(chunks: list[Chunk]) -> Echo | None:
-    """The echo pieces of a run of chunks (a choice's first ones carry them), as one."""
-    pieces = [chunk.echo for chunk in chunks if chunk.echo is not None]
-    if len(pieces) <= 1:
-        return pieces[0] if pieces else None
-    return Echo("".join(p.text for p in pieces), tuple(t for p in pieces for t in p.tokens))
 
 
 class RequestStream:

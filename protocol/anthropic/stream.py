@@ -36,7 +36,7 @@ from typing import Any, Literal
 import orjson
 
 from protocol.anthropic.errors import error_body
-from protocol.calls import call_input, call_text
+from protocol.core.calls import assemble, call_input, call_text
 from protocol.core.errors import ApiError, server_error
 from protocol.core.stream import CollectedChoice
 from protocol.frames import Chunk, FinishReason, ToolCallDelta, Usage
@@ -230,22 +230,18 @@ def message_body(choice: CollectedChoice, usage: Usage, *, id: str, model: str) 
 
 def _tool_uses(deltas: list[ToolCallDelta]) -> tuple[list[dict[str, Any]], str]:
     """The tool_use blocks of the calls, and the text of those whose arguments are not a JSON
-    object (cut short by max_tokens, say: protocol.calls), which goes out as text."""
-    calls: dict[int, tuple[str, str, list[str]]] = {}
-    for delta in deltas:
-        if delta.id is not None:
-            calls[delta.index] = (delta.id, delta.name or "", [])
-        if delta.arguments and delta.index in calls:
-            calls[delta.index][2].append(delta.arguments)
+    object (cut short by max_tokens, say: protocol.core.calls), which goes out as text."""
     blocks = []
     unparsed = []
-    for call_id, name, parts in calls.values():
-        arguments = "".join(parts) or "{}"
+    for call in assemble(deltas):
+        if call.id is None:
+            continue  # never opened: nothing to name it by
+        arguments = call.arguments or "{}"
         parsed = call_input(arguments)
         if parsed is None:
-            unparsed.append(call_text(name, arguments))
+            unparsed.append(call_text(call.name, arguments))
             continue
         blocks.append(
-            {"type": "tool_use", "id": tool_use_id(call_id), "name": name, "input": parsed}
+            {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": parsed}
         )
     return blocks, "".join(unparsed)

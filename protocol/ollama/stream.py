@@ -37,7 +37,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
-from protocol.calls import call_input, call_text
+from protocol.core.calls import Call, CallAssembler, call_input, call_text
 from protocol.core.errors import ApiError
 from protocol.core.stream import CollectedChoice, CompletionBuilder, Item
 from protocol.frames import Chunk, FinishReason, ToolCallDelta, Usage
@@ -86,53 +86,36 @@ def done_reason(reason: FinishReason) -> str:
 
 
 class ToolCalls:
-    """Collects a choice's tool-call deltas into whole calls."""
+    """A choice's tool calls as Ollama's objects, each given out once whole
+    (protocol.core.calls), with the text of those that are not valid calls."""
 
     __slots__ = ("_calls",)
 
     def __init__(self) -> None:
-        self._calls: dict[int, list[Any]] = {}
-        """Index → [id, name, argument pieces]."""
+        self._calls = CallAssembler()
 
     def feed(self, deltas: Iterable[ToolCallDelta]) -> tuple[list[dict[str, Any]], str]:
         """Take deltas; the calls they complete (every call before a new one) and the text
         of those that are not valid calls."""
-        calls: list[dict[str, Any]] = []
-        text = ""
-        for delta in deltas:
-            call = self._calls.get(delta.index)
-            if call is None:
-                complete, invalid = self.flush(before=delta.index)
-                calls += complete
-                text += invalid
-                self._calls[delta.index] = [delta.id, delta.name, [delta.arguments]]
-                continue
-            if delta.id is not None:
-                call[0] = delta.id
-            if delta.name is not None:
-                call[1] = delta.name
-            call[2].append(delta.arguments)
-        return calls, text
+        return _objects(self._calls.feed(deltas))
 
-    def flush(self, before: int | None = None) -> tuple[list[dict[str, Any]], str]:
-        """The calls collected (those with an index below `before`), as Ollama's objects,
-        and the text of those whose arguments are not a JSON object."""
-        calls: list[dict[str, Any]] = []
-        text: list[str] = []
-        for index in sorted(self._calls):
-            if before is not None and index >= before:
-                continue
-            call_id, name, pieces = self._calls.pop(index)
-            arguments = "".join(pieces)
-            parsed = call_input(arguments)
-            if parsed is None:
-                text.append(call_text(name or "", arguments))
-                continue
-            function = {"index": index, "name": name or "", "arguments": parsed}
-            calls.append(
-                {"id": call_id, "function": function} if call_id else {"function": function}
-            )
-        return calls, "".join(text)
+    def flush(self) -> tuple[list[dict[str, Any]], str]:
+        """The calls still open, as Ollama's objects, and the text of those whose arguments
+        are not a JSON object."""
+        return _objects(self._calls.flush())
+
+
+def _objects(calls: list[Call]) -> tuple[list[dict[str, Any]], str]:
+    objects: list[dict[str, Any]] = []
+    text: list[str] = []
+    for call in calls:
+        parsed = call_input(call.arguments)
+        if parsed is None:
+            text.append(call_text(call.name, call.arguments))
+            continue
+        function = {"index": call.index, "name": call.name, "arguments": parsed}
+        objects.append({"id": call.id, "function": function} if call.id else {"function": function})
+    return objects, "".join(text)
 
 
 def _object(

@@ -7,6 +7,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from protocol.core.calls import Call
 from protocol.frames import FinishReason, TokenLogprob, ToolCallDelta, Usage
 
 FINISH_REASONS: dict[str, str] = {
@@ -79,3 +80,16 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
             "rejected_prediction_tokens": 0,
         },
     }
+
+
+def call_entries(calls: Sequence[Call]) -> list[dict[str, Any]]:
+    """A finished message's `tool_calls`: one entry per whole call (protocol.core.calls)."""
+    return [
+        {
+            "index": call.index,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for call in calls
+    ]

@@ -23,10 +23,17 @@ from typing import Any
 
 import orjson
 
+from protocol.core.calls import assemble
 from protocol.core.stream import CompletionBuilder, Framing
 from protocol.frames import Chunk, FinishReason, TokenLogprob, ToolCallDelta, Usage
 from protocol.openai.chat.request import ChatRequest
-from protocol.openai.objects import FINISH_REASONS, logprob_entries, tool_call_entries, usage_dict
+from protocol.openai.objects import (
+    FINISH_REASONS,
+    call_entries,
+    logprob_entries,
+    tool_call_entries,
+    usage_dict,
+)
 
 _ROLE_DELTA = b'{"role":"assistant","content":"","refusal":null}'
 _NO_FINISH = b',"logprobs":null,"finish_reason":null}]'
@@ -305,7 +312,7 @@ def choice(
 ) -> dict[str, Any]:
     """One choice of a non-streaming response. `logprobs` None: the request did not ask for
     them. A message with tool calls and no text has content null."""
-    calls = tool_call_entries(tool_calls)
+    calls = call_entries(assemble(tool_calls))
     message: dict[str, Any] = {
         "role": "assistant",
         "content": None if calls and not content else content,

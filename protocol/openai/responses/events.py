@@ -36,9 +36,10 @@ from typing import Any
 
 import orjson
 
+from protocol.core.calls import assemble
 from protocol.core.errors import ApiError, server_error
 from protocol.frames import Chunk, FinishReason, Message, ToolCall, ToolCallDelta, Usage
-from protocol.openai.objects import tool_call_entries
+from protocol.openai.objects import call_entries
 from protocol.openai.responses.request import ResponsesRequest
 
 NewId = Callable[[str], str]
@@ -195,7 +196,7 @@ def output_items(
     items: list[dict[str, Any]] = []
     if reasoning:
         items.append(reasoning_item(new_id("rs"), reasoning, "completed"))
-    calls = tool_call_entries(tool_calls)
+    calls = call_entries(assemble(tool_calls))
     if text or not calls:
         items.append(message_item(new_id("msg"), text, "completed"))
     for call in calls:

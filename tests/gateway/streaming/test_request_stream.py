@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from gateway.errors import RunnerLost
-from gateway.streaming.request_stream import MAX_PENDING, Failed, RequestStream, merge
+from gateway.streaming.request_stream import MAX_PENDING, Failed, RequestStream
 from protocol.frames import (
     Chunk,
     Echo,
@@ -16,6 +16,7 @@ from protocol.frames import (
     ToolCallDelta,
     Usage,
 )
+from protocol.merge import merge
 
 
 def chunk(seq: int, final: bool = False) -> Chunk:
