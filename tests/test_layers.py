@@ -300,3 +300,15 @@ def test_one_function_takes_a_streams_first_item() -> None:
         "gateway.streaming.endpoint",
         "gateway.streaming.endpoint",
     ]
+
+
+def test_tests_share_helpers_not_test_modules() -> None:
+    """Shared doubles and helpers live in helper modules (tests/support.py, tests/*/
+    helpers); no test module imports another test module."""
+    found = [
+        (str(path.relative_to(REPO)), module)
+        for path in modules("tests")
+        for module, _ in imported_from(path)
+        if module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith("test_")
+    ]
+    assert found == []

@@ -37,7 +37,7 @@ from protocol.session import (
     State,
     Unstarted,
 )
-from tests.protocol.test_session import chunk, generate, make_hello
+from tests.protocol.sessions import chunk, generate, make_hello
 
 
 def open_gateway(max_concurrent: int = 2) -> GatewaySession[str]:

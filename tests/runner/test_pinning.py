@@ -24,7 +24,7 @@ from gateway.tls import ensure_certificate, served_chain
 from protocol.pinning import fingerprint, proof
 from runner.errors import UntrustedGateway
 from runner.pinning import authority, pinned_context, same_authority
-from tests.gateway.test_tls import old_self_signed
+from tests.certificates import old_self_signed
 
 TOKEN = "pinning-token"
 DER = serialization.Encoding.DER
