@@ -1,0 +1,1 @@
+"""The browser WebSocket API (/v1/ws)."""

@@ -1,0 +1,1 @@
+"""Metrics, the pool's gauges, history and the admin routes."""

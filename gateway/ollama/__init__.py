@@ -1,0 +1,1 @@
+"""Ollama's API: its routes, model endpoints, OpenAPI description and router."""

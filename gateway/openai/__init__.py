@@ -1,0 +1,1 @@
+"""OpenAI's APIs: Chat Completions (with stored completions), legacy completions, Responses."""

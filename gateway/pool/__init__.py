@@ -1,0 +1,1 @@
+"""The runner pool: placing requests, runner links, where prefixes are cached."""

@@ -1,0 +1,1 @@
+"""Bounded in-memory stores of finished answers (stored chat completions, Responses)."""

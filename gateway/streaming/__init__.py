@@ -1,0 +1,1 @@
+"""One request on its way to its client: the one endpoint, the relay, the buffer, the transports."""

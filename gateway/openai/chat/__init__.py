@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions: its route, its stored completions, its OpenAPI description."""

@@ -1,0 +1,1 @@
+"""OpenAI legacy text completions: its route and OpenAPI description."""

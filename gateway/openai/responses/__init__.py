@@ -1,0 +1,1 @@
+"""OpenAI Responses API: its routes and OpenAPI description."""
