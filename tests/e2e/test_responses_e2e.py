@@ -311,3 +311,55 @@ def test_reasoning_effort_none_is_the_chats(client: openai.OpenAI) -> None:
     assert response.output_text == completion.choices[0].message.content
     assert response.reasoning is not None
     assert response.reasoning.effort == "none"
+
+
+def test_input_tokens_are_the_prompt_a_create_would_run(client: openai.OpenAI) -> None:
+    """`responses.input_tokens.count` (the SDK's own call) counts exactly the prompt a create
+    with the same fields runs: its usage's input_tokens, through the model's chat template,
+    with tools and with a previous_response_id chain."""
+    plain = client.responses.input_tokens.count(
+        model=MODEL, input=QUESTION, instructions=INSTRUCTIONS
+    )
+    created = client.responses.create(
+        model=MODEL, input=QUESTION, instructions=INSTRUCTIONS, max_output_tokens=16
+    )
+    assert plain.object == "response.input_tokens"
+    assert created.usage is not None
+    assert plain.input_tokens == created.usage.input_tokens
+    with_tools = client.responses.input_tokens.count(model=MODEL, input=CALL_MESSAGES, tools=TOOLS)
+    called = client.responses.create(
+        model=MODEL, input=CALL_MESSAGES, tools=TOOLS, temperature=0, max_output_tokens=80
+    )
+    assert called.usage is not None
+    assert with_tools.input_tokens == called.usage.input_tokens
+    (call,) = called.output
+    assert isinstance(call, ResponseFunctionToolCall)
+    result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+    chained = client.responses.input_tokens.count(
+        model=MODEL, previous_response_id=called.id, input=[result], tools=TOOLS
+    )
+    continued = client.responses.create(
+        model=MODEL,
+        previous_response_id=called.id,
+        input=[result],
+        tools=TOOLS,
+        temperature=0,
+        max_output_tokens=16,
+    )
+    assert continued.usage is not None
+    assert chained.input_tokens == continued.usage.input_tokens > with_tools.input_tokens
+
+
+def test_input_tokens_refuses_what_it_does_not_take(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.input_tokens.count(
+            model=MODEL, input=QUESTION, extra_body={"max_output_tokens": 5}
+        )
+    assert caught.value.body == {  # type: ignore[comparison-overlap]
+        "message": "Unrecognized request argument supplied: max_output_tokens",
+        "type": "invalid_request_error",
+        "param": "max_output_tokens",
+        "code": "unknown_parameter",
+    }
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="no-such-model", input=QUESTION)

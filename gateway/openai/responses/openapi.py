@@ -255,6 +255,36 @@ _REQUEST = Schema(
     "required may also be null: the parser reads it as left out.",
 )
 
+_COUNTED = (
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "reasoning",
+    "truncation",
+    "conversation",
+)
+_COUNT_REQUEST = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model", "input"],
+    properties={
+        **{name: (_REQUEST.properties or {})[name] for name in _COUNTED},
+        "personality": NULL,
+    },
+    additional_properties=False,
+    dependent_schemas={"tool_choice": (_REQUEST.dependent_schemas or {})["tool_choice"]},
+    description="OpenAI's TokenCountsBody: the create's fields that make the prompt, read as "
+    "the create reads them (model and input required: the count is the model's tokenizer's).",
+)
+_TOKEN_COUNTS = closed(
+    ["object", "input_tokens"], object=only("response.input_tokens"), input_tokens=COUNT
+)
+
+
 # --- the response object (protocol.openai.responses.events) ----------------------------------
 
 _OUTPUT_TEXT = closed(
@@ -523,4 +553,24 @@ class DeleteResponseOperation(Operation):
         self.responses = {
             "200": json_response("The response was deleted.", _DELETED),
             **{status: error(why) for status, why in _BY_ID.items()},
+        }
+
+
+@dataclass
+class InputTokensOperation(Operation):
+    """Operation for `POST /v1/responses/input_tokens`."""
+
+    def __post_init__(self) -> None:
+        self.request_body = json_body(_COUNT_REQUEST)
+        reasons = {
+            **with_server_error(_SERVER_ERROR),
+            "400": GENERATION_ERRORS["400"] + " An unknown previous_response_id is a 400 too.",
+        }
+        self.responses = {
+            "200": json_response(
+                "The request's input tokens: its prompt through the model's chat template, "
+                "tokenized by a runner that serves it.",
+                _TOKEN_COUNTS,
+            ),
+            **{status: error(why) for status, why in reasons.items()},
         }

@@ -28,6 +28,7 @@ from gateway.openai.responses.openapi import (
     CreateResponseOperation,
     DeleteResponseOperation,
     GetResponseOperation,
+    InputTokensOperation,
 )
 from gateway.stores.responses import ResponseStore
 from gateway.streaming.endpoint import Context, Dialect, Plan, serve
@@ -40,7 +41,10 @@ from protocol.openai.responses.events import (
     response_base,
     response_body,
 )
-from protocol.openai.responses.request import parse_responses_request
+from protocol.openai.responses.request import (
+    parse_input_tokens_request,
+    parse_responses_request,
+)
 
 
 def response_store(state: State) -> ResponseStore:
@@ -98,13 +102,44 @@ def plan(body: bytes, context: Context) -> Plan:
     )
 
 
+def plan_count(body: bytes, context: Context) -> Plan:
+    """input_tokens: the request with `max_output_tokens` 0, answered with its prompt's
+    tokens."""
+    store = response_store(context.state)
+    parsed = parse_input_tokens_request(body, context.check_model, store=store.enabled)
+    history: tuple[Message, ...] = ()
+    if parsed.previous_response_id is not None:
+        history = store.conversation(parsed.previous_response_id)
+    count_id = f"count_{uuid.uuid4().hex}"
+
+    def answer(builder: CompletionBuilder) -> dict[str, Any]:
+        _, usage = builder.result()
+        return {"object": "response.input_tokens", "input_tokens": usage.prompt_tokens}
+
+    return Plan(
+        id=count_id,
+        model=parsed.model,
+        generates=(parsed.to_generate(count_id, history),),
+        stream=False,
+        body=answer,
+        headers={"x-request-id": f"req_{uuid.uuid4().hex}"},
+    )
+
+
 RESPONSES = Dialect("responses", plan)
+INPUT_TOKENS = Dialect("responses", plan_count)
 
 
 @post("/v1/responses", status_code=200, operation_class=CreateResponseOperation)
 async def create_response(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a model response (OpenAI's Responses API; `stream: true` for SSE)."""
     return await serve(request, state, RESPONSES)
+
+
+@post("/v1/responses/input_tokens", status_code=200, operation_class=InputTokensOperation)
+async def count_input_tokens(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """Count a request's input tokens (its prompt through the model's chat template)."""
+    return await serve(request, state, INPUT_TOKENS)
 
 
 def _no_query(request: Request[Any, Any, Any]) -> None:
@@ -134,5 +169,5 @@ async def delete_response(
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 
-ROUTES: list[Any] = [create_response, get_response, delete_response]
+ROUTES: list[Any] = [create_response, count_input_tokens, get_response, delete_response]
 """This dialect's route handlers, registered by gateway.app."""

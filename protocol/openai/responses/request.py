@@ -160,6 +160,42 @@ def parse_responses_request(
     return parse_responses_object(read_json(body), check_model, store=store)
 
 
+_COUNT_KNOWN = frozenset(
+    (
+        "model",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "reasoning",
+        "truncation",
+        "conversation",
+        "personality",
+    )
+)
+"""The fields of `POST /v1/responses/input_tokens` (openapi.yaml's TokenCountsBody)."""
+
+
+def parse_input_tokens_request(
+    body: bytes, check_model: CheckModel | None = None, *, store: bool = False
+) -> ResponsesRequest:
+    """Validate a `POST /v1/responses/input_tokens` body: the create's fields that make the
+    prompt, read as the create reads them. The request to count generates nothing
+    (`max_output_tokens` 0): a runner templates and tokenizes the prompt and answers with its
+    usage. `model` and `input` are required (the count is the model's tokenizer's)."""
+    data = read_json(body)
+    read_model_first(data, _COUNT_KNOWN, check_model)
+    if data.get("personality") is not None:
+        fail_unsupported("personality", "personality presets are not implemented")
+    create = {key: value for key, value in data.items() if key != "personality"}
+    return attrs.evolve(
+        parse_responses_object(create, store=store), max_output_tokens=0, stream=False
+    )
+
+
 def parse_responses_object(
     data: Any, check_model: CheckModel | None = None, *, store: bool = False
 ) -> ResponsesRequest:

@@ -14,7 +14,11 @@ from protocol.codec import decode_gateway_frame, encode
 from protocol.core.errors import ApiError
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import error_body
-from protocol.openai.responses.request import parse_responses_object, parse_responses_request
+from protocol.openai.responses.request import (
+    parse_input_tokens_request,
+    parse_responses_object,
+    parse_responses_request,
+)
 from tests.protocol.strategies import json_values, mutations, text
 
 WEATHER = {
@@ -389,3 +393,45 @@ def test_random_json(value: Any) -> None:
 @given(mutated_requests())
 def test_mutated_requests(value: Any) -> None:
     _check(orjson.dumps(value))
+
+
+# --- input_tokens --------------------------------------------------------------------------
+
+
+def count(**fields: Any) -> Any:
+    return parse_input_tokens_request(orjson.dumps({"model": "m", **fields}), store=True)
+
+
+def test_input_tokens_is_the_creates_prompt_with_nothing_to_generate() -> None:
+    fields = {"input": "hi", "instructions": "Be brief.", "tools": [WEATHER], "tool_choice": "auto"}
+    counted = count(**fields, truncation="disabled", personality=None)
+    created = parse(**fields)
+    assert counted.to_generate("r").messages == created.to_generate("r").messages
+    assert counted.to_generate("r").tools == created.to_generate("r").tools
+    assert counted.to_generate("r").max_tokens == 0
+    assert counted.stream is False
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        ({"input": "hi", "max_output_tokens": 16}, "max_output_tokens", "unknown_parameter"),
+        ({"input": "hi", "stream": True}, "stream", "unknown_parameter"),
+        ({"input": "hi", "personality": "friendly"}, "personality", "unsupported_parameter"),
+        ({"input": "hi", "conversation": "conv_1"}, "conversation", "unsupported_parameter"),
+        ({}, "input", "missing_required_parameter"),
+    ],
+)
+def test_input_tokens_takes_only_its_fields(fields: dict[str, Any], param: str, code: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        count(**fields)
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, param, code)
+
+
+def test_input_tokens_checks_the_model_first() -> None:
+    def unknown(model: str) -> None:
+        raise ApiError(404, f"The model '{model}' does not exist", "invalid_request_error")
+
+    with pytest.raises(ApiError) as caught:
+        parse_input_tokens_request(b'{"model": "x", "nonsense": 1}', unknown)
+    assert caught.value.status == 404
