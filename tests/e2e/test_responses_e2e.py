@@ -263,8 +263,8 @@ def test_json_schema_output_validates(client: openai.OpenAI) -> None:
 
 def test_unknown_and_unsupported_fields_are_400s_naming_them(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model=MODEL, input="x", extra_body={"presence_penalty": 1})
-    assert caught.value.param == "presence_penalty"
+        client.responses.create(model=MODEL, input="x", extra_body={"logit_bias": {"1": 2}})
+    assert caught.value.param == "logit_bias"
     assert caught.value.code == "unknown_parameter"
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input="x", background=True)
@@ -355,7 +355,7 @@ def test_input_tokens_refuses_what_it_does_not_take(client: openai.OpenAI) -> No
         client.responses.input_tokens.count(
             model=MODEL, input=QUESTION, extra_body={"max_output_tokens": 5}
         )
-    assert caught.value.body == {  # type: ignore[comparison-overlap]
+    assert caught.value.body == {
         "message": "Unrecognized request argument supplied: max_output_tokens",
         "type": "invalid_request_error",
         "param": "max_output_tokens",
@@ -363,3 +363,20 @@ def test_input_tokens_refuses_what_it_does_not_take(client: openai.OpenAI) -> No
     }
     with pytest.raises(openai.NotFoundError):
         client.responses.input_tokens.count(model="no-such-model", input=QUESTION)
+
+
+def test_the_penalties_are_shown_as_sampled(client: openai.OpenAI) -> None:
+    """presence_penalty and frequency_penalty (the open Responses specification's fields):
+    the request's values, or 0, in the response object and its stored copy."""
+    created = client.responses.create(
+        model=MODEL,
+        input=QUESTION,
+        max_output_tokens=16,
+        extra_body={"presence_penalty": 0.5, "frequency_penalty": -0.25},
+    )
+    given = created.to_dict()
+    assert (given["presence_penalty"], given["frequency_penalty"]) == (0.5, -0.25)
+    stored = client.responses.retrieve(created.id).to_dict()
+    assert (stored["presence_penalty"], stored["frequency_penalty"]) == (0.5, -0.25)
+    plain = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=16).to_dict()
+    assert (plain["presence_penalty"], plain["frequency_penalty"]) == (0.0, 0.0)

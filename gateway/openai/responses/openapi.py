@@ -200,6 +200,8 @@ _REQUEST = Schema(
                 maximum=limit("max_tokens_limit"),
             ),
             "temperature": DECODING["temperature"],
+            "presence_penalty": DECODING["presence_penalty"],
+            "frequency_penalty": DECODING["frequency_penalty"],
             "top_p": DECODING["top_p"],
             "tools": _array(_TOOL, max_items=MAX_TOOLS),
             "tool_choice": _TOOL_CHOICE,
@@ -368,6 +370,8 @@ _FIELDS: dict[str, Schema] = {
     "service_tier": only("default"),
     "store": BOOLEAN,
     "temperature": Schema(type=OpenAPIType.NUMBER),
+    "presence_penalty": Schema(type=OpenAPIType.NUMBER),
+    "frequency_penalty": Schema(type=OpenAPIType.NUMBER),
     "text": closed(["format", "verbosity"], format=_SHOWN_FORMAT, verbosity=only("medium")),
     "tool_choice": Schema(
         one_of=[

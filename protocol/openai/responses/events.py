@@ -92,6 +92,9 @@ def response_base(
         "service_tier": "default",
         "store": store,
         "temperature": 1.0 if request.temperature is None else request.temperature,
+        # The open Responses specification's (OpenAI's object has neither): what sampled.
+        "presence_penalty": request.sampling.presence_penalty,
+        "frequency_penalty": request.sampling.frequency_penalty,
         "text": {"format": request.text_format, "verbosity": "medium"},
         "tool_choice": (
             {"type": "function", "name": request.tool_name}

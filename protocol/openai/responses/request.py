@@ -6,8 +6,8 @@ openapi.yaml's CreateResponse:
 - `input`: a string or a list of message, function_call, function_call_output and
   reasoning items (protocol.openai.responses.input).
 - `instructions` (a system message first), `max_output_tokens` (at least 16, as at
-  OpenAI), `temperature`, `top_p`,
-  function `tools` (Responses' flat shape), `tool_choice`, `parallel_tool_calls`,
+  OpenAI), `temperature`, `top_p`, `presence_penalty` and `frequency_penalty` (the open
+  Responses specification's, which the response object echoes), function `tools` (Responses' flat shape), `tool_choice`, `parallel_tool_calls`,
   `text.format` (text, json_object, json_schema), `reasoning.effort`, `stream`.
 - `store` (OpenAI's default is true) and `previous_response_id`: the gateway keeps
   responses where its store has room (`store=True` here); otherwise an explicit
@@ -77,7 +77,8 @@ MAX_INSTRUCTIONS_CHARS = MAX_PROMPT_CHARS
 # fmt: off
 _KNOWN = frozenset((
     # Honoured.
-    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+    "presence_penalty", "frequency_penalty", "tools",
     "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "store",
     "previous_response_id",
     # Accepted, no effect on the output.
@@ -215,9 +216,13 @@ def parse_responses_object(
     max_output_tokens = read_int(data, "max_output_tokens", MIN_OUTPUT_TOKENS, INT64_MAX)
     temperature = read_number(data, "temperature", *SAMPLING_RANGES["temperature"])
     top_p = read_number(data, "top_p", *SAMPLING_RANGES["top_p"])
+    presence = read_number(data, "presence_penalty", *SAMPLING_RANGES["presence_penalty"])
+    frequency = read_number(data, "frequency_penalty", *SAMPLING_RANGES["frequency_penalty"])
     sampling = SamplingParams(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
+        presence_penalty=0.0 if presence is None else presence,
+        frequency_penalty=0.0 if frequency is None else frequency,
     )
     tools = _tools(data.get("tools"))
     tool_choice, tool_name = _tool_choice(data.get("tool_choice"), tools)

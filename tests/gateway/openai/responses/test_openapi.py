@@ -125,7 +125,8 @@ ITEMS = [
                                                                    "text": "sunny"}]},
 ]  # fmt: skip
 NULLABLE = (
-    "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
+    "instructions", "max_output_tokens", "temperature", "top_p", "presence_penalty",
+    "frequency_penalty", "tools", "tool_choice",
     "parallel_tool_calls", "text", "reasoning", "stream", "stream_options", "store",
     "previous_response_id", "metadata", "user", "safety_identifier", "prompt_cache_key",
     "prompt_cache_retention", "prompt_cache_options", "max_tool_calls", "truncation",

@@ -328,13 +328,13 @@ async def test_api_key_required(gateway: Gateway) -> None:
 async def test_unknown_fields_and_models_are_400_and_404(
     runner: FakeRunner, http: httpx.AsyncClient
 ) -> None:
-    resp = await http.post("/v1/responses", json=body(frequency_penalty=1))
+    resp = await http.post("/v1/responses", json=body(logit_bias={"1": 2}))
     assert resp.status_code == 400
     assert resp.json() == {
         "error": {
-            "message": "Unrecognized request argument supplied: frequency_penalty",
+            "message": "Unrecognized request argument supplied: logit_bias",
             "type": "invalid_request_error",
-            "param": "frequency_penalty",
+            "param": "logit_bias",
             "code": "unknown_parameter",
         }
     }

@@ -14,6 +14,7 @@ from protocol.codec import decode_gateway_frame, encode
 from protocol.core.errors import ApiError
 from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import error_body
+from protocol.openai.responses.events import response_base
 from protocol.openai.responses.request import (
     parse_input_tokens_request,
     parse_responses_object,
@@ -235,7 +236,8 @@ def test_accepted_fields_with_no_effect() -> None:
 @pytest.mark.parametrize(
     ("fields", "param", "code"),
     [
-        ({"frequency_penalty": 1}, "frequency_penalty", "unknown_parameter"),
+        ({"logit_bias": {"1": 2}}, "logit_bias", "unknown_parameter"),
+        ({"frequency_penalty": 3}, "frequency_penalty", "decimal_above_max_value"),
         ({"messages": []}, "messages", "unknown_parameter"),
         ({"background": True}, "background", "unsupported_value"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "unsupported_value"),
@@ -435,3 +437,15 @@ def test_input_tokens_checks_the_model_first() -> None:
     with pytest.raises(ApiError) as caught:
         parse_input_tokens_request(b'{"model": "x", "nonsense": 1}', unknown)
     assert caught.value.status == 404
+
+
+def test_the_penalties_sample_and_the_response_shows_them() -> None:
+    """The open Responses specification's presence and frequency penalties: sampled with, and
+    echoed by the response object (0 when not given)."""
+    request = parse(presence_penalty=0.5, frequency_penalty=-1)
+    sampling = request.to_generate("r").sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.0)
+    shown = response_base(request, id="resp_1", created_at=1, store=False)
+    assert (shown["presence_penalty"], shown["frequency_penalty"]) == (0.5, -1.0)
+    plain = response_base(parse(), id="resp_2", created_at=1, store=False)
+    assert (plain["presence_penalty"], plain["frequency_penalty"]) == (0.0, 0.0)
