@@ -29,15 +29,13 @@ from gateway.config import GatewayConfig
 from gateway.stores.bounded import BoundedStore
 from protocol.openai.chat.stored import (
     ListQuery,
-    PageQuery,
     StoreRequest,
     completion_deleted,
-    list_body,
-    page,
     stored_completion,
     stored_messages,
 )
 from protocol.openai.errors import completion_not_found
+from protocol.openai.pages import PageQuery, list_body, page
 
 log = logging.getLogger("gateway.stored")
 

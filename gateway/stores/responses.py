@@ -8,9 +8,10 @@ and `store_max_bytes` of JSON (past either, the oldest stored is dropped first),
 once it has finished, completed or incomplete (max_output_tokens); a failed or cancelled one is
 not.
 
-Each entry keeps the response object (JSON) and the conversation that continues it: the
-earlier turns, this turn's input and the response's output as an assistant message (not the
-instructions: OpenAI does not carry them over to the next response).
+Each entry keeps the response object (JSON), the conversation that continues it (the
+earlier turns, this turn's input and the response's output as an assistant message; not the
+instructions: OpenAI does not carry them over to the next response) and its input items
+(`GET /v1/responses/{id}/input_items`), all counted in its bytes.
 
 The store takes its clock as an argument, so that tests drive expiry without waiting.
 """
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import orjson
@@ -28,6 +30,7 @@ from gateway.config import GatewayConfig
 from gateway.stores.bounded import BoundedStore
 from protocol.core.errors import ApiError
 from protocol.frames import Message
+from protocol.openai.pages import PageQuery, list_body, page
 
 log = logging.getLogger("gateway.responses_store")
 
@@ -39,6 +42,8 @@ class StoredResponse:
     """The response object, as JSON."""
     conversation: tuple[Message, ...]
     """Every message up to and including this response's answer (without instructions)."""
+    items: tuple[tuple[str, bytes], ...] = ()
+    """Its input items (protocol.openai.responses.items), oldest first: (id, JSON)."""
 
 
 def response_not_found(response_id: str) -> ApiError:
@@ -106,20 +111,31 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def keep(self, response: dict[str, object], conversation: tuple[Message, ...]) -> bool:
-        """Store a finished response; False when it alone is over the byte budget."""
+    def keep(
+        self,
+        response: dict[str, object],
+        conversation: tuple[Message, ...],
+        items: Sequence[dict[str, Any]] = (),
+    ) -> bool:
+        """Store a finished response with the conversation that continues it and its input
+        `items`; False when it alone is over the byte budget."""
         if not self.enabled:
             return False
         response_id = str(response["id"])
         body = orjson.dumps(response)
-        size = len(body) + sum(
-            len(m.content)
-            + len(m.reasoning or "")
-            + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
-            for m in conversation
+        listed = tuple((str(item["id"]), orjson.dumps(item)) for item in items)
+        size = (
+            len(body)
+            + sum(
+                len(m.content)
+                + len(m.reasoning or "")
+                + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+                for m in conversation
+            )
+            + sum(len(data) for _, data in listed)
         )
         if not self._entries.put(
-            response_id, StoredResponse(response_id, body, conversation), size
+            response_id, StoredResponse(response_id, body, conversation, listed), size
         ):
             log.warning(
                 "response %s not stored: %d bytes, over --store-max-bytes", response_id, size
@@ -133,6 +149,12 @@ class ResponseStore:
         if entry is None:
             raise response_not_found(response_id)
         return entry
+
+    def input_items(self, response_id: str, query: PageQuery) -> bytes:
+        """A page of a stored response's input items, as OpenAI's list object; the 404 for an
+        unknown (or expired) response, a 400 for an `after` that is none of its items."""
+        chosen, has_more = page(self.get(response_id).items, query, lambda item: item[0], "item")
+        return list_body([data for _, data in chosen], [id for id, _ in chosen], has_more)
 
     def conversation(self, previous_response_id: str) -> tuple[Message, ...]:
         """The conversation a new response continues; a 400 naming previous_response_id

@@ -380,3 +380,53 @@ def test_the_penalties_are_shown_as_sampled(client: openai.OpenAI) -> None:
     assert (stored["presence_penalty"], stored["frequency_penalty"]) == (0.5, -0.25)
     plain = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=16).to_dict()
     assert (plain["presence_penalty"], plain["frequency_penalty"]) == (0.0, 0.0)
+
+
+def test_input_items_are_the_conversation_a_response_ran_on(
+    client: openai.OpenAI, stack: tuple[Gateway, Process]
+) -> None:
+    """`responses.input_items.list`: a chained response's items are the earlier turn's input,
+    its function call and this turn's output, newest first unless asc, paged by `after`."""
+    first = client.responses.create(
+        model=MODEL, input=CALL_MESSAGES, tools=TOOLS, temperature=0, max_output_tokens=80
+    )
+    (call,) = first.output
+    assert isinstance(call, ResponseFunctionToolCall)
+    result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+    second = client.responses.create(
+        model=MODEL, previous_response_id=first.id, input=[result], max_output_tokens=16
+    )
+    listed = client.responses.input_items.list(second.id, order="asc")
+    items = [item.to_dict() for item in listed.data]
+    assert [item["type"] for item in items] == ["message", "function_call", "function_call_output"]
+    asked, called, answered = items
+    assert asked["role"] == "user"
+    assert asked["content"] == [{"type": "input_text", "text": CALL_MESSAGES[0]["content"]}]
+    assert (called["call_id"], called["name"], called["arguments"]) == (
+        call.call_id,
+        call.name,
+        call.arguments,
+    )
+    assert (answered["call_id"], answered["output"]) == (call.call_id, "Sunny")
+    assert len({item["id"] for item in items}) == 3
+    raw = httpx.get(f"{stack[0].base}/v1/responses/{second.id}/input_items?order=asc")
+    assert raw.json() == {
+        "object": "list",
+        "data": items,
+        "first_id": items[0]["id"],
+        "last_id": items[2]["id"],
+        "has_more": False,
+    }
+    newest_first = client.responses.input_items.list(second.id)
+    assert [item.id for item in newest_first.data] == [item["id"] for item in reversed(items)]
+    one_by_one = client.responses.input_items.list(second.id, order="asc", limit=1)
+    assert one_by_one.has_more is True
+    assert [item.id for item in one_by_one] == [item["id"] for item in items]  # every page
+    assert [item.to_dict()["type"] for item in client.responses.input_items.list(first.id)] == [
+        "message"
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.input_items.list(second.id, after="msg_nowhere")
+    assert caught.value.param == "after"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nowhere")

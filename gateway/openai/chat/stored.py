@@ -32,12 +32,8 @@ from litestar.params import FromPath
 
 from gateway.openapi import error
 from gateway.stores.chat import CompletionStore
-from protocol.openai.chat.stored import (
-    MAX_LIMIT,
-    parse_list_query,
-    parse_messages_query,
-    parse_update,
-)
+from protocol.openai.chat.stored import parse_list_query, parse_messages_query, parse_update
+from protocol.openai.pages import MAX_LIMIT
 from protocol.openai.params import (
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS,

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import get_args
 
-from litestar.openapi.spec import Operation, Reference, Schema
+from litestar.enums import ParamType
+from litestar.openapi.spec import Operation, Parameter, Reference, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.openapi import (
@@ -45,6 +46,7 @@ from gateway.openapi import (
 )
 from protocol.core.limits import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.frames import ReasoningEffort
+from protocol.openai.pages import MAX_LIMIT
 from protocol.openai.params import (
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS,
@@ -577,4 +579,72 @@ class InputTokensOperation(Operation):
                 _TOKEN_COUNTS,
             ),
             **{status: error(why) for status, why in reasons.items()},
+        }
+
+
+_LISTED_ITEM = Schema(
+    one_of=[
+        *(_OUTPUT_ITEM.one_of or []),
+        closed(
+            ["id", "type", "role", "content", "status"],
+            type=only("message"),
+            id=STRING,
+            role=only("user", "system", "developer"),
+            content=_array(_INPUT_TEXT, max_items=1),
+            status=only("completed"),
+        ),
+        closed(
+            ["id", "type", "call_id", "output", "status"],
+            type=only("function_call_output"),
+            id=STRING,
+            call_id=_nullable(STRING),
+            output=STRING,
+            status=only("completed"),
+        ),
+    ]
+)
+_ITEM_LIST = closed(
+    ["object", "data", "first_id", "last_id", "has_more"],
+    object=only("list"),
+    data=_array(_LISTED_ITEM),
+    first_id=_nullable(STRING),
+    last_id=_nullable(STRING),
+    has_more=BOOLEAN,
+)
+_ITEM_PAGE = [
+    Parameter(
+        name="after",
+        param_in=ParamType.QUERY,
+        schema=STRING,
+        description="The last item id of the previous page.",
+    ),
+    Parameter(
+        name="limit",
+        param_in=ParamType.QUERY,
+        schema=Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=MAX_LIMIT),
+        description="How many to return (default 20).",
+    ),
+    Parameter(
+        name="order",
+        param_in=ParamType.QUERY,
+        schema=only("asc", "desc"),
+        description="desc (the default): newest first; asc: oldest first.",
+    ),
+]
+
+
+@dataclass
+class InputItemsOperation(Operation):
+    """Operation for `GET /v1/responses/{response_id}/input_items`."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [*(self.parameters or []), *_ITEM_PAGE]
+        self.responses = {
+            "200": json_response(
+                "A page of the items the response was generated from: earlier turns and this "
+                "turn's input, without the instructions.",
+                _ITEM_LIST,
+            ),
+            **{status: error(why) for status, why in _BY_ID.items()},
+            "400": error("A bad query parameter, or an after that is none of the items."),
         }

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 from litestar import Request, Response, delete, get, post
@@ -28,6 +29,7 @@ from gateway.openai.responses.openapi import (
     CreateResponseOperation,
     DeleteResponseOperation,
     GetResponseOperation,
+    InputItemsOperation,
     InputTokensOperation,
 )
 from gateway.stores.responses import ResponseStore
@@ -37,10 +39,12 @@ from protocol.core.stream import CompletionBuilder
 from protocol.frames import Message
 from protocol.openai.responses.events import (
     ResponseEvents,
+    new_id,
     output_messages,
     response_base,
     response_body,
 )
+from protocol.openai.responses.items import input_items, parse_input_items_query
 from protocol.openai.responses.request import (
     parse_input_tokens_request,
     parse_responses_request,
@@ -86,7 +90,8 @@ def plan(body: bytes, context: Context) -> Plan:
         return events.response
 
     def keep(response: dict[str, Any]) -> None:
-        store.keep(response, (*conversation, *output_messages(response["output"])))
+        answered = (*conversation, *output_messages(response["output"]))
+        store.keep(response, answered, input_items(conversation, new_id))
 
     return Plan(
         id=response_id,
@@ -158,6 +163,18 @@ async def get_response(
     return Response(content=body, media_type="application/json")
 
 
+@get("/v1/responses/{response_id:str}/input_items", operation_class=InputItemsOperation)
+async def list_input_items(
+    request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
+) -> Response[bytes]:
+    """A stored response's input items, paged (newest first unless `order=asc`)."""
+    query = parse_input_items_query(
+        parse_qsl(request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    )
+    body = response_store(state).input_items(response_id, query)
+    return Response(content=body, media_type="application/json")
+
+
 @delete("/v1/responses/{response_id:str}", status_code=200, operation_class=DeleteResponseOperation)
 async def delete_response(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
@@ -169,5 +186,11 @@ async def delete_response(
     return Response(content=orjson.dumps(body), media_type="application/json")
 
 
-ROUTES: list[Any] = [create_response, count_input_tokens, get_response, delete_response]
+ROUTES: list[Any] = [
+    create_response,
+    count_input_tokens,
+    get_response,
+    list_input_items,
+    delete_response,
+]
 """This dialect's route handlers, registered by gateway.app."""

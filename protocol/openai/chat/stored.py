@@ -30,33 +30,21 @@ a 400 naming the parameter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
-import orjson
 
 from protocol.core.errors import invalid_request
 from protocol.core.fields import (
-    check_range,
-    clip,
     fail_unknown,
-    fail_value,
     read_json,
     read_object,
     show,
 )
 from protocol.frames import Message, SamplingParams
+from protocol.openai.pages import PageQuery, page_query, single_values
 from protocol.openai.params import parse_metadata
-
-DEFAULT_LIMIT = 20
-MAX_LIMIT = 100
-
-Order = Literal["asc", "desc"]
-_ORDERS: tuple[Order, ...] = ("asc", "desc")
-
-T = TypeVar("T")
-
 
 # --- what is stored ---------------------------------------------------------------------------
 
@@ -139,19 +127,10 @@ def completion_deleted(completion_id: str) -> dict[str, Any]:
 
 
 @attrs.frozen
-class PageQuery:
-    """Which page of a list: after which id, how many, in which order."""
-
-    after: str | None = None
-    limit: int = DEFAULT_LIMIT
-    order: Order = "asc"
-
-
-@attrs.frozen
 class ListQuery:
     """`GET /v1/chat/completions`: a page of the stored completions that match the filters."""
 
-    page: PageQuery = PageQuery()
+    page: PageQuery = attrs.Factory(PageQuery)
     model: str | None = None
     metadata: dict[str, str] = attrs.Factory(dict)
     """Every key must have this value."""
@@ -165,7 +144,7 @@ class ListQuery:
 
 def parse_list_query(params: Iterable[tuple[str, str]]) -> ListQuery:
     """The query of `GET /v1/chat/completions`; raises `ApiError` (400) for a bad one."""
-    fields = _single(params)
+    fields = single_values(params)
     metadata: dict[str, str] = {}
     for key, value in fields.items():
         if key.startswith("metadata[") and key.endswith("]") and len(key) > len("metadata[]"):
@@ -179,50 +158,16 @@ def parse_list_query(params: Iterable[tuple[str, str]]) -> ListQuery:
             )
         elif key not in ("after", "limit", "order", "model"):
             fail_unknown(key)
-    return ListQuery(page=_page_query(fields), model=fields.get("model"), metadata=metadata)
+    return ListQuery(page=page_query(fields), model=fields.get("model"), metadata=metadata)
 
 
 def parse_messages_query(params: Iterable[tuple[str, str]]) -> PageQuery:
     """The query of `GET /v1/chat/completions/{id}/messages`; raises `ApiError` (400)."""
-    fields = _single(params)
+    fields = single_values(params)
     for key in fields:
         if key not in ("after", "limit", "order"):
             fail_unknown(key)
-    return _page_query(fields)
-
-
-def _single(params: Iterable[tuple[str, str]]) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for key, value in params:
-        if key in fields:
-            raise invalid_request(
-                f"Invalid query: {show(key)} is given more than once.",
-                clip(key),
-                "invalid_value",
-            )
-        fields[key] = value
-    return fields
-
-
-def _page_query(fields: dict[str, str]) -> PageQuery:
-    limit = DEFAULT_LIMIT
-    text = fields.get("limit")
-    if text is not None:
-        # Digits only: int() would also take " 1", "+1" and "1_0".
-        digits = text.removeprefix("-")
-        if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
-            raise invalid_request(
-                f"Invalid type for 'limit': expected an integer, but got {show(text)} instead.",
-                "limit",
-                "invalid_type",
-            )
-        limit = int(text)
-        check_range("limit", "integer", limit, 1, MAX_LIMIT)
-    order = fields.get("order", "asc")
-    if order not in _ORDERS:
-        fail_value("order", order, _ORDERS)
-    checked: Order = "asc" if order == "asc" else "desc"
-    return PageQuery(after=fields.get("after"), limit=limit, order=checked)
+    return page_query(fields)
 
 
 def parse_update(body: bytes) -> dict[str, str]:
@@ -240,47 +185,3 @@ def parse_update(body: bytes) -> dict[str, str]:
 
 
 # --- pages ----------------------------------------------------------------------------------
-
-
-def page(
-    items: Sequence[T], query: PageQuery, id_of: Callable[[T], str], what: str
-) -> tuple[list[T], bool]:
-    """The page `query` asks for of `items` (given oldest first), in the page's order, and
-    whether more follow it. An `after` that is none of the items' ids is a 400 (`what`
-    names the items in its message)."""
-    ordered = items if query.order == "asc" else items[::-1]
-    start = 0
-    if query.after is not None:
-        for index, item in enumerate(ordered):
-            if id_of(item) == query.after:
-                start = index + 1
-                break
-        else:
-            raise invalid_request(
-                f"Invalid value for 'after': no {what} has the id {show(query.after)} "
-                "(it may have been deleted, or have expired).",
-                "after",
-                "invalid_value",
-            )
-    end = start + query.limit
-    return list(ordered[start:end]), end < len(ordered)
-
-
-def list_body(data: Sequence[bytes], ids: Sequence[str], has_more: bool) -> bytes:
-    """A list object (ChatCompletionList, ChatCompletionMessageList) of items already in
-    JSON; `first_id` and `last_id` are null for an empty page."""
-    first = ids[0] if ids else None
-    last = ids[-1] if ids else None
-    return b"".join(
-        (
-            b'{"object":"list","data":[',
-            b",".join(data),
-            b'],"first_id":',
-            orjson.dumps(first),
-            b',"last_id":',
-            orjson.dumps(last),
-            b',"has_more":',
-            b"true" if has_more else b"false",
-            b"}",
-        )
-    )

@@ -7,8 +7,9 @@ openapi.yaml's CreateResponse:
   reasoning items (protocol.openai.responses.input).
 - `instructions` (a system message first), `max_output_tokens` (at least 16, as at
   OpenAI), `temperature`, `top_p`, `presence_penalty` and `frequency_penalty` (the open
-  Responses specification's, which the response object echoes), function `tools` (Responses' flat shape), `tool_choice`, `parallel_tool_calls`,
-  `text.format` (text, json_object, json_schema), `reasoning.effort`, `stream`.
+  Responses specification's, which the response object echoes), function `tools` (Responses' flat
+  shape), `tool_choice`, `parallel_tool_calls`, `text.format` (text, json_object, json_schema),
+  `reasoning.effort`, `stream`.
 - `store` (OpenAI's default is true) and `previous_response_id`: the gateway keeps
   responses where its store has room (`store=True` here); otherwise an explicit
   `store: true` and any `previous_response_id` are refused with a 400 that says so.

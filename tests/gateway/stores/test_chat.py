@@ -13,7 +13,8 @@ from gateway.config import GatewayConfig
 from gateway.stores.chat import CompletionStore
 from protocol.core.errors import ApiError
 from protocol.openai.chat.request import parse_chat_object
-from protocol.openai.chat.stored import ListQuery, PageQuery, StoreRequest, parse_list_query
+from protocol.openai.chat.stored import ListQuery, StoreRequest, parse_list_query
+from protocol.openai.pages import PageQuery
 
 
 class Clock:

@@ -13,11 +13,8 @@ from protocol.core.errors import ApiError
 from protocol.openai.chat.request import ChatRequest, parse_chat_object
 from protocol.openai.chat.stored import (
     ListQuery,
-    PageQuery,
     StoreRequest,
     completion_deleted,
-    list_body,
-    page,
     parse_list_query,
     parse_messages_query,
     parse_update,
@@ -25,6 +22,7 @@ from protocol.openai.chat.stored import (
     stored_messages,
 )
 from protocol.openai.errors import completion_not_found, error_body
+from protocol.openai.pages import PageQuery, list_body, page
 from protocol.openai.params import parse_metadata
 from tests.protocol.bad_input import METADATA_REFUSALS
 
