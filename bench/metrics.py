@@ -18,21 +18,8 @@ from typing import Any
 import httpx
 
 from bench.harness import env_note, table
-from bench.relay import (
-    FAST_RATE,
-    MODEL,
-    PACED_MODEL,
-    RUNNERS,
-    WINDOW_S,
-    Load,
-    fd_limit,
-    ms,
-    pct,
-    relay_stack,
-    warm_up,
-    window,
-    workers,
-)
+from bench.relay import FAST_RATE, MODEL, PACED_MODEL, RUNNERS, relay_stack
+from bench.relay_load import WINDOW_S, Load, fd_limit, ms, pct, warm_up, window, workers
 
 STREAMS = 256
 INTERVAL_S = 1.0

@@ -17,7 +17,7 @@ import statistics
 import sys
 from typing import Any
 
-from bench import relay
+from bench import relay, relay_load
 from bench.harness import env_note, stack, table
 
 RATE = 50.0
@@ -32,8 +32,8 @@ source); 5 ms, closer to a batched engine, whose rows all get their token in one
 
 
 def main(runs: int, tokens: int) -> None:
-    relay.fd_limit()
-    load = relay.Load(relay.workers())
+    relay_load.fd_limit()
+    load = relay_load.Load(relay_load.workers())
     rows: list[list[object]] = []
     results: list[str] = []
     try:
@@ -46,7 +46,7 @@ def main(runs: int, tokens: int) -> None:
         table(
             f"paced: {relay.RUNNERS} scripted runners at {RATE:.0f} tok/s per stream → 1 gateway "
             f"→ SSE, {tokens}-token requests ({env_note()}, {len(load.pipes)} load processes, "
-            f"median of {runs} x {relay.WINDOW_S:.0f} s)",
+            f"median of {runs} x {relay_load.WINDOW_S:.0f} s)",
             [
                 "step ms",
                 "streams",
@@ -71,7 +71,9 @@ def main(runs: int, tokens: int) -> None:
     )
 
 
-def _sweep(load: relay.Load, runs: int, tokens: int, step: float, rows: list[list[object]]) -> int:
+def _sweep(
+    load: relay_load.Load, runs: int, tokens: int, step: float, rows: list[list[object]]
+) -> int:
     """Raise the stream count on a fresh stack until the p99 gap passes the limit."""
     slots = -(-LEVELS[-1] // relay.RUNNERS)
     args = [
@@ -81,10 +83,10 @@ def _sweep(load: relay.Load, runs: int, tokens: int, step: float, rows: list[lis
     passed = 0
     with stack(args) as (base, gw, rs):
         port = int(base.rsplit(":", 1)[1])
-        relay.warm_up(load, port, gw, rs, [(MODEL, 16, tokens, RATE)])
+        relay_load.warm_up(load, port, gw, rs, [(MODEL, 16, tokens, RATE)])
         for streams in LEVELS:
             wins = [
-                relay.window(load, port, gw, rs, [(MODEL, streams, tokens, RATE)])
+                relay_load.window(load, port, gw, rs, [(MODEL, streams, tokens, RATE)])
                 for _ in range(runs)
             ]
             row, p99 = _row(load, wins, streams)
@@ -95,21 +97,23 @@ def _sweep(load: relay.Load, runs: int, tokens: int, step: float, rows: list[lis
     return passed
 
 
-def _row(load: relay.Load, wins: list[dict[str, Any]], streams: int) -> tuple[list[object], float]:
+def _row(
+    load: relay_load.Load, wins: list[dict[str, Any]], streams: int
+) -> tuple[list[object], float]:
     med = statistics.median
     groups = [w["groups"][MODEL] for w in wins]
-    span = relay.WINDOW_S
-    p99 = med([relay.pct(g["gaps"], 0.99) for g in groups])
-    ms = relay.ms
+    span = relay_load.WINDOW_S
+    p99 = med([relay_load.pct(g["gaps"], 0.99) for g in groups])
+    ms = relay_load.ms
     row: list[object] = [
         streams,
         f"{med([g['tokens'] / span for g in groups]):.0f} ({streams * RATE:.0f})",
-        ms(med([relay.pct(g["gaps"], 0.5) for g in groups])),
+        ms(med([relay_load.pct(g["gaps"], 0.5) for g in groups])),
         ms(p99),
-        f"{ms(med([relay.pct(g['late'], 0.5) for g in groups])):.1f} / "
-        f"{ms(med([relay.pct(g['late'], 0.99) for g in groups])):.1f}",
-        f"{ms(med([relay.pct(g['ttft'], 0.5) for g in groups])):.0f} / "
-        f"{ms(med([relay.pct(g['ttft'], 0.99) for g in groups])):.0f}",
+        f"{ms(med([relay_load.pct(g['late'], 0.5) for g in groups])):.1f} / "
+        f"{ms(med([relay_load.pct(g['late'], 0.99) for g in groups])):.1f}",
+        f"{ms(med([relay_load.pct(g['ttft'], 0.5) for g in groups])):.0f} / "
+        f"{ms(med([relay_load.pct(g['ttft'], 0.99) for g in groups])):.0f}",
         med([w["gateway_cpu"] / span * 100 for w in wins]),
         med(
             [

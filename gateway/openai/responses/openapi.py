@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import get_args
 
-from litestar.enums import ParamType
-from litestar.openapi.spec import Operation, Parameter, Reference, Schema
+from litestar.openapi.spec import Operation, Reference, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.openapi import (
@@ -46,7 +45,6 @@ from gateway.openapi import (
 )
 from protocol.core.limits import INT64_MAX, MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.frames import ReasoningEffort
-from protocol.openai.pages import MAX_LIMIT
 from protocol.openai.params import (
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS,
@@ -56,7 +54,7 @@ from protocol.openai.responses.input import MAX_CONTENT_PARTS
 from protocol.openai.responses.request import MAX_INSTRUCTIONS_CHARS, MAX_TOOLS, MIN_OUTPUT_TOKENS
 
 
-def _nullable(schema: Schema) -> Schema:
+def nullable(schema: Schema) -> Schema:
     """`schema` or null (its description on the whole)."""
     return Schema(one_of=[replace(schema, description=None), NULL], description=schema.description)
 
@@ -64,7 +62,7 @@ def _nullable(schema: Schema) -> Schema:
 def _or_null(required: list[str], properties: dict[str, Schema]) -> dict[str, Schema | Reference]:
     """`properties`, a field not `required` also null (which the parser reads as left out)."""
     return {
-        key: value if key in required or value is NULL else _nullable(value)
+        key: value if key in required or value is NULL else nullable(value)
         for key, value in properties.items()
     }
 
@@ -74,7 +72,7 @@ def _optional(required: list[str], **properties: Schema) -> Schema:
     return closed(required, **_or_null(required, properties))
 
 
-def _array(items: Schema, **bounds: int) -> Schema:
+def array(items: Schema, **bounds: int) -> Schema:
     return Schema(type=OpenAPIType.ARRAY, items=items, **bounds)  # type: ignore[arg-type]
 
 
@@ -90,7 +88,7 @@ _EFFORT = only(*get_args(ReasoningEffort))
 
 # --- the request (protocol.openai.responses, .responses_input) -------------------------------
 
-_INPUT_TEXT = closed(["type", "text"], type=only("input_text"), text=PROMPT_TEXT)
+INPUT_TEXT = closed(["type", "text"], type=only("input_text"), text=PROMPT_TEXT)
 _OUTPUT_TEXT_IN = _optional(
     ["type", "text"],
     type=only("output_text"),
@@ -101,7 +99,7 @@ _OUTPUT_TEXT_IN = _optional(
 
 
 def _content(part: Schema) -> Schema:
-    return Schema(one_of=[PROMPT_TEXT, _array(part, max_items=MAX_CONTENT_PARTS)])
+    return Schema(one_of=[PROMPT_TEXT, array(part, max_items=MAX_CONTENT_PARTS)])
 
 
 def _message(roles: Schema, part: Schema) -> Schema:
@@ -118,7 +116,7 @@ def _message(roles: Schema, part: Schema) -> Schema:
 
 _INPUT_ITEM = Schema(
     one_of=[
-        _message(only("user", "system", "developer"), _INPUT_TEXT),
+        _message(only("user", "system", "developer"), INPUT_TEXT),
         _message(only("assistant"), _OUTPUT_TEXT_IN),
         _optional(
             ["type", "call_id", "name", "arguments"],
@@ -133,7 +131,7 @@ _INPUT_ITEM = Schema(
             ["type", "call_id", "output"],
             type=only("function_call_output"),
             call_id=STRING,
-            output=_content(_INPUT_TEXT),
+            output=_content(INPUT_TEXT),
             id=STRING,
             status=_ITEM_STATUS,
         ),
@@ -151,7 +149,7 @@ _INPUT_ITEM = Schema(
 _INPUT = Schema(
     one_of=[
         PROMPT_TEXT,
-        _array(_INPUT_ITEM, min_items=1, max_items=MAX_MESSAGES),
+        array(_INPUT_ITEM, min_items=1, max_items=MAX_MESSAGES),
     ],
     description="A user message, or items: messages (type may be left out), the model's "
     "function calls and their outputs, reasoning items (checked, not re-fed). Something "
@@ -187,7 +185,7 @@ _TEXT_FORMAT = output_format(
 _WITH_TOOLS = non_empty("tools")
 
 # Every limit is the parser's own constant, so the schema and the validation cannot disagree.
-_REQUEST = Schema(
+REQUEST = Schema(
     type=OpenAPIType.OBJECT,
     required=["model", "input"],
     properties=_or_null(
@@ -205,7 +203,7 @@ _REQUEST = Schema(
             "presence_penalty": DECODING["presence_penalty"],
             "frequency_penalty": DECODING["frequency_penalty"],
             "top_p": DECODING["top_p"],
-            "tools": _array(_TOOL, max_items=MAX_TOOLS),
+            "tools": array(_TOOL, max_items=MAX_TOOLS),
             "tool_choice": _TOOL_CHOICE,
             "parallel_tool_calls": BOOLEAN,
             "text": _optional([], format=_TEXT_FORMAT, verbosity=only("medium")),
@@ -259,35 +257,6 @@ _REQUEST = Schema(
     "required may also be null: the parser reads it as left out.",
 )
 
-_COUNTED = (
-    "model",
-    "input",
-    "instructions",
-    "previous_response_id",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "text",
-    "reasoning",
-    "truncation",
-    "conversation",
-)
-_COUNT_REQUEST = Schema(
-    type=OpenAPIType.OBJECT,
-    required=["model", "input"],
-    properties={
-        **{name: (_REQUEST.properties or {})[name] for name in _COUNTED},
-        "personality": NULL,
-    },
-    additional_properties=False,
-    dependent_schemas={"tool_choice": (_REQUEST.dependent_schemas or {})["tool_choice"]},
-    description="OpenAI's TokenCountsBody: the create's fields that make the prompt, read as "
-    "the create reads them (model and input required: the count is the model's tokenizer's).",
-)
-_TOKEN_COUNTS = closed(
-    ["object", "input_tokens"], object=only("response.input_tokens"), input_tokens=COUNT
-)
-
 
 # --- the response object (protocol.openai.responses.events) ----------------------------------
 
@@ -299,14 +268,14 @@ _OUTPUT_TEXT = closed(
     logprobs=_EMPTY,
 )
 _REASONING_TEXT = closed(["type", "text"], type=only("reasoning_text"), text=STRING)
-_OUTPUT_ITEM = Schema(
+OUTPUT_ITEM = Schema(
     one_of=[
         closed(
             ["id", "type", "summary", "content", "status"],
             type=only("reasoning"),
             id=STRING,
             summary=_EMPTY,
-            content=_array(_REASONING_TEXT, max_items=1),
+            content=array(_REASONING_TEXT, max_items=1),
             status=_ITEM_STATUS,
         ),
         closed(
@@ -314,7 +283,7 @@ _OUTPUT_ITEM = Schema(
             type=only("message"),
             id=STRING,
             status=_ITEM_STATUS,
-            content=_array(_OUTPUT_TEXT, max_items=1),
+            content=array(_OUTPUT_TEXT, max_items=1),
             role=only("assistant"),
         ),
         closed(
@@ -354,21 +323,21 @@ _FIELDS: dict[str, Schema] = {
     "created_at": INTEGER,
     "status": STRING,
     "background": Schema(const=False),
-    "completed_at": _nullable(INTEGER),
+    "completed_at": nullable(INTEGER),
     "error": NULL,
     "incomplete_details": Schema(
         one_of=[NULL, closed(["reason"], reason=only("max_output_tokens"))]
     ),
-    "instructions": _nullable(STRING),
-    "max_output_tokens": _nullable(INTEGER),
-    "max_tool_calls": _nullable(INTEGER),
+    "instructions": nullable(STRING),
+    "max_output_tokens": nullable(INTEGER),
+    "max_tool_calls": nullable(INTEGER),
     "model": STRING,
-    "output": _array(_OUTPUT_ITEM),
+    "output": array(OUTPUT_ITEM),
     "parallel_tool_calls": BOOLEAN,
-    "previous_response_id": _nullable(STRING),
-    "prompt_cache_key": _nullable(STRING),
-    "reasoning": closed(["effort", "summary"], effort=_nullable(_EFFORT), summary=NULL),
-    "safety_identifier": _nullable(STRING),
+    "previous_response_id": nullable(STRING),
+    "prompt_cache_key": nullable(STRING),
+    "reasoning": closed(["effort", "summary"], effort=nullable(_EFFORT), summary=NULL),
+    "safety_identifier": nullable(STRING),
     "service_tier": only("default"),
     "store": BOOLEAN,
     "temperature": Schema(type=OpenAPIType.NUMBER),
@@ -381,13 +350,13 @@ _FIELDS: dict[str, Schema] = {
             closed(["type", "name"], type=only("function"), name=STRING),
         ]
     ),
-    "tools": _array(
+    "tools": array(
         closed(
             ["type", "name", "description", "parameters", "strict"],
             type=only("function"),
             name=STRING,
-            description=_nullable(STRING),
-            parameters=_nullable(OBJECT),
+            description=nullable(STRING),
+            parameters=nullable(OBJECT),
             strict=BOOLEAN,
         )
     ),
@@ -443,9 +412,7 @@ EVENT = Schema(
     one_of=[
         _event("response.created", response=_IN_PROGRESS),
         _event("response.in_progress", response=_IN_PROGRESS),
-        _event(
-            "response.output_item.added", output_index=_WHERE["output_index"], item=_OUTPUT_ITEM
-        ),
+        _event("response.output_item.added", output_index=_WHERE["output_index"], item=OUTPUT_ITEM),
         _event(
             "response.content_part.added",
             **_PART,
@@ -462,7 +429,7 @@ EVENT = Schema(
         ),
         _event("response.function_call_arguments.delta", **_WHERE, delta=STRING),
         _event("response.function_call_arguments.done", **_WHERE, name=STRING, arguments=STRING),
-        _event("response.output_item.done", output_index=_WHERE["output_index"], item=_OUTPUT_ITEM),
+        _event("response.output_item.done", output_index=_WHERE["output_index"], item=OUTPUT_ITEM),
         _event("response.completed", response=_response(only("completed"), finished=True)),
         _event(
             "response.incomplete",
@@ -474,7 +441,7 @@ EVENT = Schema(
             ),
         ),
         _event("response.failed", response=_FAILED),
-        _event("error", code=_nullable(STRING), message=STRING, param=_nullable(STRING)),
+        _event("error", code=nullable(STRING), message=STRING, param=nullable(STRING)),
     ]
 )
 """The data of one streamed event (its `event:` line names the same type)."""
@@ -502,8 +469,8 @@ SSE_EVENT = named_event(EVENT_NAMES, EVENT)
 
 # --- the operations -------------------------------------------------------------------------
 
-_SERVER_ERROR = "The runner failed, or cancelled the response before it finished."
-_BY_ID = {
+SERVER_ERROR = "The runner failed, or cancelled the response before it finished."
+BY_ID = {
     "400": "A query parameter (none is implemented; the error names it).",
     "401": "Missing or wrong API key.",
     "403": "Origin not allowed.",
@@ -519,9 +486,9 @@ class CreateResponseOperation(Operation):
     """Operation for `POST /v1/responses`, with its body and every status it answers."""
 
     def __post_init__(self) -> None:
-        self.request_body = json_body(_REQUEST)
+        self.request_body = json_body(REQUEST)
         reasons = {
-            **with_server_error(_SERVER_ERROR),
+            **with_server_error(SERVER_ERROR),
             "400": GENERATION_ERRORS["400"] + " An unknown previous_response_id is a 400 too.",
         }
         self.responses = {
@@ -547,7 +514,7 @@ class GetResponseOperation(Operation):
     def __post_init__(self) -> None:
         self.responses = {
             "200": json_response("The stored response.", RESPONSE),
-            **{status: error(why) for status, why in _BY_ID.items()},
+            **{status: error(why) for status, why in BY_ID.items()},
         }
 
 
@@ -558,93 +525,5 @@ class DeleteResponseOperation(Operation):
     def __post_init__(self) -> None:
         self.responses = {
             "200": json_response("The response was deleted.", _DELETED),
-            **{status: error(why) for status, why in _BY_ID.items()},
-        }
-
-
-@dataclass
-class InputTokensOperation(Operation):
-    """Operation for `POST /v1/responses/input_tokens`."""
-
-    def __post_init__(self) -> None:
-        self.request_body = json_body(_COUNT_REQUEST)
-        reasons = {
-            **with_server_error(_SERVER_ERROR),
-            "400": GENERATION_ERRORS["400"] + " An unknown previous_response_id is a 400 too.",
-        }
-        self.responses = {
-            "200": json_response(
-                "The request's input tokens: its prompt through the model's chat template, "
-                "tokenized by a runner that serves it.",
-                _TOKEN_COUNTS,
-            ),
-            **{status: error(why) for status, why in reasons.items()},
-        }
-
-
-_LISTED_ITEM = Schema(
-    one_of=[
-        *(_OUTPUT_ITEM.one_of or []),
-        closed(
-            ["id", "type", "role", "content", "status"],
-            type=only("message"),
-            id=STRING,
-            role=only("user", "system", "developer"),
-            content=_array(_INPUT_TEXT, max_items=1),
-            status=only("completed"),
-        ),
-        closed(
-            ["id", "type", "call_id", "output", "status"],
-            type=only("function_call_output"),
-            id=STRING,
-            call_id=_nullable(STRING),
-            output=STRING,
-            status=only("completed"),
-        ),
-    ]
-)
-_ITEM_LIST = closed(
-    ["object", "data", "first_id", "last_id", "has_more"],
-    object=only("list"),
-    data=_array(_LISTED_ITEM),
-    first_id=_nullable(STRING),
-    last_id=_nullable(STRING),
-    has_more=BOOLEAN,
-)
-_ITEM_PAGE = [
-    Parameter(
-        name="after",
-        param_in=ParamType.QUERY,
-        schema=STRING,
-        description="The last item id of the previous page.",
-    ),
-    Parameter(
-        name="limit",
-        param_in=ParamType.QUERY,
-        schema=Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=MAX_LIMIT),
-        description="How many to return (default 20).",
-    ),
-    Parameter(
-        name="order",
-        param_in=ParamType.QUERY,
-        schema=only("asc", "desc"),
-        description="desc (the default): newest first; asc: oldest first.",
-    ),
-]
-
-
-@dataclass
-class InputItemsOperation(Operation):
-    """Operation for `GET /v1/responses/{response_id}/input_items`."""
-
-    def __post_init__(self) -> None:
-        self.parameters = [*(self.parameters or []), *_ITEM_PAGE]
-        self.responses = {
-            "200": json_response(
-                "A page of the items the response was generated from: earlier turns and this "
-                "turn's input, without the instructions.",
-                _ITEM_LIST,
-            ),
-            **{status: error(why) for status, why in _BY_ID.items()},
-            "400": error("A bad query parameter, or an after that is none of the items."),
+            **{status: error(why) for status, why in BY_ID.items()},
         }

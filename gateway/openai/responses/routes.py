@@ -29,9 +29,8 @@ from gateway.openai.responses.openapi import (
     CreateResponseOperation,
     DeleteResponseOperation,
     GetResponseOperation,
-    InputItemsOperation,
-    InputTokensOperation,
 )
+from gateway.openai.responses.openapi_resources import InputItemsOperation, InputTokensOperation
 from gateway.stores.responses import ResponseStore
 from gateway.streaming.endpoint import Context, Dialect, Plan, serve
 from protocol.core.fields import fail_unknown

@@ -1,0 +1,161 @@
+"""The OpenAPI description of the Responses API's other resources, as
+gateway.openai.responses.openapi describes the create: `POST /v1/responses/input_tokens` (the
+count of a create's prompt) and `GET /v1/responses/{response_id}/input_items` (a stored
+response's input items, paged)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from litestar.enums import ParamType
+from litestar.openapi.spec import Operation, Parameter, Schema
+from litestar.openapi.spec.enums import OpenAPIType
+
+from gateway.openai.responses.openapi import (
+    BY_ID,
+    INPUT_TEXT,
+    OUTPUT_ITEM,
+    REQUEST,
+    SERVER_ERROR,
+    array,
+    nullable,
+)
+from gateway.openapi import (
+    BOOLEAN,
+    COUNT,
+    GENERATION_ERRORS,
+    NULL,
+    STRING,
+    closed,
+    error,
+    json_body,
+    json_response,
+    only,
+    with_server_error,
+)
+from protocol.openai.pages import MAX_LIMIT
+
+_COUNTED = (
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "reasoning",
+    "truncation",
+    "conversation",
+)
+
+
+_COUNT_REQUEST = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model", "input"],
+    properties={
+        **{name: (REQUEST.properties or {})[name] for name in _COUNTED},
+        "personality": NULL,
+    },
+    additional_properties=False,
+    dependent_schemas={"tool_choice": (REQUEST.dependent_schemas or {})["tool_choice"]},
+    description="OpenAI's TokenCountsBody: the create's fields that make the prompt, read as "
+    "the create reads them (model and input required: the count is the model's tokenizer's).",
+)
+
+
+_TOKEN_COUNTS = closed(
+    ["object", "input_tokens"], object=only("response.input_tokens"), input_tokens=COUNT
+)
+
+
+@dataclass
+class InputTokensOperation(Operation):
+    """Operation for `POST /v1/responses/input_tokens`."""
+
+    def __post_init__(self) -> None:
+        self.request_body = json_body(_COUNT_REQUEST)
+        reasons = {
+            **with_server_error(SERVER_ERROR),
+            "400": GENERATION_ERRORS["400"] + " An unknown previous_response_id is a 400 too.",
+        }
+        self.responses = {
+            "200": json_response(
+                "The request's input tokens: its prompt through the model's chat template, "
+                "tokenized by a runner that serves it.",
+                _TOKEN_COUNTS,
+            ),
+            **{status: error(why) for status, why in reasons.items()},
+        }
+
+
+_LISTED_ITEM = Schema(
+    one_of=[
+        *(OUTPUT_ITEM.one_of or []),
+        closed(
+            ["id", "type", "role", "content", "status"],
+            type=only("message"),
+            id=STRING,
+            role=only("user", "system", "developer"),
+            content=array(INPUT_TEXT, max_items=1),
+            status=only("completed"),
+        ),
+        closed(
+            ["id", "type", "call_id", "output", "status"],
+            type=only("function_call_output"),
+            id=STRING,
+            call_id=nullable(STRING),
+            output=STRING,
+            status=only("completed"),
+        ),
+    ]
+)
+
+
+_ITEM_LIST = closed(
+    ["object", "data", "first_id", "last_id", "has_more"],
+    object=only("list"),
+    data=array(_LISTED_ITEM),
+    first_id=nullable(STRING),
+    last_id=nullable(STRING),
+    has_more=BOOLEAN,
+)
+
+
+_ITEM_PAGE = [
+    Parameter(
+        name="after",
+        param_in=ParamType.QUERY,
+        schema=STRING,
+        description="The last item id of the previous page.",
+    ),
+    Parameter(
+        name="limit",
+        param_in=ParamType.QUERY,
+        schema=Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=MAX_LIMIT),
+        description="How many to return (default 20).",
+    ),
+    Parameter(
+        name="order",
+        param_in=ParamType.QUERY,
+        schema=only("asc", "desc"),
+        description="desc (the default): newest first; asc: oldest first.",
+    ),
+]
+
+
+@dataclass
+class InputItemsOperation(Operation):
+    """Operation for `GET /v1/responses/{response_id}/input_items`."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [*(self.parameters or []), *_ITEM_PAGE]
+        self.responses = {
+            "200": json_response(
+                "A page of the items the response was generated from: earlier turns and this "
+                "turn's input, without the instructions.",
+                _ITEM_LIST,
+            ),
+            **{status: error(why) for status, why in BY_ID.items()},
+            "400": error("A bad query parameter, or an after that is none of the items."),
+        }
