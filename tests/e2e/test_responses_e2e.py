@@ -430,3 +430,46 @@ def test_input_items_are_the_conversation_a_response_ran_on(
     assert caught.value.param == "after"
     with pytest.raises(openai.NotFoundError):
         client.responses.input_items.list("resp_nowhere")
+
+
+def test_a_compacted_conversation_continues(client: openai.OpenAI) -> None:
+    """`responses.compact` (the SDK's call): the user's messages and a compaction item with
+    the model's summary; a later create takes them as its input, and so does a count; an
+    edited compaction item is a 400 naming it; a chain compacts by previous_response_id."""
+    conversation: Any = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "They grow in orchards."},
+        {"role": "user", "content": "How tall?"},
+    ]
+    # The raw body: the SDK's CompactedResponse reads a user message in `output` as an output
+    # message (OpenAI's own example has user messages there) and warns when dumping it.
+    raw = client.responses.with_raw_response.compact(model=MODEL, input=conversation)
+    shown: Any = orjson.loads(raw.content)
+    assert raw.parse().object == "response.compaction"
+    assert shown["object"] == "response.compaction"
+    assert [item["type"] for item in shown["output"]] == ["message", "message", "compaction"]
+    assert [item["content"][0]["text"] for item in shown["output"][:2]] == [
+        QUESTION,
+        "How tall?",
+    ]
+    assert shown["usage"]["input_tokens"] > 0
+    assert shown["usage"]["output_tokens"] > 0
+    given_back: Any = [*shown["output"], {"role": "user", "content": "And their fruit?"}]
+    counted = client.responses.input_tokens.count(model=MODEL, input=given_back)
+    continued = client.responses.create(model=MODEL, input=given_back, max_output_tokens=16)
+    assert continued.status in ("completed", "incomplete")
+    assert continued.usage is not None
+    assert continued.usage.input_tokens == counted.input_tokens
+    edited = [*given_back]
+    edited[2] = {**edited[2], "encrypted_content": edited[2]["encrypted_content"][::-1]}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=edited, max_output_tokens=16)
+    assert caught.value.param == "input[2].encrypted_content"
+    first = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=16)
+    chained: Any = orjson.loads(
+        client.responses.with_raw_response.compact(
+            model=MODEL, previous_response_id=first.id
+        ).content
+    )
+    assert [item["type"] for item in chained["output"]] == ["message", "compaction"]
+    assert chained["output"][0]["content"][0]["text"] == QUESTION

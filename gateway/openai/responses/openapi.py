@@ -136,6 +136,13 @@ _INPUT_ITEM = Schema(
             status=_ITEM_STATUS,
         ),
         _optional(
+            ["type", "encrypted_content"],
+            type=only("compaction"),
+            id=STRING,
+            encrypted_content=STRING,
+            created_by=STRING,
+        ),
+        _optional(
             ["type"],
             type=only("reasoning"),
             id=STRING,
@@ -152,7 +159,8 @@ _INPUT = Schema(
         array(_INPUT_ITEM, min_items=1, max_items=MAX_MESSAGES),
     ],
     description="A user message, or items: messages (type may be left out), the model's "
-    "function calls and their outputs, reasoning items (checked, not re-fed). Something "
+    "function calls and their outputs, reasoning items (checked, not re-fed), compaction "
+    "items (POST /v1/responses/compact's, unchanged). Something "
     f"for the model besides reasoning; at most {MAX_PROMPT_CHARS} characters in all.",
 )
 _TOOL = _optional(
@@ -306,7 +314,7 @@ _USAGE_FIELDS: dict[str, Schema] = {
     "output_tokens_details": closed(["reasoning_tokens"], reasoning_tokens=INTEGER),
     "total_tokens": INTEGER,
 }
-_USAGE = closed(list(_USAGE_FIELDS), **_USAGE_FIELDS)
+USAGE = closed(list(_USAGE_FIELDS), **_USAGE_FIELDS)
 _SHOWN_FORMAT = output_format(
     closed(
         ["type", "name", "schema", "strict"],
@@ -364,7 +372,7 @@ _FIELDS: dict[str, Schema] = {
     "top_p": Schema(type=OpenAPIType.NUMBER),
     "truncation": only("disabled"),
     "metadata": Schema(type=OpenAPIType.OBJECT, additional_properties=STRING),
-    "usage": _USAGE,
+    "usage": USAGE,
     "user": STRING,
 }
 

@@ -1,7 +1,8 @@
 """The OpenAPI description of the Responses API's other resources, as
 gateway.openai.responses.openapi describes the create: `POST /v1/responses/input_tokens` (the
 count of a create's prompt) and `GET /v1/responses/{response_id}/input_items` (a stored
-response's input items, paged)."""
+response's input items, paged) and `POST /v1/responses/compact` (a conversation compacted by
+the model: protocol.openai.responses.compaction)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gateway.openai.responses.openapi import (
     OUTPUT_ITEM,
     REQUEST,
     SERVER_ERROR,
+    USAGE,
     array,
     nullable,
 )
@@ -24,6 +26,7 @@ from gateway.openapi import (
     BOOLEAN,
     COUNT,
     GENERATION_ERRORS,
+    INTEGER,
     NULL,
     STRING,
     closed,
@@ -158,4 +161,64 @@ class InputItemsOperation(Operation):
             ),
             **{status: error(why) for status, why in BY_ID.items()},
             "400": error("A bad query parameter, or an after that is none of the items."),
+        }
+
+
+_COMPACTED = (
+    "model", "input", "instructions", "previous_response_id", "prompt_cache_key",
+    "prompt_cache_retention", "prompt_cache_options", "service_tier",
+)  # fmt: skip
+_COMPACT_REQUEST = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["model"],
+    properties={name: (REQUEST.properties or {})[name] for name in _COMPACTED},
+    additional_properties=False,
+    description="OpenAI's CompactResponseMethodPublicBody: the conversation to compact, read "
+    "as the create reads it; input may be left out when previous_response_id gives it.",
+)
+_COMPACTED_ITEM = Schema(
+    one_of=[
+        closed(
+            ["id", "type", "role", "content", "status"],
+            type=only("message"),
+            id=STRING,
+            role=only("user"),
+            content=array(INPUT_TEXT, max_items=1),
+            status=only("completed"),
+        ),
+        closed(
+            ["id", "type", "encrypted_content"],
+            type=only("compaction"),
+            id=STRING,
+            encrypted_content=STRING,
+        ),
+    ]
+)
+_COMPACTION = closed(
+    ["id", "object", "output", "created_at", "usage"],
+    id=STRING,
+    object=only("response.compaction"),
+    output=array(_COMPACTED_ITEM, min_items=1),
+    created_at=INTEGER,
+    usage=USAGE,
+)
+
+
+@dataclass
+class CompactOperation(Operation):
+    """Operation for `POST /v1/responses/compact`."""
+
+    def __post_init__(self) -> None:
+        self.request_body = json_body(_COMPACT_REQUEST)
+        reasons = {
+            **with_server_error(SERVER_ERROR),
+            "400": GENERATION_ERRORS["400"] + " An unknown previous_response_id is a 400 too.",
+        }
+        self.responses = {
+            "200": json_response(
+                "The conversation's user messages, then a compaction item with the model's "
+                "summary of the rest (opaque: give it back unchanged in a later input).",
+                _COMPACTION,
+            ),
+            **{status: error(why) for status, why in reasons.items()},
         }

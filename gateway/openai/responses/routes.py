@@ -20,6 +20,7 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qsl
 
+import attrs
 import orjson
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
@@ -30,21 +31,28 @@ from gateway.openai.responses.openapi import (
     DeleteResponseOperation,
     GetResponseOperation,
 )
-from gateway.openai.responses.openapi_resources import InputItemsOperation, InputTokensOperation
+from gateway.openai.responses.openapi_resources import (
+    CompactOperation,
+    InputItemsOperation,
+    InputTokensOperation,
+)
 from gateway.stores.responses import ResponseStore
 from gateway.streaming.endpoint import Context, Dialect, Plan, serve
 from protocol.core.fields import fail_unknown
 from protocol.core.stream import CompletionBuilder
 from protocol.frames import Message
+from protocol.openai.responses.compaction import MAX_SUMMARY_TOKENS, compacted_output
 from protocol.openai.responses.events import (
     ResponseEvents,
     new_id,
     output_messages,
     response_base,
     response_body,
+    usage_object,
 )
 from protocol.openai.responses.items import input_items, parse_input_items_query
 from protocol.openai.responses.request import (
+    parse_compact_request,
     parse_input_tokens_request,
     parse_responses_request,
 )
@@ -130,7 +138,43 @@ def plan_count(body: bytes, context: Context) -> Plan:
     )
 
 
+def plan_compact(body: bytes, context: Context) -> Plan:
+    """compact: the model's summary of the conversation, as a compaction item after the
+    conversation's user messages (protocol.openai.responses.compaction)."""
+    store = response_store(context.state)
+    parsed = parse_compact_request(body, context.check_model, store=store.enabled)
+    limit = min(parsed.max_output_tokens or MAX_SUMMARY_TOKENS, context.config.max_tokens_limit)
+    parsed = attrs.evolve(parsed, max_output_tokens=limit)
+    history: tuple[Message, ...] = ()
+    if parsed.previous_response_id is not None:
+        history = store.conversation(parsed.previous_response_id)
+    conversation = (*history, *parsed.input[:-1])  # without the request for the summary
+    compact_id = f"resp_{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def answer(builder: CompletionBuilder) -> dict[str, Any]:
+        choices, usage = builder.result()
+        summary = "".join(choices[0].content)
+        return {
+            "id": compact_id,
+            "object": "response.compaction",
+            "output": compacted_output(conversation, summary, new_id),
+            "created_at": created,
+            "usage": usage_object(usage),
+        }
+
+    return Plan(
+        id=compact_id,
+        model=parsed.model,
+        generates=(parsed.to_generate(compact_id, history),),
+        stream=False,
+        body=answer,
+        headers={"x-request-id": f"req_{uuid.uuid4().hex}"},
+    )
+
+
 RESPONSES = Dialect("responses", plan)
+COMPACT = Dialect("responses", plan_compact)
 INPUT_TOKENS = Dialect("responses", plan_count)
 
 
@@ -144,6 +188,12 @@ async def create_response(request: Request[Any, Any, Any], state: State) -> Resp
 async def count_input_tokens(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Count a request's input tokens (its prompt through the model's chat template)."""
     return await serve(request, state, INPUT_TOKENS)
+
+
+@post("/v1/responses/compact", status_code=200, operation_class=CompactOperation)
+async def compact(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """Compact a conversation: its user messages and the model's summary of the rest."""
+    return await serve(request, state, COMPACT)
 
 
 def _no_query(request: Request[Any, Any, Any]) -> None:
@@ -188,6 +238,7 @@ async def delete_response(
 ROUTES: list[Any] = [
     create_response,
     count_input_tokens,
+    compact,
     get_response,
     list_input_items,
     delete_response,

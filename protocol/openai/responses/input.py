@@ -5,8 +5,10 @@ easy form with only `role` and `content`), `function_call` items (the model's ea
 they join the assistant message before them, so that one turn's calls are one message, as in
 chat) and `function_call_output` items (tool messages). A `reasoning` item given back is the
 reasoning of the assistant message or calls after it (chat's `reasoning_content`): the chat
-template decides whether it is rendered. Images, files, audio, the built-in tools' items and
-item references are refused, naming the item's `type`.
+template decides whether it is rendered. A `compaction` item (POST /v1/responses/compact's)
+is its summary, given as a user message (protocol.openai.responses.compaction). Images,
+files, audio, the built-in tools' items and item references are refused, naming the item's
+`type`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from protocol.core.fields import (
 )
 from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS
 from protocol.frames import Message, ToolCall
+from protocol.openai.responses.compaction import decode_summary, summary_message
 
 MAX_CONTENT_PARTS = 256
 _MESSAGE_ROLES: tuple[Literal["user", "system", "developer", "assistant"], ...] = (
@@ -39,7 +42,7 @@ _MESSAGE_ROLES: tuple[Literal["user", "system", "developer", "assistant"], ...] 
     "developer",
     "assistant",
 )
-_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "compaction")
 _OTHER_ITEM_TYPES = (
     "file_search_call",
     "computer_call",
@@ -60,7 +63,6 @@ _OTHER_ITEM_TYPES = (
     "custom_tool_call",
     "custom_tool_call_output",
     "item_reference",
-    "compaction",
 )
 _UNSUPPORTED_PARTS = ("input_image", "input_file", "input_audio")
 
@@ -138,11 +140,13 @@ def _item(value: Any, path: str, out: list[Message]) -> None:
             out[-1] = attrs.evolve(last, reasoning=f"{last.reasoning}\n{text}")
         else:
             out.append(Message("assistant", "", reasoning=text))
+    elif kind == "compaction":
+        out.append(_compaction(value, path))
     elif kind in _OTHER_ITEM_TYPES:
         fail_unsupported_kind(
             f"{path}.type",
             kind,
-            "only message, function_call, function_call_output and reasoning items are "
+            "only message, function_call, function_call_output, reasoning and compaction items are "
             "supported (built-in tools run at OpenAI, not here)",
         )
     else:
@@ -218,6 +222,15 @@ def _function_call_output(value: dict[str, Any], path: str) -> Message:
     read_str(value, "id", path)
     _status(value, path)
     return Message("tool", text, tool_call_id=call_id)
+
+
+def _compaction(value: dict[str, Any], path: str) -> Message:
+    """A compaction item (POST /v1/responses/compact's): its summary, as a user message."""
+    check_keys(value, path, ("type", "id", "encrypted_content", "created_by"))
+    read_str(value, "id", path)
+    read_str(value, "created_by", path)
+    content = read_required_str(value, "encrypted_content", path)
+    return summary_message(decode_summary(content, f"{path}.encrypted_content"))
 
 
 def _reasoning_only(message: Message) -> bool:

@@ -65,6 +65,7 @@ from protocol.frames import (
     ToolChoice,
 )
 from protocol.openai.params import check_accepted, parse_metadata, parse_reasoning_effort
+from protocol.openai.responses.compaction import MAX_SUMMARY_TOKENS, compaction_messages
 from protocol.openai.responses.input import parse_input
 from protocol.openai.tools import (
     parse_response_format,
@@ -195,6 +196,45 @@ def parse_input_tokens_request(
     create = {key: value for key, value in data.items() if key != "personality"}
     return attrs.evolve(
         parse_responses_object(create, store=store), max_output_tokens=0, stream=False
+    )
+
+
+_COMPACT_KNOWN = frozenset(
+    (
+        "model",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "service_tier",
+    )
+)
+"""The fields of `POST /v1/responses/compact` (openapi.yaml's
+CompactResponseMethodPublicBody)."""
+
+
+def parse_compact_request(
+    body: bytes, check_model: CheckModel | None = None, *, store: bool = False
+) -> ResponsesRequest:
+    """Validate a `POST /v1/responses/compact` body: the conversation to compact, read as
+    the create reads it; `input` may be left out when `previous_response_id` gives the
+    conversation. The request asks for the summary (protocol.openai.responses.compaction):
+    up to MAX_SUMMARY_TOKENS tokens, at the model's defaults."""
+    data = read_json(body)
+    read_model_first(data, _COMPACT_KNOWN, check_model)
+    given = data.get("input") is not None
+    if not given and data.get("previous_response_id") is None:
+        read_required(data, "input", "")  # the 400 for a conversation that is not there
+    create = data if given else {**data, "input": "-"}
+    parsed = parse_responses_object(create, store=store)
+    messages = parsed.input if given else ()
+    return attrs.evolve(
+        parsed,
+        input=compaction_messages(messages),
+        max_output_tokens=MAX_SUMMARY_TOKENS,
+        stream=False,
     )
 
 

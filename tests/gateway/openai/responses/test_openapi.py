@@ -55,6 +55,7 @@ DESCRIBED = {
     ("get", BY_ID): "200 400 401 403 404",
     ("delete", BY_ID): "200 400 401 403 404",
     ("get", BY_ID + "/input_items"): "200 400 401 403 404",
+    ("post", "/v1/responses/compact"): "200 400 401 403 404 413 429 500 502 503 504",
     ("post", "/v1/responses/input_tokens"): "200 400 401 403 404 413 429 500 502 503 504",
 }
 
