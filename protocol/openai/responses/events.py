@@ -87,6 +87,13 @@ def response_base(
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
         "prompt_cache_key": request.prompt_cache_key,
+        "prompt_cache_retention": request.prompt_cache_retention,
+        "prompt_cache_options": request.prompt_cache_options,
+        # OpenAI's, null where they do not apply: no conversations, prompt templates or
+        # moderation here (the request refuses them).
+        "conversation": None,
+        "prompt": None,
+        "moderation": None,
         "reasoning": {"effort": request.reasoning_effort, "summary": None},
         "safety_identifier": request.safety_identifier,
         "service_tier": "default",

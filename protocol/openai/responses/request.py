@@ -128,6 +128,9 @@ class ResponsesRequest:
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, str] | None = None
+    """As given (checked by `check_accepted`): the response object echoes both."""
     max_tool_calls: int | None = None
 
     def check_ceilings(self, max_tokens: int, choices: int) -> None:
@@ -318,6 +321,8 @@ def parse_responses_object(
         user=read_str(data, "user"),
         safety_identifier=read_str(data, "safety_identifier"),
         prompt_cache_key=read_str(data, "prompt_cache_key"),
+        prompt_cache_retention=read_str(data, "prompt_cache_retention"),
+        prompt_cache_options=_given(data.get("prompt_cache_options")),
         max_tool_calls=max_tool_calls,
     )
 
@@ -428,6 +433,13 @@ def _text(value: Any) -> tuple[ResponseFormat | None, dict[str, Any]]:
     shown["schema"] = fmt.get("schema") or {}
     shown["strict"] = parsed.strict
     return parsed, shown
+
+
+def _given(options: dict[str, str | None] | None) -> dict[str, str] | None:
+    """An object of options (already checked) without the ones given as null."""
+    if options is None:
+        return None
+    return {key: value for key, value in options.items() if value is not None}
 
 
 def _rename(exc: Exception, old: str, new: str) -> None:

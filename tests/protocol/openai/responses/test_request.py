@@ -449,3 +449,31 @@ def test_the_penalties_sample_and_the_response_shows_them() -> None:
     assert (shown["presence_penalty"], shown["frequency_penalty"]) == (0.5, -1.0)
     plain = response_base(parse(), id="resp_2", created_at=1, store=False)
     assert (plain["presence_penalty"], plain["frequency_penalty"]) == (0.0, 0.0)
+
+
+# Every property of openapi.yaml's Response (ModelResponseProperties, ResponseProperties and
+# its own) but `user` and `usage`, which it shows only when given and once finished. Besides
+# them: the open Responses specification's two penalties, and `store`, which OpenAI's answers
+# carry though its schema does not list it.
+OPENAI_RESPONSE_FIELDS = {
+    "background", "completed_at", "conversation", "created_at", "error", "id",
+    "incomplete_details", "instructions", "max_output_tokens", "max_tool_calls", "metadata",
+    "model", "moderation", "object", "output", "parallel_tool_calls", "previous_response_id",
+    "prompt", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "reasoning",
+    "safety_identifier", "service_tier", "status", "temperature", "text", "tool_choice",
+    "tools", "top_logprobs", "top_p", "truncation",
+}  # fmt: skip
+
+
+def test_the_response_object_has_every_field_of_openais() -> None:
+    shown = response_base(parse(), id="resp_1", created_at=1, store=False)
+    extra = {"presence_penalty", "frequency_penalty", "store"}
+    assert set(shown) == OPENAI_RESPONSE_FIELDS | extra
+    assert (shown["conversation"], shown["prompt"], shown["moderation"]) == (None, None, None)
+    assert (shown["prompt_cache_retention"], shown["prompt_cache_options"]) == (None, None)
+    cached = parse(prompt_cache_retention="24h", prompt_cache_options={"ttl": "30m", "mode": None})
+    shown = response_base(cached, id="resp_2", created_at=1, store=False)
+    assert (shown["prompt_cache_retention"], shown["prompt_cache_options"]) == (
+        "24h",
+        {"ttl": "30m"},
+    )
