@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Self, TypeVar
 
 import attrs
+
+from gateway.config import GatewayConfig
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -115,3 +117,48 @@ class BoundedStore(Generic[K, V]):
             if victim is None:
                 return
             self.pop(victim)
+
+
+class BoundedAnswers(Generic[V]):
+    """What the stores of finished answers (chat completions, responses) share: their entries
+    in one `BoundedStore` keyed by id, within the gateway's `--store-*` limits, and what they
+    say of those limits and of their size."""
+
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._entries: BoundedStore[str, V] = BoundedStore(max_entries, max_bytes, ttl, clock)
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig) -> Self:
+        return cls(config.store_max_completions, config.store_max_bytes, config.store_ttl)
+
+    @property
+    def max_entries(self) -> int:
+        return self._entries.max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        return self._entries.max_bytes
+
+    @property
+    def ttl(self) -> float:
+        return self._entries.ttl
+
+    @property
+    def nbytes(self) -> int:
+        """The size of everything stored, as counted when it was stored."""
+        return self._entries.nbytes
+
+    @property
+    def enabled(self) -> bool:
+        """False when the limits leave no room: nothing is stored, and what needs a store
+        (`store: true`, `previous_response_id`) is refused."""
+        return self._entries.enabled
+
+    def __len__(self) -> int:
+        return len(self._entries)

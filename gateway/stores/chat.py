@@ -25,8 +25,7 @@ from typing import Any
 import attrs
 import orjson
 
-from gateway.config import GatewayConfig
-from gateway.stores.bounded import BoundedStore
+from gateway.stores.bounded import BoundedAnswers
 from protocol.openai.chat.stored import (
     ListQuery,
     StoreRequest,
@@ -64,7 +63,7 @@ def _sort_key(entry: StoredCompletion) -> tuple[int, int]:
     return entry.created, entry.seq
 
 
-class CompletionStore:
+class CompletionStore(BoundedAnswers[StoredCompletion]):
     """The stored completions (see the module docstring), within the bounds of a
     `BoundedStore`. Every method first drops what has expired."""
 
@@ -75,39 +74,12 @@ class CompletionStore:
         ttl: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._entries: BoundedStore[str, StoredCompletion] = BoundedStore(
-            max_completions, max_bytes, ttl, clock
-        )
+        super().__init__(max_completions, max_bytes, ttl, clock)
         self._seq = 0
-
-    @classmethod
-    def from_config(cls, config: GatewayConfig) -> CompletionStore:
-        return cls(config.store_max_completions, config.store_max_bytes, config.store_ttl)
 
     @property
     def max_completions(self) -> int:
-        return self._entries.max_entries
-
-    @property
-    def max_bytes(self) -> int:
-        return self._entries.max_bytes
-
-    @property
-    def ttl(self) -> float:
-        return self._entries.ttl
-
-    @property
-    def nbytes(self) -> int:
-        """The size of everything stored, as JSON."""
-        return self._entries.nbytes
-
-    @property
-    def enabled(self) -> bool:
-        """False when the limits leave no room: `store: true` is refused then."""
-        return self._entries.enabled
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        return self.max_entries
 
     # --- writing ----------------------------------------------------------------------------
 

@@ -19,15 +19,13 @@ The store takes its clock as an argument, so that tests drive expiry without wai
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import orjson
 
-from gateway.config import GatewayConfig
-from gateway.stores.bounded import BoundedStore
+from gateway.stores.bounded import BoundedAnswers
 from protocol.core.errors import ApiError
 from protocol.frames import Message
 from protocol.openai.pages import PageQuery, list_body, page
@@ -67,49 +65,9 @@ def previous_not_found(response_id: str) -> ApiError:
     )
 
 
-class ResponseStore:
+class ResponseStore(BoundedAnswers[StoredResponse]):
     """The stored responses (see the module docstring), within the bounds of a
     `BoundedStore`; every method first drops what has expired."""
-
-    def __init__(
-        self,
-        max_responses: int,
-        max_bytes: int,
-        ttl: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._entries: BoundedStore[str, StoredResponse] = BoundedStore(
-            max_responses, max_bytes, ttl, clock
-        )
-
-    @classmethod
-    def from_config(cls, config: GatewayConfig) -> ResponseStore:
-        return cls(config.store_max_completions, config.store_max_bytes, config.store_ttl)
-
-    @property
-    def max_responses(self) -> int:
-        return self._entries.max_entries
-
-    @property
-    def max_bytes(self) -> int:
-        return self._entries.max_bytes
-
-    @property
-    def ttl(self) -> float:
-        return self._entries.ttl
-
-    @property
-    def nbytes(self) -> int:
-        return self._entries.nbytes
-
-    @property
-    def enabled(self) -> bool:
-        """False when the limits leave no room: nothing is stored, and `store: true` and
-        `previous_response_id` are refused."""
-        return self._entries.enabled
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def keep(
         self,
