@@ -11,7 +11,10 @@ longer the last) share those messages' tokens, and the KV cache one of them left
 serves the other.
 
 A raw prompt (legacy completions) is hashed in blocks of `RAW_BLOCK` characters, or of
-`RAW_TOKENS` token ids.
+`RAW_TOKENS` token ids: small enough that what a prompt shares with an earlier one is
+counted to within a block (with blocks of 1024 characters a prompt that went on from a
+1,600-character one was credited with 1,024 of them, and a runner measured at a third of
+another's prefill speed lost the conversation it held).
 
 Each hash comes with the prompt characters it covers, from which the gateway estimates the
 tokens a runner holding it would not have to prefill.
@@ -27,9 +30,9 @@ import orjson
 
 from protocol.frames import Generate, Message
 
-RAW_BLOCK = 1024
+RAW_BLOCK = 256
 """Characters of a raw text prompt per hash."""
-RAW_TOKENS = 256
+RAW_TOKENS = 64
 """Token ids of a raw token prompt per hash."""
 HASH_BYTES = 8
 MAX_HASHES = 512

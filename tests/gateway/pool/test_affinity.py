@@ -65,6 +65,22 @@ def test_a_faster_runner_wins_a_prefix_both_hold_only_by_more_than_the_tie() -> 
     assert {choose(MODEL, chain, [(fast, 4), (slow, 8)], Rates()).index for _ in range(20)} == {0}
 
 
+def test_a_raw_prompt_that_goes_on_stays_with_its_holder_against_a_faster_runner() -> None:
+    # A legacy completion that goes on from the last (1,650 characters of which the holder
+    # has 1,620): it saves 98 % of the prefill there, so a runner measured three times as
+    # fast (noise, on runners of one kind) does not take it. CI saw it lost with blocks
+    # of 1,024 characters, which credited the holder with 1,024 of them only.
+    first = "s" * 1620
+    last = prefix_chain(Generate("r", MODEL, (), prompt=first + "t" * 30))
+    holder, faster = Holdings(), Holdings()
+    holder.report(CacheHeld(MODEL, prefix_chain(Generate("r", MODEL, (), prompt=first)).hashes))
+    holder.prefill_rate[MODEL], faster.prefill_rate[MODEL] = 300.0, 1000.0
+    assert holder.held_chars(MODEL, last) >= 1620 - 256
+    for _ in range(20):
+        choice = choose(MODEL, last, [(faster, 8), (holder, 3)], Rates())
+        assert (choice.index, choice.decision) == (1, "affinity")
+
+
 def test_requests_in_flight_count_as_held_and_stop_counting_when_they_end() -> None:
     chain = chain_of("a" * 4000, "b" * 100)
     busy, idle = Holdings(), Holdings()
