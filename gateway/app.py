@@ -20,9 +20,12 @@ from gateway.http_errors import exception_handlers
 from gateway.observability.admin import health, metrics, tls_proof
 from gateway.ollama import router as ollama
 from gateway.openai import router as openai
+from gateway.openai.responses.background import fail_unfinished
 from gateway.pool.link import runner_socket
 from gateway.pool.pool import Pool
 from gateway.stores.chat import CompletionStore
+from gateway.stores.responses import ResponseStore
+from gateway.stores.sqlite import Database
 
 log = logging.getLogger("gateway")
 
@@ -44,9 +47,21 @@ async def console() -> File:
 
 def create_app(config: GatewayConfig | None = None) -> Litestar:
     """Build the gateway app; its pool lives in `app.state.pool`, its stored completions in
-    `app.state.store`."""
+    `app.state.store`, its stored responses in `app.state.responses`. With `config.store_path`
+    both are written through to that database (`app.state.database`), opened here, so that a
+    file that cannot be used is a `StoreUnavailable` now, not at the first request; close it
+    with `close_app` (or the app's shutdown)."""
     config = config or GatewayConfig()
     pool = Pool(config)
+    database = None if config.store_path is None else Database.open(config.store_path)
+    try:
+        store = CompletionStore.from_config(config, database)
+        responses = ResponseStore.from_config(config, database)
+        fail_unfinished(responses)  # an earlier gateway's background responses: never resumed
+    except BaseException:
+        if database is not None:
+            database.close()
+        raise
     return Litestar(
         route_handlers=[
             *(mounted.router() for mounted in MOUNTED),
@@ -61,7 +76,9 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
         state=State(
             {
                 "pool": pool,
-                "store": CompletionStore.from_config(config),
+                "store": store,
+                "responses": responses,
+                "database": database,
                 "config": config,
                 "client_sockets": [],
             }
@@ -81,4 +98,12 @@ def create_app(config: GatewayConfig | None = None) -> Litestar:
             else None
         ),
         logging_config=None,
+        on_shutdown=[] if database is None else [database.close],
     )
+
+
+def close_app(app: Litestar) -> None:
+    """Release what the app holds open: the stores' database and its lock."""
+    database: Database | None = app.state.database
+    if database is not None:
+        database.close()

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import attrs
+
+STORE_FILE = "store.sqlite3"
+"""The stores' database in the state directory: `orchard gateway`'s default `--store`."""
+
+
+def state_directory() -> Path:
+    """Where the gateway keeps its state: $ORCHARD_STATE_DIR, or ~/.orchard/state."""
+    configured = os.environ.get("ORCHARD_STATE_DIR")
+    return Path(configured) if configured else Path.home() / ".orchard" / "state"
+
+
+def default_store_path() -> Path:
+    """The `--store` of `orchard gateway` and `orchard serve` unless told otherwise."""
+    return state_directory() / STORE_FILE
 
 
 @attrs.frozen
@@ -49,6 +66,10 @@ class GatewayConfig:
     max_client_backlog_bytes: int = 4 * 1024 * 1024
     """Unsent output a browser socket may accumulate before it is closed as too slow."""
 
+    max_background: int = 256
+    """Background responses (`background: true`) running at once; past it a create is a
+    429."""
+
     queue_size: int = 256
     """Requests that may wait per model when every runner serving it is busy."""
     queue_timeout: float = 30.0
@@ -83,12 +104,16 @@ class GatewayConfig:
     keepalive_interval: float = 10.0
     """Seconds of silence on an SSE stream before a `: keep-alive` comment is sent."""
 
+    store_path: Path | None = None
+    """The SQLite file stored completions and responses are written through to
+    (gateway.stores.sqlite), so that they outlive a restart. None: in memory only, lost when
+    the gateway stops (the default here, for embedders and tests; `orchard gateway` and
+    `orchard serve` default to `default_store_path()`)."""
     store_max_completions: int = 10_000
-    """Chat completions stored with `store: true` kept in memory at once; past it the oldest
-    is dropped. 0: the gateway stores nothing and refuses `store: true`."""
+    """Chat completions stored with `store: true` kept at once (and as many responses); past
+    it the oldest is dropped. 0: the gateway stores nothing and refuses `store: true`."""
     store_max_bytes: int = 128 * 1024 * 1024
     """Their total size as JSON (the completion and the request's messages); past it the
     oldest are dropped."""
     store_ttl: float = 24 * 3600.0
-    """Seconds a stored completion is kept (OpenAI keeps them 30 days; ours live in memory
-    and are lost when the gateway stops)."""
+    """Seconds a stored completion is kept (OpenAI keeps them 30 days)."""

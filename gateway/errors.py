@@ -19,8 +19,11 @@ code.
     │                                               503   shutting_down (Retry-After)
     ├── RunnerLost           the runner carrying a request went away after its first token
     │                                               502   runner_lost
-    └── StreamTimeout        no frame from the runner for the stream timeout
-                                                    504   timeout
+    ├── StreamTimeout        no frame from the runner for the stream timeout
+    │                                               504   timeout
+    └── StoreUnavailable     the --store database cannot be used: at start (corrupt,
+                             unreadable, held by another gateway), never a client's error;
+                             `orchard gateway` and `serve` exit with status 2
 """
 
 from __future__ import annotations
@@ -116,3 +119,17 @@ class RunnerLost(GatewayError):
     def __init__(self, runner_name: str) -> None:
         super().__init__(f"The runner {runner_name!r} serving this request disconnected.")
         self.runner_name = runner_name
+
+
+class StoreUnavailable(GatewayError):
+    """The stores' database (`--store PATH`, gateway.stores.sqlite) cannot be opened or read;
+    the message names the file and what to do."""
+
+    code = "store_unavailable"
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(
+            f"the store {path} {problem}. Start with --store memory (nothing kept across "
+            "restarts) or --store ANOTHER_PATH."
+        )
+        self.path = path

@@ -67,6 +67,7 @@ def main() -> None:
 @config_option("max_tokens_limit", "Largest max_tokens a request may ask for.")
 @config_option("max_choices", "Largest n (choices per request) a request may ask for.")
 @config_option("max_client_sockets", "Browser WebSocket connections open at once.")
+@config_option("max_background", "Background responses (background: true) running at once.")
 @store_options
 @click.option(
     "--runner-token",

@@ -1,5 +1,6 @@
 """Starting the gateway (`orchard gateway`, and `orchard serve`'s): the client API keys, the
-exposure check, TLS, the server, mDNS, and the drain on SIGTERM."""
+exposure check, TLS, the server (its stores' file opened: `StartRefused` when it cannot be),
+mDNS, and the drain on SIGTERM."""
 
 # gateway.server, gateway.tls and gateway.discovery load Litestar, uvicorn, cryptography and
 # zeroconf: each is imported where it is used, so that `orchard --help` starts fast.
@@ -12,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,23 @@ import attrs
 import click
 
 from gateway.config import GatewayConfig
+from gateway.errors import StoreUnavailable
 from orchard.running import run
+
+
+class StartRefused(click.ClickException):
+    """The gateway cannot start as configured (its `--store` file cannot be used): one line,
+    exit status 2, which a service manager is told not to retry (docs/operations.md)."""
+
+    exit_code = 2
+
+
+def refusing_to_start(start: Callable[[], None]) -> None:
+    """Run `start`; a `StoreUnavailable` from it becomes a `StartRefused`, not a traceback."""
+    try:
+        start()
+    except StoreUnavailable as exc:
+        raise StartRefused(str(exc)) from None
 
 
 def client_keys(api_key: tuple[str, ...], api_key_file: Path | None) -> frozenset[str]:
@@ -44,7 +62,9 @@ def start(
     """Check the exposure, settle TLS, then serve until stopped."""
     check_exposure(config)
     config, files = with_tls(config, tls, tls_cert, tls_key)
-    run(run_gateway(config, log_level, name=name, advertise=advertise, tls=files))
+    refusing_to_start(
+        lambda: run(run_gateway(config, log_level, name=name, advertise=advertise, tls=files))
+    )
 
 
 def with_tls(
@@ -113,6 +133,13 @@ def server(config: GatewayConfig, log_level: str, tls: tuple[Path, Path] | None 
     return make_server(config, log_level, tls)
 
 
+def close(served: Any) -> None:
+    """What the stopped server's app holds open (the stores' file and its lock)."""
+    from gateway.app import close_app
+
+    close_app(served.config.app)
+
+
 async def run_gateway(
     config: GatewayConfig,
     log_level: str,
@@ -153,6 +180,7 @@ async def run_gateway(
     finally:
         if advertiser is not None:
             await advertiser.close()
+        close(served)
 
 
 def log_tls(config: GatewayConfig, tls: tuple[Path, Path] | None) -> None:
@@ -174,4 +202,7 @@ async def _drain_and_exit(server: Any) -> None:
     """Refuse new requests, let streams finish, send runners away, then stop uvicorn."""
     app = server.config.app
     await app.state.pool.drain(app.state.config.drain_timeout)
+    background = getattr(app.state, "background", None)
+    if background is not None:
+        await background.close()  # runs not done by now end failed, and are stored so
     server.should_exit = True

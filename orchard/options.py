@@ -1,5 +1,5 @@
-"""Options more than one `orchard` command takes: the log level, TLS, the stored completions'
-bounds, and gateway settings whose defaults are GatewayConfig's."""
+"""Options more than one `orchard` command takes: the log level, TLS, the stores (their file
+and bounds), and gateway settings whose defaults are GatewayConfig's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import attrs
 import click
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, default_store_path
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,13 +58,33 @@ def config_option(name: str, help: str) -> Callable[[F], F]:
     return click.option(flag, default=field.default, show_default=True, help=help)
 
 
+MEMORY = "memory"
+"""`--store memory`: nothing written, nothing kept across restarts."""
+
+
+def _store_path(ctx: click.Context, param: click.Parameter, value: str) -> Path | None:
+    return None if value == MEMORY else Path(value).expanduser()
+
+
 def store_options(command: F) -> F:
-    """The stored completions' bounds (`store: true`), on `gateway` and `serve` alike."""
+    """The stores' file and bounds (`store: true`, stored responses), on `gateway` and `serve`
+    alike."""
     options = (
+        click.option(
+            "--store",
+            "store_path",
+            metavar="PATH|memory",
+            default=lambda: str(default_store_path()),
+            show_default="$ORCHARD_STATE_DIR/store.sqlite3, else ~/.orchard/state/store.sqlite3",
+            callback=_store_path,
+            help="The SQLite file (WAL mode) stored chat completions and responses are "
+            "written to, so that they outlive a restart; one gateway at a time (a lock file "
+            "beside it). memory: kept in memory only, lost when the gateway stops.",
+        ),
         config_option(
             "store_max_completions",
-            "Stored chat completions kept in memory; past it the oldest goes (0: store "
-            "nothing, refuse store: true).",
+            "Stored chat completions kept, and as many stored responses; past it the oldest "
+            "goes (0: store nothing, refuse store: true).",
         ),
         config_option("store_max_bytes", "Their total size as JSON; past it the oldest go."),
         config_option("store_ttl", "Seconds a stored chat completion is kept."),

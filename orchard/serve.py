@@ -1,6 +1,8 @@
 """`orchard serve`: the gateway and one local runner, a separate process it supervises.
 
-Signals stop the runner first, then the server; either one ending stops the other.
+Signals stop the runner first, then the server; either one ending stops the other. Nothing
+is restarted: a gateway that cannot start (its `--store` file in use, damaged) is one error
+and exit status 2 before the runner is started, as for `orchard gateway`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import sys
 from pathlib import Path
 
 from gateway.config import GatewayConfig
-from orchard.gateway_start import check_exposure, log_tls, server, with_tls
+from orchard.gateway_start import (
+    check_exposure,
+    close,
+    log_tls,
+    refusing_to_start,
+    server,
+    with_tls,
+)
 from orchard.running import run
 
 
@@ -31,7 +40,7 @@ def start(
     """Check the exposure, settle TLS, then serve the gateway and its runner until stopped."""
     check_exposure(config)
     config, files = with_tls(config, tls, tls_cert, tls_key)
-    run(supervise(config, model, max_concurrent, log_level, files))
+    refusing_to_start(lambda: run(supervise(config, model, max_concurrent, log_level, files)))
 
 
 async def supervise(
@@ -59,6 +68,7 @@ async def supervise(
     while not served.started and not server_task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     if server_task.done():
+        close(served)
         server_task.result()
         return
     runner_proc = subprocess.Popen(  # noqa: S603, ASYNC220  # our own interpreter, our own runner
@@ -92,7 +102,10 @@ async def supervise(
             runner_proc.kill()
             await runner_exit
     served.should_exit = True
-    await server_task
+    try:
+        await server_task
+    finally:
+        close(served)
     stopper.cancel()
 
 

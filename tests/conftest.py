@@ -42,6 +42,21 @@ def orchard_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["ORCHARD_CACHE_DIR"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def orchard_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Point ORCHARD_STATE_DIR (the gateway's stores' file, inherited by every gateway a test
+    starts) at a session directory, so that no test writes ~/.orchard/state. A gateway
+    started through tests.support.Process gets a directory of its own besides."""
+    path = tmp_path_factory.mktemp("orchard-state")
+    old = os.environ.get("ORCHARD_STATE_DIR")
+    os.environ["ORCHARD_STATE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("ORCHARD_STATE_DIR", None)
+    else:
+        os.environ["ORCHARD_STATE_DIR"] = old
+
+
 def built_model_key() -> str:
     """A hash of what the built-in model is built from: its sources and the MLX version."""
     digest = hashlib.sha256(importlib.metadata.version("mlx").encode())

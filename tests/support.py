@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -102,6 +103,12 @@ class Process:
     ) -> None:
         self.args = args
         self._printed = ""
+        self.state_dir: str | None = None
+        """A gateway's own state directory (its stores' file and lock), removed at its stop:
+        gateways of parallel tests never share one, and none writes ~/.orchard/state."""
+        if args[0] in ("gateway", "serve") and "ORCHARD_STATE_DIR" not in (env or {}):
+            self.state_dir = tempfile.mkdtemp(prefix="orchard-state-")
+            env = {**(env or {}), "ORCHARD_STATE_DIR": self.state_dir}
         # A file, not a pipe: a chatty process must never block on a full pipe.
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in stop()
         # In a network namespace: `ip netns exec` execs the command, so the pid is its own.
@@ -129,6 +136,8 @@ class Process:
         with self.log:
             self.log.seek(0)
             self._printed = self.log.read().decode(errors="replace")
+        if self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
         return self._printed
 
     def alive(self) -> bool:

@@ -297,6 +297,7 @@ def test_one_function_takes_a_streams_first_item() -> None:
     )
     assert callers == [
         "gateway.browser.routes",
+        "gateway.openai.responses.background",
         "gateway.streaming.endpoint",
         "gateway.streaming.endpoint",
     ]

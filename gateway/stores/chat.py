@@ -1,8 +1,10 @@
-"""Stored chat completions (`store: true`), kept in the gateway's memory.
+"""Stored chat completions (`store: true`), kept in the gateway's memory and, with `--store
+PATH` (the default of `orchard gateway`), written through to its database (gateway.stores.
+sqlite), so that they outlive a restart.
 
 `CompletionStore` holds them, bounded three ways (docs/operations.md): at most
 `store_max_completions` of them and `store_max_bytes` of JSON together (past either, the
-oldest stored is dropped first), each for `store_ttl` seconds. Nothing survives a restart.
+oldest stored is dropped first), each for `store_ttl` seconds.
 What the objects look like, the query parameters and the paging are protocol.openai.chat.stored's;
 the endpoints are gateway.openai.chat.stored.
 
@@ -18,14 +20,13 @@ The store takes its clock as an argument, so that tests drive expiry without wai
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import orjson
 
-from gateway.stores.bounded import BoundedAnswers
+from gateway.stores.bounded import Backing, BoundedAnswers
 from protocol.openai.chat.stored import (
     ListQuery,
     StoreRequest,
@@ -67,15 +68,21 @@ class CompletionStore(BoundedAnswers[StoredCompletion]):
     """The stored completions (see the module docstring), within the bounds of a
     `BoundedStore`. Every method first drops what has expired."""
 
+    STORE = "chat"
+    VALUE = StoredCompletion
+
     def __init__(
         self,
         max_completions: int,
         max_bytes: int,
         ttl: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
+        *,
+        backing: Backing[str, StoredCompletion] | None = None,
     ) -> None:
-        super().__init__(max_completions, max_bytes, ttl, clock)
-        self._seq = 0
+        super().__init__(max_completions, max_bytes, ttl, clock, backing=backing)
+        # Past what an earlier gateway stored, so that the order holds across a restart.
+        self._seq = max((entry.seq for entry in self._entries.values()), default=0)
 
     @property
     def max_completions(self) -> int:

@@ -1,10 +1,11 @@
-"""Stored responses (`store`, OpenAI's default): kept in memory so that
-`GET /v1/responses/{id}` can answer them and `previous_response_id` can continue them.
+"""Stored responses (`store`, OpenAI's default): kept in memory, and written through to the
+`--store` database when there is one (gateway.stores.sqlite), so that `GET /v1/responses/{id}`
+can answer them and `previous_response_id` can continue them, across a restart too.
 
 Bounded as stored chat completions are (gateway.stores.chat), with the same settings and a store
 of its own (a `gateway.stores.bounded.BoundedStore`): at most `store_max_completions` responses
 and `store_max_bytes` of JSON (past either, the oldest stored is dropped first), each for
-`store_ttl` seconds from when it was stored. Nothing survives a restart. A response is stored
+`store_ttl` seconds from when it was stored. A response is stored
 once it has finished, completed or incomplete (max_output_tokens); a failed or cancelled one is
 not.
 
@@ -42,6 +43,9 @@ class StoredResponse:
     """Every message up to and including this response's answer (without instructions)."""
     items: tuple[tuple[str, bytes], ...] = ()
     """Its input items (protocol.openai.responses.items), oldest first: (id, JSON)."""
+    events: tuple[bytes, ...] = ()
+    """A background response's events as SSE frames, in order (for `?stream=true`); none for
+    the others."""
 
 
 def response_not_found(response_id: str) -> ApiError:
@@ -58,10 +62,21 @@ def previous_not_found(response_id: str) -> ApiError:
     return ApiError(
         400,
         f"Previous response with id '{response_id}' not found (never stored here, or "
-        "expired: responses are kept in memory for a bounded time).",
+        "expired: responses are kept for a bounded time).",
         "invalid_request_error",
         "previous_response_id",
         "previous_response_not_found",
+    )
+
+
+def previous_not_continuable(response_id: str, status: str) -> ApiError:
+    return ApiError(
+        400,
+        f"Previous response with id '{response_id}' is {status}: only a completed or "
+        "incomplete response can be continued.",
+        "invalid_request_error",
+        "previous_response_id",
+        "previous_response_not_continuable",
     )
 
 
@@ -69,14 +84,20 @@ class ResponseStore(BoundedAnswers[StoredResponse]):
     """The stored responses (see the module docstring), within the bounds of a
     `BoundedStore`; every method first drops what has expired."""
 
+    STORE = "responses"
+    VALUE = StoredResponse
+
     def keep(
         self,
         response: dict[str, object],
         conversation: tuple[Message, ...],
         items: Sequence[dict[str, Any]] = (),
+        *,
+        events: tuple[bytes, ...] = (),
     ) -> bool:
-        """Store a finished response with the conversation that continues it and its input
-        `items`; False when it alone is over the byte budget."""
+        """Store a finished response with the conversation that continues it, its input
+        `items` and (a background response) its `events`; False when it alone is over the
+        byte budget."""
         if not self.enabled:
             return False
         response_id = str(response["id"])
@@ -91,9 +112,10 @@ class ResponseStore(BoundedAnswers[StoredResponse]):
                 for m in conversation
             )
             + sum(len(data) for _, data in listed)
+            + sum(len(event) for event in events)
         )
         if not self._entries.put(
-            response_id, StoredResponse(response_id, body, conversation, listed), size
+            response_id, StoredResponse(response_id, body, conversation, listed, events), size
         ):
             log.warning(
                 "response %s not stored: %d bytes, over --store-max-bytes", response_id, size
@@ -120,7 +142,25 @@ class ResponseStore(BoundedAnswers[StoredResponse]):
         entry = self._entries.get(previous_response_id)
         if entry is None:
             raise previous_not_found(previous_response_id)
+        status = orjson.loads(entry.body)["status"]
+        if status not in ("completed", "incomplete"):  # a background response's other ends
+            raise previous_not_continuable(previous_response_id, status)
         return entry.conversation
+
+    def entries(self) -> list[StoredResponse]:
+        """Every stored response not expired, oldest stored first."""
+        return self._entries.values()
+
+    def replace(self, response_id: str, response: dict[str, object]) -> None:
+        """Give a stored response a new object (a background response a restart failed),
+        keeping the rest of its entry."""
+        entry = self.get(response_id)
+        self.keep(
+            response,
+            entry.conversation,
+            [orjson.loads(data) for _, data in entry.items],
+            events=entry.events,
+        )
 
     def delete(self, response_id: str) -> None:
         self.get(response_id)

@@ -267,8 +267,11 @@ def test_unknown_and_unsupported_fields_are_400s_naming_them(client: openai.Open
     assert caught.value.param == "logit_bias"
     assert caught.value.code == "unknown_parameter"
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model=MODEL, input="x", background=True)
-    assert (caught.value.param, caught.value.code) == ("background", "unsupported_value")
+        client.responses.create(model=MODEL, input="x", background=True, store=False)
+    assert (caught.value.param, caught.value.code) == (
+        "background",
+        "invalid_parameter_combination",
+    )
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
     assert caught.value.param == "tools[0].type"

@@ -14,6 +14,7 @@ from gateway.errors import (
     QueueTimeout,
     RunnerLost,
     ShuttingDown,
+    StoreUnavailable,
     StreamTimeout,
 )
 from gateway.http_errors import api_error_for, error_response
@@ -22,6 +23,7 @@ from gateway.streaming.request_stream import Failed
 from protocol.openai.errors import error_body
 
 NOT_FOUND, UNAVAILABLE = "model_not_found", "model_unavailable"
+NO_STORE = "store_unavailable"  # at start only: never sent to a client, but shaped as the others
 Told = tuple[int, str, str, str, str | None]
 """status, type, code, outcome label, Retry-After."""
 ERRORS: list[tuple[GatewayError, Told]] = [
@@ -32,6 +34,7 @@ ERRORS: list[tuple[GatewayError, Told]] = [
     (ShuttingDown(), (503, "server_error", "shutting_down", "shutting_down", "1")),
     (RunnerLost("mac"), (502, "server_error", "runner_lost", "runner_lost", None)),
     (StreamTimeout(5), (504, "server_error", "timeout", "timeout", None)),
+    (StoreUnavailable("f", "is bad"), (500, "server_error", NO_STORE, NO_STORE, None)),
 ]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, default_store_path
 from orchard import cli, gateway_start, serve
 from tests.fakehub import FakeHub
 from tests.support import UNIT
@@ -38,7 +38,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[GatewayConfig]:
 def test_gateway_without_flags_runs_the_config_defaults(started: list[GatewayConfig]) -> None:
     result = CliRunner().invoke(cli.main, ["gateway"])
     assert result.exit_code == 0, result.output
-    assert started == [GatewayConfig()]
+    # But for the stores' file: GatewayConfig's default is memory (for embedders and tests).
+    assert started == [GatewayConfig(store_path=default_store_path())]
 
 
 def test_the_gateway_is_announced_by_name_unless_told_not_to(
@@ -78,6 +79,7 @@ def test_every_gateway_flag_sets_its_config_field(started: list[GatewayConfig]) 
         "--max-tokens-limit": ("max_tokens_limit", 99),
         "--max-client-sockets": ("max_client_sockets", 12),
         "--port": ("port", 9123),
+        "--store": ("store_path", Path("/nowhere/store.sqlite3")),
     }
     args = [part for flag, (_, value) in flags.items() for part in (flag, str(value))]
     result = CliRunner().invoke(cli.main, ["gateway", *args])

@@ -237,8 +237,12 @@ REQUEST = Schema(
             "max_tool_calls": Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=INT64_MAX),
             "truncation": only("disabled"),
             "service_tier": only("auto", "default"),
+            "background": Schema(
+                type=OpenAPIType.BOOLEAN,
+                description="Run without the client: answered queued at once; retrieved, "
+                "cancelled and its events streamed again by sequence number (needs store).",
+            ),
             # Refused unless default.
-            "background": Schema(const=False),
             "include": _EMPTY,
             "top_logprobs": Schema(const=0),
             **dict.fromkeys(("conversation", "prompt", "context_management", "moderation"), NULL),
@@ -259,9 +263,15 @@ REQUEST = Schema(
                 Schema(required=["stream"], properties={"stream": Schema(const=True)}),
             ]
         ),
+        "background": Schema(  # a background response is stored
+            any_of=[
+                Schema(properties={"background": Schema(one_of=[Schema(const=False), NULL])}),
+                Schema(properties={"store": Schema(one_of=[Schema(const=True), NULL])}),
+            ]
+        ),
     },
     description="OpenAI's CreateResponse, the subset Orchard implements (function tools; no "
-    "background, conversations, prompt templates, includes or logprobs). A field that is not "
+    "conversations, prompt templates, includes or logprobs). A field that is not "
     "required may also be null: the parser reads it as left out.",
 )
 
@@ -330,7 +340,7 @@ _FIELDS: dict[str, Schema] = {
     "object": only("response"),
     "created_at": INTEGER,
     "status": STRING,
-    "background": Schema(const=False),
+    "background": BOOLEAN,
     "completed_at": nullable(INTEGER),
     "error": NULL,
     "incomplete_details": Schema(
@@ -394,10 +404,15 @@ def _response(status: Schema, *, finished: bool, **fields: Schema) -> Schema:
 
 RESPONSE = _response(only("completed", "incomplete"), finished=True)
 """A finished response: the whole answer, and what GET /v1/responses/{id} gives back."""
-_IN_PROGRESS = _response(
+IN_PROGRESS = _response(
     only("in_progress"), finished=False, completed_at=NULL, incomplete_details=NULL
 )
-_FAILED = _response(
+"""A response running: the items done so far."""
+QUEUED = _response(only("queued"), finished=False, completed_at=NULL, incomplete_details=NULL)
+"""A background response no runner has started yet."""
+CANCELLED = _response(only("cancelled"), finished=False, completed_at=NULL, incomplete_details=NULL)
+"""A background response cancelled: the items done, and those cut short incomplete."""
+FAILED = _response(
     only("failed"),
     finished=False,
     completed_at=NULL,
@@ -423,8 +438,9 @@ _WHERE = {"item_id": STRING, "output_index": COUNT}
 _PART = {**_WHERE, "content_index": Schema(const=0)}
 EVENT = Schema(
     one_of=[
-        _event("response.created", response=_IN_PROGRESS),
-        _event("response.in_progress", response=_IN_PROGRESS),
+        _event("response.created", response=Schema(one_of=[IN_PROGRESS, QUEUED])),
+        _event("response.queued", response=QUEUED),
+        _event("response.in_progress", response=IN_PROGRESS),
         _event("response.output_item.added", output_index=_WHERE["output_index"], item=OUTPUT_ITEM),
         _event(
             "response.content_part.added",
@@ -453,7 +469,7 @@ EVENT = Schema(
                 incomplete_details=closed(["reason"], reason=only("max_output_tokens")),
             ),
         ),
-        _event("response.failed", response=_FAILED),
+        _event("response.failed", response=FAILED),
         _event("error", code=nullable(STRING), message=STRING, param=nullable(STRING)),
     ]
 )
@@ -461,6 +477,7 @@ EVENT = Schema(
 
 EVENT_NAMES = [
     "response.created",
+    "response.queued",
     "response.in_progress",
     "response.output_item.added",
     "response.content_part.added",
@@ -484,7 +501,7 @@ SSE_EVENT = named_event(EVENT_NAMES, EVENT)
 
 SERVER_ERROR = "The runner failed, or cancelled the response before it finished."
 BY_ID = {
-    "400": "A query parameter (none is implemented; the error names it).",
+    "400": "A query parameter this operation does not take (the error names it).",
     "401": "Missing or wrong API key.",
     "403": "Origin not allowed.",
     "404": "No stored response has this id.",
@@ -511,23 +528,13 @@ class CreateResponseOperation(Operation):
                 "(x-itemSchema): response.created and response.in_progress, each output item's "
                 "added, content and delta events and done, then response.completed or "
                 "response.incomplete; or response.failed (or an error event) that ends the "
-                "stream. No [DONE].",
-                RESPONSE,
+                "stream. No [DONE]. With background=true the response queued (streamed: "
+                "response.created and response.queued first, both queued).",
+                Schema(one_of=[RESPONSE, QUEUED]),
                 SSE_EVENT,
                 EVENT,
             ),
             **{status: error(why) for status, why in reasons.items()},
-        }
-
-
-@dataclass
-class GetResponseOperation(Operation):
-    """Operation for `GET /v1/responses/{response_id}`."""
-
-    def __post_init__(self) -> None:
-        self.responses = {
-            "200": json_response("The stored response.", RESPONSE),
-            **{status: error(why) for status, why in BY_ID.items()},
         }
 
 

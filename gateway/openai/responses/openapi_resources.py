@@ -1,8 +1,10 @@
 """The OpenAPI description of the Responses API's other resources, as
 gateway.openai.responses.openapi describes the create: `POST /v1/responses/input_tokens` (the
 count of a create's prompt) and `GET /v1/responses/{response_id}/input_items` (a stored
-response's input items, paged) and `POST /v1/responses/compact` (a conversation compacted by
-the model: protocol.openai.responses.compaction)."""
+response's input items, paged), `POST /v1/responses/compact` (a conversation compacted by
+the model: protocol.openai.responses.compaction), and retrieving and cancelling one
+(`GET /v1/responses/{response_id}`, with a background response's events streamed again, and
+`POST /v1/responses/{response_id}/cancel`)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,17 @@ from litestar.openapi.spec.enums import OpenAPIType
 
 from gateway.openai.responses.openapi import (
     BY_ID,
+    CANCELLED,
+    EVENT,
+    FAILED,
+    IN_PROGRESS,
     INPUT_TEXT,
     OUTPUT_ITEM,
+    QUEUED,
     REQUEST,
+    RESPONSE,
     SERVER_ERROR,
+    SSE_EVENT,
     USAGE,
     array,
     nullable,
@@ -34,6 +43,7 @@ from gateway.openapi import (
     json_body,
     json_response,
     only,
+    streamed_response,
     with_server_error,
 )
 from protocol.openai.pages import MAX_LIMIT
@@ -221,4 +231,69 @@ class CompactOperation(Operation):
                 _COMPACTION,
             ),
             **{status: error(why) for status, why in reasons.items()},
+        }
+
+
+ANY_RESPONSE = Schema(one_of=[RESPONSE, QUEUED, IN_PROGRESS, FAILED, CANCELLED])
+"""A response whatever its status: finished, or a background one queued, running, failed or
+cancelled."""
+
+_RETRIEVE = [
+    Parameter(
+        name="stream",
+        param_in=ParamType.QUERY,
+        schema=BOOLEAN,
+        description="true: a background response's events as a text/event-stream (the live "
+        "ones too while it runs) instead of the object.",
+    ),
+    Parameter(
+        name="starting_after",
+        param_in=ParamType.QUERY,
+        schema=Schema(type=OpenAPIType.INTEGER, minimum=0),
+        description="With stream=true: only the events after this sequence number.",
+    ),
+    Parameter(
+        name="include_obfuscation",
+        param_in=ParamType.QUERY,
+        schema=BOOLEAN,
+        description="Taken; nothing is obfuscated.",
+    ),
+]
+
+
+@dataclass
+class GetResponseOperation(Operation):
+    """Operation for `GET /v1/responses/{response_id}`."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [*(self.parameters or []), *_RETRIEVE]
+        self.responses = {
+            "200": streamed_response(
+                "The stored response, or a background one as it stands; with stream=true a "
+                "background response's events after starting_after (sequence numbers as "
+                "first sent), live ones included until its last.",
+                ANY_RESPONSE,
+                SSE_EVENT,
+                EVENT,
+            ),
+            **{status: error(why) for status, why in BY_ID.items()},
+            "400": error(
+                "A bad query parameter, or stream=true for a response that did not run in "
+                "the background."
+            ),
+        }
+
+
+@dataclass
+class CancelOperation(Operation):
+    """Operation for `POST /v1/responses/{response_id}/cancel`."""
+
+    def __post_init__(self) -> None:
+        self.responses = {
+            "200": json_response(
+                "The background response once cancelled (a finished one as it ended).",
+                ANY_RESPONSE,
+            ),
+            **{status: error(why) for status, why in BY_ID.items()},
+            "400": error("The response did not run in the background."),
         }

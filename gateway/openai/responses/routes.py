@@ -8,9 +8,12 @@ the first token, the queue's 429/503, the stream timeout and cancelling on disco
 chat's. Errors before the first byte are HTTP errors in OpenAI's shape; after it,
 `response.failed`.
 
-Stored responses (gateway.stores.responses) live in the app's state, made on first use with
+Stored responses (gateway.stores.responses) live in the app's state, made with the app (with
 the stored completions' limits; a response is kept as every answer is (gateway.streaming.
-keeper): streamed, the object its last event carried.
+keeper): streamed, the object its last event carried. Background responses (`background:
+true`) run without their client (gateway.openai.responses.background): the create answers
+queued, `GET ?stream=true&starting_after=N` replays their events, `POST .../cancel` stops
+them.
 """
 
 from __future__ import annotations
@@ -25,19 +28,23 @@ import orjson
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.params import FromPath
+from litestar.response import Stream
 
+from gateway.openai.responses.background import Background
 from gateway.openai.responses.openapi import (
     CreateResponseOperation,
     DeleteResponseOperation,
-    GetResponseOperation,
 )
 from gateway.openai.responses.openapi_resources import (
+    CancelOperation,
     CompactOperation,
+    GetResponseOperation,
     InputItemsOperation,
     InputTokensOperation,
 )
 from gateway.stores.responses import ResponseStore
 from gateway.streaming.endpoint import Context, Dialect, Plan, serve
+from gateway.streaming.sse import SSE_HEADERS
 from protocol.core.fields import fail_unknown
 from protocol.core.stream import CompletionBuilder
 from protocol.frames import Message
@@ -50,7 +57,11 @@ from protocol.openai.responses.events import (
     response_body,
     usage_object,
 )
-from protocol.openai.responses.items import input_items, parse_input_items_query
+from protocol.openai.responses.items import (
+    input_items,
+    parse_input_items_query,
+    parse_retrieve_query,
+)
 from protocol.openai.responses.request import (
     parse_compact_request,
     parse_input_tokens_request,
@@ -59,18 +70,31 @@ from protocol.openai.responses.request import (
 
 
 def response_store(state: State) -> ResponseStore:
-    """The app's stored responses (made on first use)."""
-    store: ResponseStore | None = getattr(state, "responses", None)
-    if store is None:
-        store = ResponseStore.from_config(state.pool.config)
-        state.responses = store
+    """The app's stored responses (gateway.app makes them, and fails what an earlier
+    gateway left running)."""
+    store: ResponseStore = state.responses
     return store
+
+
+def background_of(state: State) -> Background:
+    """The app's background responses (made on first use)."""
+    background: Background | None = getattr(state, "background", None)
+    if background is None:
+        background = Background(state.pool, response_store(state))
+        state.background = background
+    return background
+
+
+def _answered(builder: CompletionBuilder) -> dict[str, Any]:
+    raise AssertionError("a background response is answered before it runs")
 
 
 def plan(body: bytes, context: Context) -> Plan:
     store = response_store(context.state)
     parsed = parse_responses_request(body, context.check_model, store=store.enabled)
     parsed.check_ceilings(context.config.max_tokens_limit, context.config.max_choices)
+    background = background_of(context.state)
+    background.check_continuable(parsed.previous_response_id)
     history: tuple[Message, ...] = ()
     if parsed.previous_response_id is not None:
         history = store.conversation(parsed.previous_response_id)
@@ -78,6 +102,19 @@ def plan(body: bytes, context: Context) -> Plan:
     base = response_base(parsed, id=response_id, created_at=int(time.time()), store=parsed.store)
     conversation = (*history, *parsed.input)
     events = ResponseEvents(base, clock=lambda: int(time.time()))
+    headers = {"x-request-id": f"req_{uuid.uuid4().hex}"}
+    if parsed.background:
+        generate = parsed.to_generate(response_id, history)
+        items = input_items(conversation, new_id)
+        run = background.start(response_id, generate, events, conversation, items)
+        early: Response[Any]
+        if parsed.stream:  # its events from the first; the client may leave, it runs on
+            replay = run.log.follow(-1, context.config.keepalive_interval)
+            early = Stream(replay, media_type="text/event-stream", headers=SSE_HEADERS)
+        else:
+            early = Response(orjson.dumps(events.snapshot()), media_type="application/json")
+        early.headers.update(headers)
+        return Plan(response_id, parsed.model, (), parsed.stream, body=_answered, early=early)
 
     def answer(builder: CompletionBuilder) -> dict[str, Any]:
         choices, usage = builder.result()
@@ -110,7 +147,7 @@ def plan(body: bytes, context: Context) -> Plan:
         framing=events,
         keep=keep if parsed.store else None,
         kept=streamed,
-        headers={"x-request-id": f"req_{uuid.uuid4().hex}"},
+        headers=headers,
     )
 
 
@@ -197,18 +234,39 @@ async def compact(request: Request[Any, Any, Any], state: State) -> Response[Any
 
 
 def _no_query(request: Request[Any, Any, Any]) -> None:
-    """Query parameters (include, stream, starting_after) are not implemented: refused."""
+    """A route that takes no query parameters refuses them."""
     for key in request.query_params:
         fail_unknown(key)
+
+
+def _query(request: Request[Any, Any, Any]) -> list[tuple[str, str]]:
+    return parse_qsl(
+        request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+    )
 
 
 @get("/v1/responses/{response_id:str}", operation_class=GetResponseOperation)
 async def get_response(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
+) -> Response[Any]:
+    """A stored response, or a background one as it stands; `stream=true`: a background
+    response's events after `starting_after`, live ones included while it runs."""
+    query = parse_retrieve_query(_query(request))
+    background = background_of(state)
+    if query.stream:
+        replay = background.replay(response_id, query.starting_after)
+        return Stream(replay, media_type="text/event-stream", headers=SSE_HEADERS)
+    body = background.snapshot(response_id) or response_store(state).get(response_id).body
+    return Response(content=body, media_type="application/json")
+
+
+@post("/v1/responses/{response_id:str}/cancel", status_code=200, operation_class=CancelOperation)
+async def cancel_response(
+    request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
-    """A stored response."""
+    """Cancel a background response (the object once it ended)."""
     _no_query(request)
-    body = response_store(state).get(response_id).body
+    body = await background_of(state).cancel(response_id)
     return Response(content=body, media_type="application/json")
 
 
@@ -217,9 +275,7 @@ async def list_input_items(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
     """A stored response's input items, paged (newest first unless `order=asc`)."""
-    query = parse_input_items_query(
-        parse_qsl(request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-    )
+    query = parse_input_items_query(_query(request))
     body = response_store(state).input_items(response_id, query)
     return Response(content=body, media_type="application/json")
 
@@ -228,8 +284,11 @@ async def list_input_items(
 async def delete_response(
     request: Request[Any, Any, Any], state: State, response_id: FromPath[str]
 ) -> Response[bytes]:
-    """Delete a stored response."""
+    """Delete a stored response (a background one still running is cancelled first)."""
     _no_query(request)
+    background = background_of(state)
+    if response_id in background.runs:
+        await background.cancel(response_id)
     response_store(state).delete(response_id)
     body = {"id": response_id, "object": "response", "deleted": True}
     return Response(content=orjson.dumps(body), media_type="application/json")
@@ -240,6 +299,7 @@ ROUTES: list[Any] = [
     count_input_tokens,
     compact,
     get_response,
+    cancel_response,
     list_input_items,
     delete_response,
 ]

@@ -67,15 +67,15 @@ def usage_object(usage: Usage) -> dict[str, Any]:
 def response_base(
     request: ResponsesRequest, *, id: str, created_at: int, store: bool
 ) -> dict[str, Any]:
-    """The response object of `request` in progress: what it echoes of the request, no
-    output and no usage yet (openapi.yaml's `usage` is an object, not nullable: it appears
-    with the finished response). `store`: whether it is kept."""
+    """The response object of `request` in progress (queued, in the background): what it
+    echoes of the request, no output and no usage yet (openapi.yaml's `usage` is an object,
+    not nullable: it appears with the finished response). `store`: whether it is kept."""
     shown = {
         "id": id,
         "object": "response",
         "created_at": created_at,
-        "status": "in_progress",
-        "background": False,
+        "status": "queued" if request.background else "in_progress",
+        "background": request.background,
         "completed_at": None,
         "error": None,
         "incomplete_details": None,
@@ -293,8 +293,10 @@ class ResponseEvents:
         "_new_id",
         "_open",
         "_output",
+        "_queued",
         "_reason",
         "_seq",
+        "ended",
         "response",
         "started",
     )
@@ -323,6 +325,11 @@ class ResponseEvents:
         self._open: _Open | None = None
         self._reason: FinishReason = "stop"
         self.started = False
+        self._queued = False
+        """`queued` sent response.created already."""
+        self.ended: dict[str, Any] | None = None
+        """The final response object whatever the end: completed, incomplete, failed, or (a
+        background response) cancelled."""
 
     def _event(self, type: str, **fields: Any) -> bytes:
         data = {"type": type, "sequence_number": self._seq, **fields}
@@ -332,14 +339,34 @@ class ResponseEvents:
     def _snapshot(self, status: str) -> dict[str, Any]:
         return {**self._base, "status": status, "output": list(self._output)}
 
+    def snapshot(self) -> dict[str, Any]:
+        """The response object as it stands: final once ended; before, the items done so far
+        (queued until its runner starts it, then in progress)."""
+        if self.ended is not None:
+            return self.ended
+        return self._snapshot("in_progress" if self.started else self._base["status"])
+
+    def queued(self) -> bytes:
+        """A background response's first events, before any runner has it: response.created
+        and response.queued, both with status queued. The stream's start then sends only
+        response.in_progress."""
+        self._queued = True
+        response = self._snapshot("queued")
+        return self._event("response.created", response=response) + self._event(
+            "response.queued", response=response
+        )
+
+    def cancelled(self) -> None:
+        """A background response cancelled before its stream started (nothing more is sent)."""
+        self.ended = self._snapshot("cancelled")
+
     # --- ChoiceWriter ---------------------------------------------------------------------
 
     def role(self, usage: Usage | None, index: int) -> bytes:
         self.started = True
         response = self._snapshot("in_progress")
-        return self._event("response.created", response=response) + self._event(
-            "response.in_progress", response=response
-        )
+        created = b"" if self._queued else self._event("response.created", response=response)
+        return created + self._event("response.in_progress", response=response)
 
     def chunk(self, chunk: Chunk) -> bytes:
         out: list[bytes] = []
@@ -416,19 +443,25 @@ class ResponseEvents:
     def usage_chunk(self, usage: Usage) -> bytes:
         reason = self._reason
         if reason == "cancelled":
+            if self._base["background"]:
+                # Cancelled by request (POST .../cancel): its own status, and no event says
+                # so (OpenAI's stream has none); the items cut short are incomplete.
+                self.ended = self._snapshot("cancelled")
+                return b""
             return self.error(server_error("The response was cancelled before it finished."))
         response = finished(self._base, list(self._output), reason, usage, self._clock())
-        self.response = response
+        self.response = self.ended = response
         kind = "response.incomplete" if reason == "length" else "response.completed"
         return self._event(kind, response=response)
 
     # --- Framing --------------------------------------------------------------------------
 
     def error(self, err: ApiError) -> bytes:
-        if not self.started:
+        if not self.started and not self._queued:
             return self._event("error", code=err.code, message=err.message, param=err.param)
         self._open = None  # an item cut short is not part of a failed response's output
         response = {**self._snapshot("failed"), "error": error_object(err)}
+        self.ended = response
         return self._event("response.failed", response=response)
 
     def end(self, finish_reason: FinishReason | None, usage: Usage | None) -> bytes:

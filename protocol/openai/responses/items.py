@@ -7,6 +7,8 @@ system or developer message is a `message` item with `input_text` parts; an assi
 its `reasoning` item, its `message` with `output_text` and its `function_call`s; a tool result
 is a `function_call_output`. Each gets its id when the response is stored, so that pages
 (`after`) stay put. The list is newest first unless `order=asc`, as at OpenAI.
+
+Also the query of retrieving a response (`parse_retrieve_query`): its events streamed again.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from protocol.core.fields import fail_unknown, fail_unsupported_value
+import attrs
+
+from protocol.core.errors import invalid_request
+from protocol.core.fields import fail_unknown, fail_unsupported_value, show
 from protocol.frames import Message
 from protocol.openai.pages import PageQuery, page_query, single_values
 from protocol.openai.responses.events import function_call_item, message_item, reasoning_item
@@ -69,3 +74,58 @@ def parse_input_items_query(params: Iterable[tuple[str, str]]) -> PageQuery:
         elif key not in ("after", "limit", "order"):
             fail_unknown(key)
     return page_query(fields, default_order="desc")
+
+
+@attrs.frozen
+class RetrieveQuery:
+    """The query of `GET /v1/responses/{id}`."""
+
+    stream: bool = False
+    """Send the response's events (a background response's) instead of the object."""
+    starting_after: int = -1
+    """Only the events after this sequence number (-1: all)."""
+
+
+def _query_bool(key: str, text: str) -> bool:
+    if text not in ("true", "false"):
+        raise invalid_request(
+            f"Invalid type for '{key}': expected a boolean (true or false), but got "
+            f"{show(text)} instead.",
+            key,
+            "invalid_type",
+        )
+    return text == "true"
+
+
+def parse_retrieve_query(params: Iterable[tuple[str, str]]) -> RetrieveQuery:
+    """`stream`, `starting_after` (a sequence number, only with `stream=true`),
+    `include_obfuscation` (taken; nothing is obfuscated) and `include` (refused unless
+    empty)."""
+    fields = single_values(params)
+    stream = False
+    after = -1
+    for key, value in fields.items():
+        if key in ("include", "include[]"):
+            if value:
+                fail_unsupported_value("include", value, "[]")
+        elif key in ("stream", "include_obfuscation"):
+            flag = _query_bool(key, value)
+            stream = flag if key == "stream" else stream
+        elif key == "starting_after":
+            if not (value.isascii() and value.isdigit()) or len(value) > 18:
+                raise invalid_request(
+                    "Invalid type for 'starting_after': expected a sequence number (an integer "
+                    f"from 0), but got {show(value)} instead.",
+                    "starting_after",
+                    "invalid_type",
+                )
+            after = int(value)
+        else:
+            fail_unknown(key)
+    if "starting_after" in fields and not stream:
+        raise invalid_request(
+            "The 'starting_after' parameter is only allowed with 'stream=true'.",
+            "starting_after",
+            "invalid_parameter_combination",
+        )
+    return RetrieveQuery(stream, after)

@@ -13,10 +13,13 @@ openapi.yaml's CreateResponse:
 - `store` (OpenAI's default is true) and `previous_response_id`: the gateway keeps
   responses where its store has room (`store=True` here); otherwise an explicit
   `store: true` and any `previous_response_id` are refused with a 400 that says so.
+- `background` (the response runs without its client: gateway.openai.responses.background);
+  as at OpenAI it needs the response stored, so `background: true` with `store: false` (or
+  a server that keeps nothing) is a 400.
 - Accepted with no effect on the output: `metadata`, `user`, `safety_identifier`, the
   prompt-cache hints, `max_tool_calls` (it bounds built-in tools: there are none),
   `truncation: "disabled"`, `service_tier` auto/default, `include: []`.
-- Refused unless default: `background`, `conversation`, `prompt`, `include`,
+- Refused unless default: `conversation`, `prompt`, `include`,
   `top_logprobs`, `reasoning.summary`, `text.verbosity` other than "medium",
   `context_management`, `moderation`, `stream_options` (only with `stream`).
 
@@ -82,12 +85,12 @@ _KNOWN = frozenset((
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
     "presence_penalty", "frequency_penalty", "tools",
     "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "store",
-    "previous_response_id",
+    "previous_response_id", "background",
     # Accepted, no effect on the output.
     "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "max_tool_calls", "truncation", "service_tier", "stream_options",
     # Refused unless default (_check_unimplemented).
-    "background", "conversation", "prompt", "include", "top_logprobs", "context_management",
+    "conversation", "prompt", "include", "top_logprobs", "context_management",
     "moderation",
 ))
 # fmt: on
@@ -123,6 +126,8 @@ class ResponsesRequest:
     reasoning_effort: ReasoningEffort | None = None
     store: bool = False
     """Keep the response (GET /v1/responses/{id}, previous_response_id)."""
+    background: bool = False
+    """Run without the client (queued first; retrieved, cancelled, its events resumed)."""
     previous_response_id: str | None = None
     metadata: dict[str, str] = attrs.field(factory=dict)
     user: str | None = None
@@ -290,6 +295,14 @@ def parse_responses_object(
             "store",
             "unsupported_value",
         )
+    background = read_bool(data, "background") or False
+    if background and not (store if stored is None else stored):
+        raise invalid_request(
+            "Background responses must be stored: send 'store': true (or leave it out)"
+            + ("." if store else "; this server keeps no responses (its store's limits are zero)."),
+            "background",
+            "invalid_parameter_combination",
+        )
     previous = read_str(data, "previous_response_id")
     if previous is not None and not store:
         raise invalid_request(
@@ -316,6 +329,7 @@ def parse_responses_object(
         text_format=text_format,
         reasoning_effort=effort,
         store=store if stored is None else stored,
+        background=background,
         previous_response_id=previous,
         metadata=metadata or {},
         user=read_str(data, "user"),
@@ -490,8 +504,6 @@ def _check_unimplemented(data: dict[str, Any]) -> None:
     for key, reason in _NOT_IMPLEMENTED.items():
         if data.get(key) is not None:
             fail_unsupported(key, reason)
-    if read_bool(data, "background"):
-        fail_unsupported_value("background", True, "false")
     include = data.get("include")
     if include is not None:
         if type(include) is not list:

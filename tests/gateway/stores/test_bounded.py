@@ -1,9 +1,12 @@
 """The stores' shared bounds, on a clock the test drives: the count and byte limits (oldest
-first, the newest spared), the TTL, and the byte count through replace, resize and delete."""
+first, the newest spared), the TTL, the byte count through replace, resize and delete, and a
+backing every change is written through to (gateway.stores.sqlite's, here a dict)."""
 
 from __future__ import annotations
 
-from gateway.stores.bounded import BoundedStore
+import attrs
+
+from gateway.stores.bounded import BoundedStore, Row
 
 
 class Clock:
@@ -126,3 +129,44 @@ def test_no_room_in_any_bound_disables_it() -> None:
     assert make().enabled
     for limits in ((0, 1000, 60.0), (10, 0, 60.0), (10, 1000, 0.0)):
         assert not BoundedStore[str, str](*limits).enabled
+
+
+class Mirror:
+    """A `Backing` in a dict (insertion order: the order of puts), as SQLite's table keeps it."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Row[str, str]] = {}
+
+    def load(self) -> list[Row[str, str]]:
+        return list(self.rows.values())
+
+    def put(self, key: str, value: str, nbytes: int, expires_at: float) -> None:
+        self.rows.pop(key, None)
+        self.rows[key] = Row(key, value, nbytes, expires_at)
+
+    def update(self, key: str, value: str, nbytes: int) -> None:
+        self.rows[key] = attrs.evolve(self.rows[key], value=value, nbytes=nbytes)
+
+    def delete(self, key: str) -> None:
+        del self.rows[key]
+
+
+def test_every_change_is_written_through_and_a_store_over_it_starts_with_it() -> None:
+    clock, mirror = Clock(), Mirror()
+    store = BoundedStore(3, 100, 60, clock, backing=mirror)
+    for key in "abcd":  # "a" is pushed out
+        store.put(key, key.upper(), 10)
+    store.resize("b", 30)
+    store.pop("c")
+    assert [(r.key, r.value, r.nbytes, r.expires_at) for r in mirror.load()] == [
+        ("b", "B", 30, 60),
+        ("d", "D", 10, 60),
+    ]
+    again = BoundedStore(3, 100, 60, clock, backing=mirror)
+    assert (again.values(), again.nbytes) == (["B", "D"], 40)
+    smaller = BoundedStore(3, 20, 60, clock, backing=mirror)  # the bytes shrank: "b" goes
+    assert smaller.values() == ["D"]
+    assert list(mirror.rows) == ["d"]
+    clock.now = 60
+    assert BoundedStore(3, 100, 60, clock, backing=mirror).values() == []
+    assert mirror.rows == {}

@@ -22,7 +22,7 @@ class Clock:
 
 
 def response(id: str, text: str = "x") -> dict[str, Any]:
-    return {"id": id, "object": "response", "output": [text]}
+    return {"id": id, "object": "response", "status": "completed", "output": [text]}
 
 
 CONVERSATION = (Message("user", "hi"), Message("assistant", "hello"))
@@ -32,7 +32,7 @@ def test_kept_until_it_expires() -> None:
     clock = Clock()
     store = ResponseStore(10, 10_000, 60, clock)
     assert store.keep(response("resp_1"), CONVERSATION)
-    assert store.get("resp_1").body == b'{"id":"resp_1","object":"response","output":["x"]}'
+    assert store.get("resp_1").body == orjson.dumps(response("resp_1"))
     assert store.conversation("resp_1") == CONVERSATION
     clock.now = 59.9
     assert len(store) == 1

@@ -213,6 +213,15 @@ def test_tools_tool_choice_and_formats() -> None:
     assert (plain.tool_choice, plain.parallel_tool_calls, plain.tools) == ("auto", False, ())
 
 
+def test_background_needs_the_response_stored() -> None:
+    assert (parse(background=True).background, parse(background=True).store) == (True, True)
+    assert parse().background is False
+    message = refused(
+        {"background": True}, "background", "invalid_parameter_combination", store=False
+    )  # a server that keeps nothing
+    assert "keeps no responses" in message
+
+
 def test_accepted_fields_with_no_effect() -> None:
     request = parse(
         metadata={"a": "b"},
@@ -239,7 +248,8 @@ def test_accepted_fields_with_no_effect() -> None:
         ({"logit_bias": {"1": 2}}, "logit_bias", "unknown_parameter"),
         ({"frequency_penalty": 3}, "frequency_penalty", "decimal_above_max_value"),
         ({"messages": []}, "messages", "unknown_parameter"),
-        ({"background": True}, "background", "unsupported_value"),
+        ({"background": True, "store": False}, "background", "invalid_parameter_combination"),
+        ({"background": "yes"}, "background", "invalid_type"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "unsupported_value"),
         ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
