@@ -42,7 +42,7 @@ import httpx
 import orjson
 
 from bench.concurrency import mlx_lm_server
-from bench.harness import free_port, stop_process, wait_until
+from bench.harness import MEMORY, free_port, stop_process, wait_until
 from runner.demo_model import DEMO_LONG_MODEL_ID, resolve_model
 
 MODEL = DEMO_LONG_MODEL_ID
@@ -158,7 +158,7 @@ class Pool:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.gateway = self._spawn(
             [
-                *("gateway", "--port", str(self.port), "--log-level", "warning"),
+                *("gateway", "--port", str(self.port), "--log-level", "warning", *MEMORY),
                 # Prefill of long prompts on a CPU, several conversations queued on one
                 # runner: minutes, not the defaults' seconds.
                 *("--stream-timeout", "900", "--queue-timeout", "900"),

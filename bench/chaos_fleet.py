@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.harness import MEMORY
+
 KILL, FREEZE, DRAIN, GATEWAY = "runner SIGKILL", "runner SIGSTOP", "runner drain", "gateway restart"
 RUNNER_FAULTS = (KILL, FREEZE, DRAIN)
 STOP_WAIT = 30.0
@@ -81,7 +83,7 @@ class Fleet:
         return self.gateways[-1]
 
     def _start_gateway(self) -> None:
-        args = ["gateway", "--port", str(self.port), "--log-level", "warning"]
+        args = ["gateway", "--port", str(self.port), "--log-level", "warning", *MEMORY]
         self.gateways.append(self._spawn("gateway", [*args, *self.gateway_args]))
 
     def _start_runner(self, i: int) -> subprocess.Popen[bytes]:

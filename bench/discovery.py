@@ -18,6 +18,7 @@ import time
 import httpx
 
 from bench.harness import (
+    MEMORY,
     env_note,
     free_port,
     median,
@@ -59,7 +60,7 @@ def main(runs: int, tokens: int) -> None:
     os.environ["ORCHARD_TLS_DIR"] = tempfile.mkdtemp(prefix="bench-tls-")
     port = free_port()
     gateway = spawn_process(
-        ["gateway", "--host", "0.0.0.0", "--port", str(port), "--name", "bench-discovery"]
+        ["gateway", "--host", "0.0.0.0", "--port", str(port), "--name", "bench-discovery", *MEMORY]
     )
     base = f"https://127.0.0.1:{port}"  # off loopback the gateway serves TLS
     rows: dict[str, list[tuple[float, float]]] = {"--gateway URL": [], "mDNS (no --gateway)": []}
