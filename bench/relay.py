@@ -25,6 +25,14 @@ Figures, over a window that starts `WARM_S` after the burst of connects:
   stream; the constant part of loopback latency (well under 1 ms unloaded) is not in it.
 - gateway RSS before the level's load, peak during it, and 2 s after.
 
+Responses over SSE and over the WebSocket mode, side by side (`responses_modes`): on a stack
+of its own, MODE_STREAMS closed-loop streams ask for the same responses (`POST /v1/responses`
+with `stream: true` on a keep-alive connection per stream, or `response.create` on a socket
+per stream, `/v1/responses` upgraded), the two modes' windows alternating, `runs` of each, at
+both paces. Per mode: tokens/s, gateway CPU µs per token, TTFT p50/p99 (request written →
+first text delta read); then what the WebSocket mode adds over SSE (the TTFT difference and
+the CPU ratio). `python -m bench.relay --modes [RUNS [TOKENS]]` runs only that table.
+
 A separate stack measures 1,000 idle browser WebSockets (`/v1/ws`, handshake done, no
 message): RSS before, while open, after closing; memory per connection.
 
@@ -78,6 +86,8 @@ PROBE_TOKENS = 100
 LEVELS = (64, 256, 1024)
 RUNNERS = 4
 IDLE_SOCKETS = 1000
+MODE_STREAMS = 64
+MODES = {"responses-sse": "SSE", "responses-ws": "WebSocket"}
 
 
 def runner_args(model: str, slots: int, rate: float) -> list[str]:
@@ -170,6 +180,81 @@ def _rows(
     return row, usage
 
 
+_MODES_TITLE = (
+    "Responses: SSE vs the WebSocket mode, the same {tokens}-token responses, "
+    + f"{MODE_STREAMS} streams (a connection or socket each), windows alternating ({{note}})"
+)
+_MODES_HEADER = [
+    "streams",
+    "runner pace",
+    "mode",
+    "tok/s",
+    "gateway CPU µs/tok",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "load procs CPU %",
+    "responses timed",
+    "failed",
+]
+
+
+def _note(load: Load, runs: int) -> str:
+    return f"{env_note()}, {len(load.pipes)} load processes, median of {runs} x {WINDOW_S:.0f} s"
+
+
+def responses_modes(load: Load, runs: int, tokens: int) -> list[list[object]]:
+    """Responses over SSE and over the WebSocket mode, alternating windows on one stack."""
+    rows: list[list[object]] = []
+    med = statistics.median
+    with relay_stack(-(-MODE_STREAMS // RUNNERS), probe=False) as (port, gw, rs):
+        for api in MODES:
+            warm_up(load, port, gw, rs, [(MODEL, 16, tokens, 0.0)], api=api)
+        for model, rate in ((PACED_MODEL, FAST_RATE), (MODEL, 0.0)):
+            spec = [(model, MODE_STREAMS, tokens, rate)]
+            wins: dict[str, list[dict[str, Any]]] = {api: [] for api in MODES}
+            for _ in range(runs):
+                for api, got in wins.items():
+                    got.append(window(load, port, gw, rs, spec, api=api))
+            name = "unpaced" if rate == 0 else f"{rate:.0f} tok/s each"
+            figures = {}
+            for api, got in wins.items():
+                flood = [w["groups"][model] for w in got]
+                figures[api] = (
+                    med([f["tokens"] / w["span"] for f, w in zip(flood, got, strict=True)]),
+                    med(
+                        [
+                            w["gateway_cpu"] / max(1, f["tokens"]) * 1e6
+                            for f, w in zip(flood, got, strict=True)
+                        ]
+                    ),
+                    med([ms(pct(f["ttft"], 0.5)) for f in flood]),
+                    med([ms(pct(f["ttft"], 0.99)) for f in flood]),
+                    " ".join(
+                        f"{med([w['client_cpu'][i] * 100 for w in got]):.0f}"
+                        for i in range(len(load.pipes))
+                    ),
+                    sum(len(f["ttft"]) for f in flood),
+                    sum(f["failed"] for f in flood),
+                )
+                rows.append([MODE_STREAMS, name, MODES[api], *figures[api]])
+            sse, ws = figures["responses-sse"], figures["responses-ws"]
+            rows.append(
+                [
+                    MODE_STREAMS,
+                    name,
+                    "WebSocket vs SSE",
+                    f"{ws[0] / sse[0]:.2f}x",
+                    f"{ws[1] / sse[1]:.2f}x",
+                    f"{ws[2] - sse[2]:+.2f}",
+                    f"{ws[3] - sse[3]:+.2f}",
+                    "",
+                    "",
+                    "",
+                ]
+            )
+    return rows
+
+
 def idle_sockets(load: Load) -> list[object]:
     with relay_stack(1, probe=False) as (port, gw, _):
         proc = psutil.Process(gw.pid)
@@ -209,6 +294,7 @@ def main(runs: int, tokens: int) -> None:
     load = Load(workers())
     try:
         idle = idle_sockets(load)
+        modes = responses_modes(load, runs, tokens)
         rows, usage = [], []
         for streams in LEVELS:
             for row, use in _level(load, streams, runs, tokens):
@@ -216,7 +302,7 @@ def main(runs: int, tokens: int) -> None:
                 usage.append(use)
     finally:
         load.close()
-    note = f"{env_note()}, {len(load.pipes)} load processes, median of {runs} x {WINDOW_S:.0f} s"
+    note = _note(load, runs)
     print(
         table(
             f"relay: {RUNNERS} scripted runners → 1 gateway → SSE, {tokens}-token "
@@ -255,6 +341,7 @@ def main(runs: int, tokens: int) -> None:
             usage,
         )
     )
+    print(table(_MODES_TITLE.format(tokens=tokens, note=note), _MODES_HEADER, modes))
     print(
         table(
             f"idle browser WebSockets (/v1/ws), {IDLE_SOCKETS} opened",
@@ -357,8 +444,24 @@ def profile(seconds: float, streams: int, rate: float, tokens: int = 256) -> Non
         )
 
 
+def modes_only(runs: int, tokens: int) -> None:
+    """Only the SSE vs WebSocket-mode table (`python -m bench.relay --modes [RUNS [TOKENS]]`)."""
+    fd_limit()
+    load = Load(workers())
+    try:
+        rows = responses_modes(load, runs, tokens)
+    finally:
+        load.close()
+    print(table(_MODES_TITLE.format(tokens=tokens, note=_note(load, runs)), _MODES_HEADER, rows))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--profile"]:
+    if sys.argv[1:2] == ["--modes"]:
+        modes_only(
+            runs=int(sys.argv[2]) if len(sys.argv) > 2 else 5,
+            tokens=int(sys.argv[3]) if len(sys.argv) > 3 else 256,
+        )
+    elif sys.argv[1:2] == ["--profile"]:
         # --profile [SECONDS [STREAMS [RATE]]]
         args = [float(a) for a in sys.argv[2:5]] + [10.0, 64, 50.0][len(sys.argv[2:5]) :]
         profile(args[0], int(args[1]), args[2])

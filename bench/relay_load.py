@@ -1,6 +1,7 @@
 """The relay scenario's load and its measuring (bench.relay, bench.paced, bench.metrics): load
-processes, each an asyncio loop of closed-loop SSE slots over raw sockets (or idle browser
-WebSockets), and one measuring window's figures from them and psutil.
+processes, each an asyncio loop of closed-loop slots: chat completions or Responses over SSE
+on raw sockets, Responses over the WebSocket mode (one socket per slot, a `websockets`
+client), or idle browser WebSockets; and one measuring window's figures from them and psutil.
 
 How the load runs and what each figure means: bench.relay's docstring.
 """
@@ -27,6 +28,10 @@ WINDOW_S = 5.0
 
 _TOKEN = re.compile(rb"tok(\d+) ")
 _END = b"\r\n0\r\n\r\n"  # the last chunk of a chunked response
+_RESPONSES_DELTA = re.compile(rb'^data: \{"type":"response\.output_text\.delta".*$', re.M)
+_RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete", b"event: error")
+_WS_DELTA = b'{"type":"response.output_text.delta"'
+_WS_ENDS = (b'{"type":"response.completed"', b'{"type":"response.incomplete"', b'{"type":"error"')
 
 
 # --- load processes ---------------------------------------------------------------------------
@@ -41,8 +46,16 @@ def _request(port: int, model: str, max_tokens: int) -> bytes:
             "stream": True,
         }
     )
+    return _post(port, "/v1/chat/completions", body)
+
+
+def _responses_body(model: str, max_tokens: int) -> dict[str, Any]:
+    return {"model": model, "input": "go", "max_output_tokens": max_tokens}
+
+
+def _post(port: int, path: str, body: bytes) -> bytes:
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -86,16 +99,22 @@ class _Sse(asyncio.Protocol):
         data = self._buf + data
         cut = data.rfind(b"\n") + 1
         lines, self._buf = data[:cut], data[cut:]
-        tokens = _TOKEN.findall(lines)
+        tokens = self._tokens(lines)
         if tokens:
             self.reads += 1
             self.idx.extend(map(int, tokens))
             self.times.extend([now] * len(tokens))
-        if not self._seen_done and b"[DONE]" in lines:
+        if not self._seen_done and self._ends(lines):
             self._seen_done = True
         self._tail = (self._tail + lines)[-16:]
         if self._seen_done and self._tail.endswith(_END):
             self._finish(True)
+
+    def _tokens(self, lines: bytes) -> list[bytes]:
+        return _TOKEN.findall(lines)
+
+    def _ends(self, lines: bytes) -> bool:
+        return b"[DONE]" in lines
 
     def _finish(self, ok: bool) -> None:
         if self.done is not None and not self.done.done():
@@ -106,6 +125,25 @@ class _Sse(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self._finish(False)
+
+
+class _ResponsesSse(_Sse):
+    """A Responses SSE stream: tokens in its text deltas (the done events repeat the text),
+    no [DONE]: its last event ends it."""
+
+    def _tokens(self, lines: bytes) -> list[bytes]:
+        return _TOKEN.findall(b"".join(_RESPONSES_DELTA.findall(lines)))
+
+    def _ends(self, lines: bytes) -> bool:
+        return any(end in lines for end in _RESPONSES_ENDS)
+
+
+class _Run:
+    """One WebSocket-mode response's token arrivals (what `_Group.add` reads)."""
+
+    def __init__(self) -> None:
+        self.idx: list[int] = []
+        self.times: list[float] = []
 
 
 class _Group:
@@ -123,7 +161,7 @@ class _Group:
         self.late: list[float] = []
 
     def add(
-        self, proto: _Sse, sent: float, *, first: bool, ok: bool, warm: float, end: float
+        self, proto: _Sse | _Run, sent: float, *, first: bool, ok: bool, warm: float, end: float
     ) -> None:
         times, idx = proto.times, proto.idx
         if not ok and time.perf_counter() < end:
@@ -148,7 +186,14 @@ class _Group:
 
 
 async def _slot(
-    port: int, req: bytes, group: _Group, *, start: float, warm: float, end: float
+    port: int,
+    req: bytes,
+    group: _Group,
+    *,
+    start: float,
+    warm: float,
+    end: float,
+    protocol: type[_Sse] = _Sse,
 ) -> None:
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start - time.perf_counter()))
@@ -157,7 +202,7 @@ async def _slot(
     while time.perf_counter() < end:
         if proto is None or proto.transport is None:
             try:
-                _, proto = await loop.create_connection(_Sse, "127.0.0.1", port)
+                _, proto = await loop.create_connection(protocol, "127.0.0.1", port)
             except OSError:
                 group.failed += 1
                 await asyncio.sleep(0.05)
@@ -178,17 +223,63 @@ async def _slot(
 _SLOTS: set[_Sse] = set()
 
 
+async def _ws_slot(
+    port: int, create: bytes, group: _Group, *, start: float, warm: float, end: float
+) -> None:
+    """A closed loop of WebSocket-mode responses on one socket of its own (the default
+    lane), as `_slot` runs SSE requests on one keep-alive connection."""
+    from websockets.asyncio.client import connect  # only the load processes need it
+
+    await asyncio.sleep(max(0.0, start - time.perf_counter()))
+    first = True
+    url = f"ws://127.0.0.1:{port}/v1/responses"
+    async with connect(url, compression=None, max_size=None, ping_interval=None) as ws:
+        while time.perf_counter() < end:
+            run, ok = _Run(), False
+            sent = time.perf_counter()
+            await ws.send(create, text=True)
+            try:
+                async with asyncio.timeout(max(0.0, end - sent)):
+                    while not ok:
+                        message = await ws.recv(decode=False)
+                        if message.startswith(_WS_DELTA):
+                            tokens = _TOKEN.findall(message)
+                            run.idx.extend(map(int, tokens))
+                            run.times.extend([time.perf_counter()] * len(tokens))
+                        elif message.startswith(_WS_ENDS):
+                            ok = not message.startswith(b'{"type":"error"')
+                            break
+            except TimeoutError:
+                pass  # the window ended mid-response
+            group.add(run, sent, first=first, ok=ok, warm=warm, end=end)
+            first = False
+            if not ok:
+                return  # the socket carries the cut response on: leave it
+
+
 async def _sse_job(job: dict[str, Any]) -> dict[str, Any]:
     start, warm, end = job["start"], job["warm"], job["end"]
     groups: dict[str, _Group] = {}
     slots = []
+    api = job.get("api", "chat")
     for model, count, max_tokens, rate in job["streams"]:
         group = groups.setdefault(model, _Group(rate))
-        req = _request(job["port"], model, max_tokens)
         # Starts spread over STAGGER_S: paced streams started at once would tick in lockstep.
+        starts = [start + STAGGER_S * k / count for k in range(count)]
+        if api == "responses-ws":
+            create = orjson.dumps({"type": "response.create", **_responses_body(model, max_tokens)})
+            slots += [
+                _ws_slot(job["port"], create, group, start=at, warm=warm, end=end) for at in starts
+            ]
+            continue
+        protocol: type[_Sse] = _Sse
+        req = _request(job["port"], model, max_tokens)
+        if api == "responses-sse":
+            body = orjson.dumps({**_responses_body(model, max_tokens), "stream": True})
+            req, protocol = _post(job["port"], "/v1/responses", body), _ResponsesSse
         slots += [
-            _slot(job["port"], req, group, start=start + STAGGER_S * k / count, warm=warm, end=end)
-            for k in range(count)
+            _slot(job["port"], req, group, start=at, warm=warm, end=end, protocol=protocol)
+            for at in starts
         ]
     tasks = [asyncio.ensure_future(s) for s in slots]
     await asyncio.sleep(max(0.0, warm - time.perf_counter()))
@@ -329,8 +420,11 @@ def window(
     gateway: subprocess.Popen[bytes],
     runners: Sequence[subprocess.Popen[bytes]],
     streams: Sequence[tuple[str, int, int, float]],
+    *,
+    api: str = "chat",
 ) -> dict[str, Any]:
-    """Run one measuring window; `streams` are (model, count, max_tokens, rate) in total."""
+    """Run one measuring window; `streams` are (model, count, max_tokens, rate) in total,
+    over `api`: "chat" (SSE), "responses-sse" or "responses-ws" (the WebSocket mode)."""
     n = len(load.pipes)
     start = time.perf_counter() + 0.3
     warm, end = start + WARM_S, start + WARM_S + WINDOW_S
@@ -340,6 +434,7 @@ def window(
         jobs.append(
             {
                 "kind": "sse",
+                "api": api,
                 "port": port,
                 "start": start,
                 "warm": warm,
@@ -401,11 +496,11 @@ def ms(seconds: float) -> float:
     return seconds * 1000
 
 
-def warm_up(load: Load, port: int, gw: Any, rs: Any, spec: Any) -> None:
+def warm_up(load: Load, port: int, gw: Any, rs: Any, spec: Any, *, api: str = "chat") -> None:
     global WARM_S, WINDOW_S
     saved = WARM_S, WINDOW_S
     WARM_S, WINDOW_S = 0.2, 1.0
     try:
-        window(load, port, gw, rs, spec)
+        window(load, port, gw, rs, spec, api=api)
     finally:
         WARM_S, WINDOW_S = saved

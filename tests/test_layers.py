@@ -285,7 +285,7 @@ def test_each_route_is_served_from_its_apis_folder() -> None:
 
 
 def test_one_function_takes_a_streams_first_item() -> None:
-    """Every endpoint, the browser socket's included, starts its relay through
+    """Every endpoint, the client sockets' included, starts its relay through
     gateway.streaming.endpoint.relay_from_first: nothing else waits for a first item."""
     callers = sorted(
         module_name(path)
@@ -296,10 +296,9 @@ def test_one_function_takes_a_streams_first_item() -> None:
         and node.func.id in ("first_item", "relay_from_first")
     )
     assert callers == [
-        "gateway.browser.routes",
-        "gateway.openai.responses.background",
         "gateway.streaming.endpoint",
         "gateway.streaming.endpoint",
+        "gateway.streaming.socket",  # relay_on_socket: the sockets' and background requests
     ]
 
 

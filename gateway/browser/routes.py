@@ -1,61 +1,48 @@
 """`/v1/ws`: the browser WebSocket API. One socket multiplexes many chat completions.
 
-This module only pumps. What each message means, which are legal when, and every reply about
-a bad one is `protocol.browser.session.ClientSession`; what a request's client sees is its
-`CompletionStream` with the browser framing (`protocol.browser.framing`), written by the same
-`Relay` as SSE (gateway.streaming.relay). Here: the socket's reader and its single writer (messages
-never interleave), one task per request (submit, then relay), the auth deadline and the pool
-view. See docs/websocket-api.md.
+This module only acts on the session's events. What each message means, which are legal when,
+and every reply about a bad one is `protocol.browser.session.ClientSession`; what a request's
+client sees is its `CompletionStream` with the browser framing (`protocol.browser.framing`),
+written by the same `Relay` as SSE (gateway.streaming.relay). The pump (the reader, the single
+writer, the auth deadline, origin and socket limits) is every client socket's
+(gateway.streaming.socket); here: one task per request (`relay_on_socket`: submit, then
+relay), cancels and the pool view. See docs/websocket-api.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import logging
 import time
 import uuid
-from collections.abc import Awaitable
 from typing import Any
 
 from litestar import WebSocket, websocket
 from litestar.datastructures import State
 
-from gateway.auth import bearer, origin_allowed, secret_in
-from gateway.config import GatewayConfig
-from gateway.http_errors import api_error_for
 from gateway.observability.admin import runner_info
 from gateway.observability.history import RunnerReading
 from gateway.openai.chat.routes import keeper_of
 from gateway.pool.pool import Pool
 from gateway.stores.chat import CompletionStore
-from gateway.streaming.endpoint import relay_from_first
+from gateway.streaming.endpoint import Cancel
 from gateway.streaming.keeper import Keeper
-from gateway.streaming.relay import Relay
 from gateway.streaming.request_stream import RequestStream
+from gateway.streaming.socket import ClientSocket, relay_on_socket, serve_socket
 from protocol.browser.framing import BrowserFraming
 from protocol.browser.messages import CLIENT_WS_PATH, PoolState, encode
-from protocol.browser.session import ClientSession, CloseSocket, Reply, Start, Stop, Subscribe
-from protocol.closecodes import CloseCode
+from protocol.browser.session import ClientSession, Start, Stop, Subscribe
+from protocol.client_socket import CloseSocket, Reply
 from protocol.core.stream import CompletionStream
-from protocol.frames import Generate
 from protocol.openai.chat.request import ChatRequest
 from protocol.openai.chat.response import chat_writer
 
-log = logging.getLogger("gateway.client_ws")
-
 POOL_STATE_INTERVAL = 1.0
-
-
-class _Closed(Exception):
-    pass
 
 
 class _Request:
     """What the socket holds for one request in flight (the session's handle)."""
 
-    __slots__ = ("completion", "keeper", "stream", "task")
+    __slots__ = ("cancel", "completion", "keeper", "stream", "task")
 
     def __init__(self, completion: CompletionStream, keeper: Keeper | None) -> None:
         self.completion = completion
@@ -64,138 +51,51 @@ class _Request:
         self.task: asyncio.Task[None] | None = None
         self.stream: RequestStream | None = None
         """Set once a runner has it: from then on a cancel goes to the runner."""
+        self.cancel: Cancel | None = None
+
+    def placed(self, stream: RequestStream, cancel: Cancel) -> None:
+        self.stream, self.cancel = stream, cancel
 
 
-class ClientSocket:
-    """The I/O of one browser socket."""
+class BrowserSocket:
+    """The browser API on one client socket (gateway.streaming.socket's `SocketApi`)."""
 
-    def __init__(
-        self, socket: WebSocket[Any, Any, Any], pool: Pool, store: CompletionStore
-    ) -> None:
+    def __init__(self, socket: ClientSocket, pool: Pool, store: CompletionStore) -> None:
         self.socket = socket
         self.pool = pool
         self.store = store
         self.config = config = pool.config
-        authenticated = not config.api_keys or secret_in(bearer(socket.headers), config.api_keys)
         self.session: ClientSession[_Request] = ClientSession(
-            verify_key=None if authenticated else self._key_ok,
+            verify_key=None if socket.authenticated() else socket.key_ok,
             max_requests=config.max_client_requests,
             max_message_bytes=config.max_client_message_bytes,
             max_tokens_limit=config.max_tokens_limit,
             store=store.enabled,
             max_choices=config.max_choices,
         )
-        self._outbox: collections.deque[bytes] = collections.deque()
-        self._outbox_bytes = 0
-        self._wake = asyncio.Event()
-        self._close_now = asyncio.Event()
-        self._close_reason: tuple[int, str] = (CloseCode.NORMAL, "")
         self._subscription: asyncio.Task[None] | None = None
-        self._ending: list[asyncio.Task[None]] = []
-        """Request tasks cancelled because the socket closes, to be awaited."""
-        self.closed = False
 
-    def _key_ok(self, key: str) -> bool:
-        return secret_in(key, self.config.api_keys)
-
-    # --- output: one writer task, so messages never interleave ------------------------
-
-    def send(self, data: bytes) -> None:
-        if self.closed:
-            return
-        self._outbox.append(data)
-        self._outbox_bytes += len(data)
-        self._wake.set()
-        if self._outbox_bytes > self.config.max_client_backlog_bytes:
-            # The client is not reading: drop it rather than hold unbounded output.
-            log.warning("client socket too slow (%d bytes unsent); closing", self._outbox_bytes)
-            self._outbox.clear()
-            self.close_with(CloseCode.CLIENT_TOO_SLOW, "client too slow")
-
-    async def _writer(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._outbox:
-                data = self._outbox.popleft()
-                self._outbox_bytes -= len(data)
-                await self.socket.send(
-                    {"type": "websocket.send", "text": data.decode(), "bytes": None}
-                )
-
-    # `Transport` for the relays of this socket's requests: the outbox takes everything (a
-    # client that falls too far behind is closed), so a write never waits.
-    keepalive = None
-
-    def write(self, messages: list[bytes], last: bool) -> Awaitable[None] | None:
-        for message in messages:
-            self.send(message)
-        return None
-
-    # --- the socket's life ------------------------------------------------------------
-
-    def close_with(self, code: int, reason: str) -> None:
-        """End the socket from synchronous code (the run loop does the closing)."""
-        if self.closed:
-            return  # the first reason stands
-        self.closed = True
-        self._cancel_all()  # at once, not after the close handshake
-        self._close_reason = (code, reason)
-        self._close_now.set()
-
-    def _cancel_all(self) -> None:
+    def stop(self) -> list[asyncio.Task[None]]:
+        if self._subscription is not None:
+            self._subscription.cancel()
+        ending = []
         for request in self.session.close():
-            if request.stream is not None:
-                self.pool.cancel(request.stream)
+            if request.stream is not None and request.cancel is not None:
+                request.cancel(request.stream)
             if request.task is not None:
                 request.task.cancel()
-                self._ending.append(request.task)
+                ending.append(request.task)
+        return ending
 
-    async def _auth_deadline(self) -> None:
-        await asyncio.sleep(self.config.auth_timeout)
+    def auth_timed_out(self) -> tuple[int, str] | None:
         refusal = self.session.auth_timed_out()
-        if refusal is not None:
-            self.close_with(refusal.code, refusal.reason)
+        return None if refusal is None else (refusal.code, refusal.reason)
 
-    async def run(self) -> None:
-        writer = asyncio.create_task(self._writer())
-        reader = asyncio.create_task(self._reader())
-        closer = asyncio.create_task(self._close_now.wait())
-        deadline = asyncio.create_task(self._auth_deadline())
-        try:
-            await asyncio.wait({reader, closer}, return_when=asyncio.FIRST_COMPLETED)
-            if self._close_now.is_set():
-                with contextlib.suppress(Exception):  # a stalled peer may never take it
-                    async with asyncio.timeout(1):
-                        await self.socket.close(*self._close_reason)
-            elif reader.done() and not reader.cancelled():
-                reader.result()
-        finally:
-            for task in (reader, closer, deadline, writer):
-                task.cancel()
-            self.closed = True
-            if self._subscription is not None:
-                self._subscription.cancel()
-            self._cancel_all()  # the socket is gone: stop its generations
-            await asyncio.gather(writer, reader, *self._ending, return_exceptions=True)
-
-    async def _reader(self) -> None:
-        with contextlib.suppress(_Closed):
-            while True:
-                self._handle(await self._receive())
-
-    async def _receive(self) -> bytes | str:
-        message: dict[str, Any] = await self.socket.receive()  # type: ignore[assignment]
-        if message["type"] == "websocket.disconnect":
-            raise _Closed
-        data: bytes | str = message.get("text") or message.get("bytes") or b""
-        return data
-
-    def _handle(self, data: bytes | str) -> None:
+    def receive(self, data: bytes | str) -> None:
         for event in self.session.receive(data):
             match event:
                 case Reply(data=reply):
-                    self.send(reply)
+                    self.socket.send(reply)
                 case Start(request_id=rid, chat=chat):
                     self._start(rid, chat)
                 case Stop(handle=request):
@@ -203,13 +103,13 @@ class ClientSocket:
                 case Subscribe():
                     self._subscription = asyncio.create_task(self._pool_states())
                 case CloseSocket(code=code, reason=reason):
-                    self.close_with(code, reason)
+                    self.socket.close_with(code, reason)
 
     def _stop(self, request: _Request | None) -> None:
         if request is None:
             return
-        if request.stream is not None:
-            self.pool.cancel(request.stream)  # the runner ends it: `done` "cancelled" follows
+        if request.stream is not None and request.cancel is not None:
+            request.cancel(request.stream)  # the runner ends it: `done` "cancelled" follows
         elif request.task is not None:
             request.task.cancel()  # still waiting for a runner
 
@@ -232,38 +132,20 @@ class ClientSocket:
             request_id=f"req_{uuid.uuid4().hex}",
         )
         request = _Request(CompletionStream(writer, framing, n=chat.n), keeper)
-        task = asyncio.create_task(self._run(chat.to_generate(completion_id), request))
+        run = relay_on_socket(
+            self.pool,
+            completion_id,
+            (chat.to_generate(completion_id),),
+            request.completion,
+            self.socket,
+            label="websocket",
+            keeper=keeper,
+            placed=request.placed,
+        )
+        task = asyncio.create_task(run)
         request.task = task
         task.add_done_callback(lambda _: self._ended(rid, request))
         self.session.bind(rid, request)
-
-    async def _run(self, generate: Generate, request: _Request) -> None:
-        """Submit, then relay. A task cancelled before it ran never gets here (`_ended`)."""
-        try:
-            stream = await self.pool.submit(generate, "websocket")
-        except Exception as exc:
-            out: list[bytes] = []
-            request.completion.fail(api_error_for(exc), out)
-            self.write(out, True)
-            return
-        request.stream = stream
-        relay: Relay | None = None
-        try:
-            relay, first = await relay_from_first(
-                stream,
-                request.completion,
-                self,
-                self.config,
-                self.pool.cancel,
-                keeper=request.keeper,
-            )
-            relay.start(first, commit=first is None)
-            await relay.done
-        finally:
-            if relay is not None:
-                relay.close()
-            elif not stream.done:
-                self.pool.cancel(stream)
 
     def _ended(self, rid: str, request: _Request) -> None:
         """The request's task ended. Cancelled before a runner answered (even before the task
@@ -271,7 +153,7 @@ class ClientSocket:
         if not request.completion.over:
             out: list[bytes] = []
             request.completion.cancel(out)
-            self.write(out, True)
+            self.socket.write(out, True)
         self.session.ended(rid)
 
     # --- live pool view ---------------------------------------------------------------------
@@ -302,7 +184,7 @@ class ClientSocket:
                 info["tokens_per_second"] = round(rate, 1)
                 previous[conn.id] = (now, generated)
                 runners.append(info)
-            self.send(
+            self.socket.send(
                 encode(
                     PoolState(
                         runners=runners,
@@ -319,25 +201,4 @@ class ClientSocket:
 @websocket(CLIENT_WS_PATH)
 async def client_socket(socket: WebSocket[Any, Any, Any], state: State) -> None:
     """A browser app's socket: many concurrent chat completions."""
-    await socket.accept()
-    config: GatewayConfig = state.config
-    if not origin_allowed(socket.headers.get("origin"), socket.headers.get("host"), config):
-        await socket.close(CloseCode.ORIGIN_NOT_ALLOWED, "origin not allowed")
-        return
-    open_sockets: list[None] = state.client_sockets
-    if len(open_sockets) >= config.max_client_sockets:
-        await socket.close(CloseCode.TRY_AGAIN_LATER, "too many open sockets")
-        return
-    open_sockets.append(None)
-    pool: Pool = state.pool
-    pool.trimmer.busy(len(open_sockets))
-    try:
-        await ClientSocket(socket, pool, state.store).run()
-    except Exception:  # a bug here must not take the server down; it must be seen
-        log.exception("client socket failed")
-        with contextlib.suppress(Exception):
-            await socket.close(CloseCode.INTERNAL_ERROR, "internal error")
-    finally:
-        open_sockets.pop()
-        if not open_sockets and not pool.in_flight():
-            pool.trimmer.idle()  # a crowd of sockets left: give their memory back
+    await serve_socket(socket, state, lambda client: BrowserSocket(client, state.pool, state.store))

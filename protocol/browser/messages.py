@@ -16,10 +16,11 @@ Each message is a frozen attrs class; on the wire it is a JSON object in a text 
                         PoolState       `pool.state`: runners, requests_in_flight, ...
 
 One strict converter (`protocol.strict`) reads and writes them all. The gateway reads client
-messages in steps (`load`, `request_id_of`, `structure`, `chat_request`) because the API's
-errors depend on the socket's state in between (a duplicate id is refused before a create's
-other fields are looked at); `protocol.browser.session` runs the steps. `decode_*` read a
-whole message strictly, for clients and tests.
+messages in steps (`protocol.client_socket.load`, `request_id_of`, `structure`,
+`chat_request`) because the API's errors depend on the socket's state in between (a
+duplicate id is refused before a create's other fields are looked at);
+`protocol.browser.session` runs the steps. `decode_*` read a whole message strictly, for
+clients and tests.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import orjson
 from cattrs.strategies import configure_tagged_union
 
 from protocol.browser import errors
+from protocol.client_socket import unknown_fields
 from protocol.errors import FrameError
 from protocol.frames import FinishReason
 from protocol.openai.chat.request import (
@@ -197,24 +199,6 @@ def encode(message: BrowserMessage) -> bytes:
 M = TypeVar("M", bound=ClientMessage)
 
 
-def load(data: bytes | str, max_bytes: int) -> dict[str, Any]:
-    """Parse one client message into a JSON object with a string `type` (not yet checked
-    against the known types). Raises `ApiError`: message_too_large, invalid_json,
-    invalid_message."""
-    # A str is measured as the UTF-8 the client sent (surrogatepass: a str that is not
-    # valid UTF-8 must still be measured, then refused as invalid JSON below).
-    size = len(data) if not isinstance(data, str) else len(data.encode(errors="surrogatepass"))
-    if size > max_bytes:
-        raise errors.message_too_large(size, max_bytes)
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise errors.invalid_json(exc) from exc
-    if type(obj) is not dict or type(obj.get("type")) is not str:
-        raise errors.invalid_message()
-    return obj
-
-
 def request_id_of(obj: dict[str, Any]) -> str:
     """The message's request_id; raises `ApiError` invalid_request_id."""
     rid = obj.get("request_id")
@@ -232,7 +216,7 @@ def structure(obj: dict[str, Any], cls: type[M]) -> M:
     """
     unknown = obj.keys() - _FIELDS[cls]
     if unknown:
-        raise errors.unknown_fields(unknown)
+        raise unknown_fields(unknown)
     fields = {key: value for key, value in obj.items() if key != "type"}
     try:
         return converter.structure(fields, cls)
@@ -280,7 +264,7 @@ def _decode(data: bytes | str, types: dict[str, Any], union: Any) -> Any:
 
 def decode_client_message(data: bytes | str) -> ClientMessage:
     """Strictly decode a message a browser sent; raises `FrameError` naming the bad path.
-    (The gateway reads client messages with `load` ... `chat_request`, for the API's errors.)"""
+    (The gateway reads client messages step by step, for the API's errors.)"""
     message: ClientMessage = _decode(data, CLIENT_TYPES, ClientMessage)
     return message
 

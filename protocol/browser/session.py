@@ -29,7 +29,6 @@ request_id null: a create reusing an id in flight, and every refused cancel.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -37,8 +36,6 @@ import attrs
 
 from protocol.browser import errors
 from protocol.browser.messages import (
-    Auth,
-    AuthOk,
     CancelRequest,
     Create,
     ErrorMessage,
@@ -47,40 +44,24 @@ from protocol.browser.messages import (
     PoolSubscribe,
     chat_request,
     encode,
-    load,
     request_id_of,
     structure,
 )
-from protocol.closecodes import CloseCode
+from protocol.client_socket import (
+    AuthGate,
+    CloseSocket,
+    Reply,
+    State,
+    load,
+    unknown_message_type,
+)
 from protocol.core.errors import ApiError
-from protocol.errors import FrameError
 from protocol.openai.chat.request import ChatRequest
 from protocol.openai.errors import error_body
 from protocol.openai.params import MAX_N
 
 H = TypeVar("H")
 """What the gateway runs one request with (its stream, its task): the session only holds it."""
-
-
-class State(enum.Enum):
-    AWAIT_AUTH = "await_auth"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-@attrs.frozen
-class Reply:
-    """Send `data` (a whole message) to the browser, after whatever is queued."""
-
-    data: bytes
-
-
-@attrs.frozen
-class CloseSocket:
-    """Close the socket with this code and reason; the session is CLOSED."""
-
-    code: int
-    reason: str
 
 
 @attrs.frozen
@@ -108,7 +89,6 @@ class Subscribe:
 Event = Reply | CloseSocket | Start | Stop[H] | Subscribe
 
 _PONG = encode(Pong())
-_AUTH_OK = encode(AuthOk())
 
 
 @attrs.define
@@ -134,7 +114,7 @@ class ClientSession(Generic[H]):
         """`verify_key` checks an `auth` message's key; None: the socket needs no `auth`
         (the gateway has no keys, or the upgrade request had a valid `Authorization`).
         `store`: the gateway keeps stored completions (`store: true` is accepted)."""
-        self._verify_key = verify_key
+        self._gate = AuthGate(verify_key)
         self.max_requests = max_requests
         self.max_message_bytes = max_message_bytes
         self.max_tokens_limit = max_tokens_limit
@@ -178,29 +158,21 @@ class ClientSession(Generic[H]):
                 return self._subscribe(obj)
             case other:
                 # `auth` too: once OPEN there is nothing to authenticate.
-                return self._error(None, errors.unknown_message_type(other))
+                return self._error(None, unknown_message_type(other))
 
     def _authenticate(self, obj: dict[str, Any]) -> list[Event[H]]:
-        if obj["type"] != "auth":
-            return self._refuse("authenticate first")
         try:
-            auth = structure(obj, Auth)
+            admitted = self._gate.admit(obj)
         except ApiError as err:
             return self._error(None, err)  # unknown fields: the key is not even looked at
-        except FrameError:
-            return self._refuse("invalid API key")  # missing, or not a string
-        assert self._verify_key is not None  # AWAIT_AUTH only with a key to check
-        if not self._verify_key(auth.api_key):
-            return self._refuse("invalid API key")
+        if isinstance(admitted, CloseSocket):
+            self.state = State.CLOSED
+            return [admitted]
         self.state = State.OPEN
-        return [Reply(_AUTH_OK)]
+        return [Reply(admitted)]
 
     def _error(self, request_id: str | None, err: ApiError) -> list[Event[H]]:
         return [Reply(encode(ErrorMessage(request_id, error_body(err)["error"])))]
-
-    def _refuse(self, reason: str) -> list[Event[H]]:
-        self.state = State.CLOSED
-        return [CloseSocket(CloseCode.UNAUTHORIZED, reason)]
 
     def _create(self, obj: dict[str, Any]) -> list[Event[H]]:
         # The order of the checks is the API's: each later error names the request.
@@ -273,10 +245,10 @@ class ClientSession(Generic[H]):
 
     def auth_timed_out(self) -> CloseSocket | None:
         """The gateway's auth timer fired: close if the socket is still not authenticated."""
-        if self.state is not State.AWAIT_AUTH:
-            return None
-        self.state = State.CLOSED
-        return CloseSocket(CloseCode.UNAUTHORIZED, "no auth message in time")
+        refused = self._gate.timed_out() if self.state is State.AWAIT_AUTH else None
+        if refused is not None:
+            self.state = State.CLOSED
+        return refused
 
     def close(self) -> list[H]:
         """The socket is closing: the session ignores everything from now on. Returns the

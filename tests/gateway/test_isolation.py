@@ -22,11 +22,11 @@ import pytest
 import pytest_asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
-from gateway.browser.routes import ClientSocket
 from gateway.config import GatewayConfig
 from gateway.pool.pool import Pool
 from gateway.server import make_server
 from gateway.streaming.request_stream import RequestStream
+from gateway.streaming.socket import ClientSocket
 from gateway.streaming.sse import SseTransport
 from protocol.core.stream import CompletionStream
 from protocol.frames import Generate

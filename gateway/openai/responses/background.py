@@ -2,9 +2,9 @@
 
 The create answers at once with the response `queued` (streamed: its events from the first,
 `response.created` and `response.queued`, both queued). A task then submits it to the pool
-and relays its events, as any stream's (`relay_from_first`, `Relay`), into the response's
-`EventLog`: every event in order, so that an event's index is its `sequence_number`. While
-it runs:
+and relays its events as a socket's requests are relayed (`relay_on_socket`), into the
+response's `EventLog`: every event in order, so that an event's index is its
+`sequence_number`. While it runs:
 
 - `GET /v1/responses/{id}` answers the object as it stands (queued, then in progress with
   the items done so far);
@@ -42,9 +42,9 @@ import orjson
 from gateway.http_errors import api_error_for
 from gateway.pool.pool import Pool
 from gateway.stores.responses import ResponseStore
-from gateway.streaming.endpoint import relay_from_first
-from gateway.streaming.relay import Relay
+from gateway.streaming.endpoint import Cancel
 from gateway.streaming.request_stream import RequestStream
+from gateway.streaming.socket import relay_on_socket
 from gateway.streaming.sse import KEEPALIVE
 from protocol.core.errors import ApiError, invalid_request, server_error
 from protocol.core.stream import CompletionStream
@@ -288,29 +288,22 @@ class Background:
     # --- one run --------------------------------------------------------------------------
 
     async def _run(self, run: Run, generate: Generate) -> None:
-        pool = self.pool
-        try:
-            try:
-                stream = await pool.submit(generate, "responses")
-            except Exception as exc:
-                self._fail(run, api_error_for(exc))
-                return
+        def placed(stream: RequestStream, cancel: Cancel) -> None:
             run.stream = stream
             started: list[bytes] = []
             run.completion.start(started)  # a runner has it: in progress from now
             run.log.extend(started)
-            relay: Relay | None = None
-            try:
-                relay, first = await relay_from_first(
-                    stream, run.completion, run, self.config, pool.cancel
-                )
-                relay.start(first, commit=first is None)
-                await relay.done
-            finally:
-                if relay is not None:
-                    relay.close()
-                elif not stream.done:
-                    pool.cancel(stream)
+
+        try:
+            await relay_on_socket(
+                self.pool,
+                run.id,
+                (generate,),
+                run.completion,
+                run,
+                label="responses",
+                placed=placed,
+            )
         except asyncio.CancelledError:
             if run.cancelling and run.events.ended is None:
                 run.events.cancelled()  # before a runner had it

@@ -42,6 +42,7 @@ from gateway.openai.responses.openapi_resources import (
     InputItemsOperation,
     InputTokensOperation,
 )
+from gateway.openai.responses.socket import responses_socket
 from gateway.stores.responses import ResponseStore
 from gateway.streaming.endpoint import Context, Dialect, Plan, serve
 from gateway.streaming.sse import SSE_HEADERS
@@ -302,5 +303,6 @@ ROUTES: list[Any] = [
     cancel_response,
     list_input_items,
     delete_response,
+    responses_socket(RESPONSES),  # the WebSocket mode, on /v1/responses too
 ]
 """This dialect's route handlers, registered by gateway.app."""

@@ -18,11 +18,13 @@ first chunk, the finish, errors, cancel); this class owns what they look like:
     response.completed                              (or response.incomplete: max_output_tokens)
 
 An answer with neither text nor a function call still has its (empty) message, as the
-non-streaming body does. Every event has `type` and `sequence_number` (from 0, no gaps); SSE
-frames each as `event: <type>` and `data: <json>`, and there is no `[DONE]`. An error ends
-the stream with `response.failed` (its response with status failed and the error), or with
-an `error` event when nothing was sent yet; a cancelled response (its runner stopped it) is
-failed too.
+non-streaming body does. Every event has `type` and `sequence_number` (from 0, no gaps); its
+transport's `EventFraming` wraps it (protocol.openai.responses.framing: SSE's `event:` and
+`data:` lines, or the WebSocket mode's message with its `stream_id`), and there is no
+`[DONE]`. An error ends the stream with `response.failed` (its response with status failed
+and the error), or with an `error` event when nothing was sent yet; a cancelled response (its
+runner stopped it) is failed too, unless a steer stopped it (`steered`: response.incomplete,
+reason `steered`).
 
 `response_body` builds the non-streaming response from what a `CompletionBuilder` collected,
 with the same items.
@@ -40,6 +42,7 @@ from protocol.core.calls import assemble
 from protocol.core.errors import ApiError, server_error
 from protocol.frames import Chunk, FinishReason, Message, ToolCall, ToolCallDelta, Usage
 from protocol.openai.objects import call_entries
+from protocol.openai.responses.framing import SSE_EVENTS, EventFraming
 from protocol.openai.responses.request import ResponsesRequest
 
 NewId = Callable[[str], str]
@@ -135,13 +138,15 @@ def finished(
     usage: Usage,
     completed_at: int,
 ) -> dict[str, Any]:
-    """The response once its runner ended it with `reason` (not cancelled)."""
-    incomplete = reason == "length"
+    """The response once its runner ended it with `reason`; "cancelled" only for a response
+    stopped by a steer (incomplete, reason `steered`)."""
+    incomplete = reason in ("length", "cancelled")
+    why = "steered" if reason == "cancelled" else "max_output_tokens"
     return {
         **base,
         "status": "incomplete" if incomplete else "completed",
         "completed_at": None if incomplete else completed_at,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "incomplete_details": {"reason": why} if incomplete else None,
         "output": output,
         "usage": usage_object(usage),
     }
@@ -297,8 +302,10 @@ class ResponseEvents:
         "_reason",
         "_seq",
         "ended",
+        "framing",
         "response",
         "started",
+        "steered",
     )
 
     include_usage = True
@@ -312,8 +319,15 @@ class ResponseEvents:
         *,
         clock: Callable[[], int],
         new_id: NewId = new_id,
+        framing: EventFraming = SSE_EVENTS,
     ) -> None:
         self._base = base
+        self.framing = framing
+        """How each event is wrapped (protocol.openai.responses.framing): SSE, unless the
+        transport sets its own before the stream starts (the WebSocket mode's)."""
+        self.steered = False
+        """Stopped for a `response.steer` (the WebSocket mode): its cancel ends it
+        `response.incomplete`, reason `steered`, and it is kept, not failed."""
         self._clock = clock
         self._new_id = new_id
         self.response: dict[str, Any] | None = None
@@ -334,7 +348,7 @@ class ResponseEvents:
     def _event(self, type: str, **fields: Any) -> bytes:
         data = {"type": type, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return b"event: " + type.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        return self.framing.event(type, orjson.dumps(data))
 
     def _snapshot(self, status: str) -> dict[str, Any]:
         return {**self._base, "status": status, "output": list(self._output)}
@@ -442,7 +456,7 @@ class ResponseEvents:
 
     def usage_chunk(self, usage: Usage) -> bytes:
         reason = self._reason
-        if reason == "cancelled":
+        if reason == "cancelled" and not self.steered:
             if self._base["background"]:
                 # Cancelled by request (POST .../cancel): its own status, and no event says
                 # so (OpenAI's stream has none); the items cut short are incomplete.
@@ -451,14 +465,15 @@ class ResponseEvents:
             return self.error(server_error("The response was cancelled before it finished."))
         response = finished(self._base, list(self._output), reason, usage, self._clock())
         self.response = self.ended = response
-        kind = "response.incomplete" if reason == "length" else "response.completed"
+        kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         return self._event(kind, response=response)
 
     # --- Framing --------------------------------------------------------------------------
 
     def error(self, err: ApiError) -> bytes:
         if not self.started and not self._queued:
-            return self._event("error", code=err.code, message=err.message, param=err.param)
+            self._seq += 1
+            return self.framing.error(err, self._seq - 1)
         self._open = None  # an item cut short is not part of a failed response's output
         response = {**self._snapshot("failed"), "error": error_object(err)}
         self.ended = response

@@ -33,7 +33,6 @@ from protocol.browser.messages import (
     decode_client_message,
     decode_gateway_message,
     encode,
-    load,
     request_id_of,
     structure,
 )
@@ -41,7 +40,6 @@ from protocol.core.errors import ApiError
 from protocol.errors import FrameError
 from protocol.openai.chat.request import parse_chat_object
 from protocol.openai.errors import error_body
-from tests.protocol.bad_input import BAD_JSON
 from tests.protocol.strategies import (
     finish_reasons,
     hostile_bytes,
@@ -281,61 +279,6 @@ def _error(err: ApiError) -> dict[str, Any]:
     assert err.status == 400
     body: dict[str, Any] = error_body(err)["error"]
     return body
-
-
-def test_load_takes_an_object_with_a_string_type() -> None:
-    assert load(b'{"type": "x", "a": [1]}', 100) == {"type": "x", "a": [1]}
-    assert load('{"type": "x"}', 100) == {"type": "x"}
-
-
-@pytest.mark.parametrize("data", [b"x" * 11, "x" * 11, "é" * 6, "\ud800" * 4])
-def test_load_measures_bytes(data: bytes | str) -> None:
-    size = len(data) if isinstance(data, bytes) else len(data.encode(errors="surrogatepass"))
-    with pytest.raises(ApiError) as caught:
-        load(data, 10)
-    assert _error(caught.value) == {
-        "message": f"Message of {size} bytes is over the 10-byte limit.",
-        "type": "invalid_request_error",
-        "param": None,
-        "code": "message_too_large",
-    }
-
-
-def test_load_takes_a_message_of_exactly_the_limit() -> None:
-    data = '{"type":"é"}'
-    assert load(data, len(data.encode())) == {"type": "é"}
-
-
-@pytest.mark.parametrize(("data", "message"), BAD_JSON)
-def test_load_refuses_bad_json(data: bytes, message: str) -> None:
-    with pytest.raises(ApiError) as caught:
-        load(data, 100)
-    assert _error(caught.value) == {
-        "message": message,
-        "type": "invalid_request_error",
-        "param": None,
-        "code": "invalid_json",
-    }
-
-
-def test_load_refuses_lone_surrogates_as_bad_json() -> None:
-    with pytest.raises(ApiError) as caught:
-        load('{"type": "\ud800"}', 100)
-    assert caught.value.code == "invalid_json"
-
-
-@pytest.mark.parametrize(
-    "data", [b"[1, 2]", b"null", b'"ping"', b"{}", b'{"type": 7}', b'{"type": null}']
-)
-def test_load_refuses_what_is_not_a_message(data: bytes) -> None:
-    with pytest.raises(ApiError) as caught:
-        load(data, 100)
-    assert _error(caught.value) == {
-        "message": "A message must be a JSON object with a string 'type'.",
-        "type": "invalid_request_error",
-        "param": "type",
-        "code": "invalid_message",
-    }
 
 
 @pytest.mark.parametrize("rid", ["r", "x" * 256, "日本語", " "])

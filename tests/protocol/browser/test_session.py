@@ -12,16 +12,8 @@ from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from protocol.browser.messages import ErrorMessage, decode_gateway_message
-from protocol.browser.session import (
-    ClientSession,
-    CloseSocket,
-    Event,
-    Reply,
-    Start,
-    State,
-    Stop,
-    Subscribe,
-)
+from protocol.browser.session import ClientSession, Event, Start, Stop, Subscribe
+from protocol.client_socket import CloseSocket, Reply, State
 from protocol.openai.chat.request import parse_chat_object
 from tests.protocol.bad_input import BAD_JSON
 from tests.protocol.strategies import hostile_bytes, json_values, text
