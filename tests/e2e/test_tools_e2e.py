@@ -8,7 +8,7 @@ mlx-lm's parser; "required", a named function and response formats run the gramm
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
@@ -96,11 +96,25 @@ def test_auto_tool_call_streams_as_it_is_generated(client: openai.OpenAI) -> Non
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-@pytest.mark.timing  # a pace: tokens that pile up in a busy runner go out as one chunk
+def best_of_three(count: Callable[[], int], over: int) -> list[int]:
+    """`count()` up to three times, until one is over `over`: the counts. (A pace: tokens
+    that pile up while a busy machine's runner or gateway waits go out as one chunk.)"""
+    counts: list[int] = []
+    while len(counts) < 3 and not any(c > over for c in counts):
+        counts.append(count())
+    return counts
+
+
+@pytest.mark.timing  # a pace: see best_of_three
 def test_tool_call_arguments_come_in_pieces(client: openai.OpenAI) -> None:
     """Streamed as generated, not the whole call at the end."""
-    _, (_, *rest) = streamed_call(client)
-    assert len(rest) > 3
+
+    def pieces() -> int:
+        _, (_, *rest) = streamed_call(client)
+        return len(rest)
+
+    counts = best_of_three(pieces, 3)
+    assert max(counts) > 3, counts
 
 
 def test_parallel_calls_get_indexes(client: openai.OpenAI) -> None:
@@ -144,10 +158,14 @@ def test_the_sdk_stream_helper_emits_argument_deltas(client: openai.OpenAI) -> N
     assert calls_of(final.choices[0].message) == EXPECTED
 
 
-@pytest.mark.timing  # a pace, as test_tool_call_arguments_come_in_pieces
+@pytest.mark.timing  # a pace: see best_of_three
 def test_the_sdk_stream_helper_emits_several_argument_deltas(client: openai.OpenAI) -> None:
-    kinds, _ = helper_events(client)
-    assert kinds.count("tool_calls.function.arguments.delta") > 3
+    def deltas() -> int:
+        kinds, _ = helper_events(client)
+        return kinds.count("tool_calls.function.arguments.delta")
+
+    counts = best_of_three(deltas, 3)
+    assert max(counts) > 3, counts
 
 
 def test_the_conversation_goes_on_with_the_tool_result(client: openai.OpenAI) -> None:

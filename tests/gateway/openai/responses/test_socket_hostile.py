@@ -5,9 +5,12 @@ own: it must come through whole, and the runner's link must be the one it was.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,10 +19,13 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from websockets.asyncio.client import connect as connect_async
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close
 from websockets.sync.client import ClientConnection, connect
 
+from protocol.frames import Chunk, Usage
+from tests.e2e.faults.harness import next_cancel, next_generate, send_heartbeats
 from tests.gateway.gateways import FAKE_RUNNERS
 from tests.gateway.openai.responses.sockets import (
     MODEL,
@@ -31,15 +37,15 @@ from tests.gateway.openai.responses.sockets import (
     ws_url,
 )
 from tests.protocol.strategies import hostile_bytes, json_values
-from tests.support import UNIT, Gateway, start_runner, wait_until
+from tests.support import UNIT, FakeRunner, Gateway, wait_until
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("ORCHARD_FUZZ_EXAMPLES", "40")),
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     deadline=None,
 )
-FAST = "scripted-fast"
-"""An unpaced scripted model: output as fast as the gateway takes it."""
+FLOOD = "flood-model"
+"""The model of a fake runner that floods its response's client."""
 HONEST_TOKENS = 400
 """The well-behaved response's length: 4 s at the paced runner's 100 tok/s."""
 
@@ -48,12 +54,8 @@ HONEST_TOKENS = 400
 def stack() -> Iterator[Gateway]:
     gateway = Gateway(*FAKE_RUNNERS)
     paced = scripted_runner(gateway)
-    fast = start_runner(
-        gateway, "--engine", "scripted", "--model", FAST, "--tokens-per-second", "0",
-        "--max-concurrent", "64", name="fast",
-    )  # fmt: skip
-    wait_until(lambda: len(gateway.runners()) == 2, 60, "both runners")
-    with stopped(fast, paced, gateway):
+    wait_until(lambda: len(gateway.runners()) == 1, 60, "the runner")
+    with stopped(paced, gateway):
         yield gateway
 
 
@@ -212,26 +214,53 @@ def test_lanes_beyond_the_limit(gateway: Gateway) -> None:
     assert all(e["response"]["output"][0]["content"][0]["text"] == expected(16) for e in done)
 
 
-def test_a_client_that_never_reads_is_closed(gateway: Gateway) -> None:
+async def test_a_client_that_never_reads_is_closed(gateway: Gateway) -> None:
+    """A client that stops reading while its response floods in: once its backlog passes
+    4 MiB the gateway cancels the response on its runner and closes the socket 4010. The
+    flood is a fake runner's 64 KiB chunks, so how soon does not hang on generation speed."""
     with honest_lane_beside(gateway, tokens=1000):
-        # max_queue 1: the client library stops reading the socket too, as a stuck app would.
-        with sync_socket(gateway, max_queue=1) as ws:
-            generated = runners(gateway)["fast"]["tokens_generated"]
-            for lane in range(32):
-                body = create(f"s{lane}", model=FAST, max_output_tokens=8000)
-                ws.send(orjson.dumps(body).decode())
+        fake = await FakeRunner.connect(gateway, models=(FLOOD,), name="flood")
+        heartbeats = asyncio.create_task(send_heartbeats(fake))
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", gateway.port))
+        # max_queue 1: the client library reads the socket only as fast as the test takes
+        # messages, one every 20 ms.
+        async with connect_async(ws_url(gateway), sock=sock, max_size=None, max_queue=1) as ws:
+            await ws.send(orjson.dumps(create("flood", model=FLOOD)).decode())
+            rid = (await next_generate(fake)).request_id
 
-            def over() -> bool:
-                fast = runners(gateway)["fast"]
-                return bool(fast["tokens_generated"] > generated and fast["active"] == 0)
+            async def slow_reader() -> Close | None:
+                try:
+                    while True:
+                        await ws.recv()
+                        await asyncio.sleep(0.02)
+                except ConnectionClosed as closed:
+                    return closed.rcvd
 
-            # Its deltas merge while they wait (protocol.merge), so the outbox passes its
-            # 4 MiB with the responses' last events, each the whole text: then it is closed.
-            wait_until(over, 30, "the slow client's responses to end")
-            closed = read_until_closed(ws)
+            reader = asyncio.create_task(slow_reader())
+            started = time.monotonic()
+            sent = 0
+            text = "x" * 65536
+            cancel = asyncio.create_task(next_cancel(fake, 5))
+            while not cancel.done():
+                await fake.send(Chunk(rid, sent, text, "", 1, Usage(3, sent + 1), None))
+                sent += 1
+                await asyncio.sleep(0.001)
+            took = time.monotonic() - started
+            assert await cancel == rid
+            assert sent * 65536 > 4 << 20
+            assert took < 3 * UNIT, f"cancelled after {took:.1f} s, {sent} chunks"
+            await fake.send(Chunk(rid, sent, "", "", 0, Usage(3, sent), "cancelled"))
+            closed = await asyncio.wait_for(reader, 10 * UNIT)
+        heartbeats.cancel()
+        await fake.close()
         assert closed is not None
         assert (closed.code, closed.reason) == (4010, "client too slow")
-    assert httpx.get(f"{gateway.base}/health", timeout=5).status_code == 200
+    async with httpx.AsyncClient(timeout=5) as http:
+        assert (await http.get(f"{gateway.base}/health")).status_code == 200
+    wait_until(lambda: "flood" not in runners(gateway), 10, "the fake runner to leave")
 
 
 def read_until_closed(ws: ClientConnection, first: str | None = None) -> Close | None:
@@ -247,6 +276,6 @@ def read_until_closed(ws: ClientConnection, first: str | None = None) -> Close |
 
 
 def test_the_paced_runner_is_the_honest_ones(gateway: Gateway) -> None:
-    """(The fixtures' runners, by name: the honest lane runs on the paced one.)"""
-    assert set(runners(gateway)) == {"test-runner", "fast"}
+    """(The fixture's runner, by name: the honest lane runs on the paced one.)"""
+    assert set(runners(gateway)) == {"test-runner"}
     assert MODEL in {m["id"] for m in runners(gateway)["test-runner"]["models"]}
