@@ -1,5 +1,5 @@
 // Orchard's browser client for the gateway's WebSocket API (docs/websocket-api.md).
-// A dependency-free ES module (with its sibling openai-http.js):
+// A dependency-free ES module (with its siblings openai-http.js and socket-link.js):
 // `import { OrchardClient } from "/static/orchard.js"`.
 //
 // One socket carries every request. When it drops, the requests it carried fail with
@@ -9,8 +9,14 @@
 // `client.fetch` lets the openai SDK (or any fetch caller) use the socket as the HTTP API.
 
 import { badRequest, chunkJson, CompletionBody, errorResponse, SSE_DONE } from "./openai-http.js";
+import {
+  clientError, defaultUrl, LinkedClient, MAX_MESSAGE_BYTES, OrchardError, PushStream, tooLarge,
+} from "./socket-link.js";
 
-/** @typedef {{message: string, type: string, param: string | null, code: string | null}} OpenAIErrorBody */
+export { MAX_MESSAGE_BYTES, OrchardError };
+
+/** @typedef {import("./socket-link.js").OpenAIErrorBody} OpenAIErrorBody */
+/** @typedef {import("./socket-link.js").ConnectionStatus} ConnectionStatus */
 /**
  * @typedef {{prompt_tokens: number, completion_tokens: number, total_tokens: number,
  *   prompt_tokens_details: {cached_tokens: number},
@@ -19,100 +25,6 @@ import { badRequest, chunkJson, CompletionBody, errorResponse, SSE_DONE } from "
 /** @typedef {{finishReason: "stop" | "length" | "cancelled", usage: Usage}} Done */
 /** @typedef {Record<string, any>} ChatCompletionChunk an OpenAI `chat.completion.chunk` */
 /** @typedef {Record<string, any>} PoolState a `pool.state` message (see the docs) */
-/** @typedef {"connecting" | "open" | "refused" | "closed"} ConnectionStatus */
-
-/** Largest message the gateway accepts; bigger ones are refused here, with no round trip. */
-export const MAX_MESSAGE_BYTES = 1024 * 1024;
-const BACKOFF_MIN_MS = 250;
-const BACKOFF_MAX_MS = 8000;
-/** A socket open this long counts as a success: the next drop starts the backoff over. */
-const STABLE_MS = 5000;
-/** Close codes after which retrying cannot help (protocol/closecodes.py). */
-const REFUSALS = {
-  4004: { type: "authentication_error", code: "invalid_api_key" },
-  4011: { type: "permission_error", code: "origin_not_allowed" },
-};
-
-/** An error that ends a request; `.error` is the OpenAI error object. */
-export class OrchardError extends Error {
-  /** @param {OpenAIErrorBody} error */
-  constructor(error) {
-    super(error.message);
-    this.name = "OrchardError";
-    /** @type {OpenAIErrorBody} */
-    this.error = error;
-  }
-}
-
-/** @param {string} message @param {string} code @returns {OrchardError} */
-function clientError(message, code) {
-  return new OrchardError({ message, type: "connection_error", param: null, code });
-}
-
-/** The default endpoint: `/v1/ws` on the page's own host, ws: or wss: to match the page. */
-function defaultUrl() {
-  const scheme = globalThis.location?.protocol === "https:" ? "wss:" : "ws:";
-  return `${scheme}//${globalThis.location?.host}/v1/ws`;
-}
-
-/**
- * A push-fed async iterator: chunks are buffered until read; an error ends it by throwing.
- * @implements {AsyncIterableIterator<ChatCompletionChunk>}
- */
-class ChunkStream {
-  constructor() {
-    /** @type {ChatCompletionChunk[]} */ this.buffer = [];
-    /** A reader waiting for the next chunk. @type {{resolve: Function, reject: Function}[]} */
-    this.waiting = [];
-    this.ended = false;
-    /** @type {Error | null} */ this.error = null;
-  }
-
-  /** @param {ChatCompletionChunk} chunk */
-  push(chunk) {
-    if (this.ended) return;
-    const reader = this.waiting.shift();
-    if (reader) reader.resolve({ value: chunk, done: false });
-    else this.buffer.push(chunk);
-  }
-
-  /** @param {Error | null} [error] */
-  end(error = null) {
-    if (this.ended) return;
-    this.ended = true;
-    this.error = this.waiting.length ? null : error; // a waiting reader gets it now
-    for (const reader of this.waiting.splice(0)) {
-      if (error) reader.reject(error);
-      else reader.resolve({ value: undefined, done: true });
-    }
-  }
-
-  /** @returns {Promise<IteratorResult<ChatCompletionChunk>>} */
-  next() {
-    if (this.buffer.length) return Promise.resolve({ value: this.buffer.shift(), done: false });
-    if (this.ended) {
-      if (this.error) {
-        const error = this.error;
-        this.error = null; // thrown once, like any iterator that failed
-        return Promise.reject(error);
-      }
-      return Promise.resolve({ value: undefined, done: true });
-    }
-    return new Promise((resolve, reject) => this.waiting.push({ resolve, reject }));
-  }
-
-  /** Leaving a `for await` loop early stops reading (later chunks are dropped), not the request. */
-  return() {
-    this.buffer = [];
-    this.ended = true;
-    this.error = null;
-    return Promise.resolve({ value: undefined, done: true });
-  }
-
-  [Symbol.asyncIterator]() {
-    return this;
-  }
-}
 
 /** One chat completion in progress: iterate it (or `.chunks`) and await `.usage`. */
 export class Completion {
@@ -121,8 +33,8 @@ export class Completion {
     this.client = client;
     /** The id this client chose (crypto.randomUUID()); the gateway echoes it on every message. */
     this.requestId = requestId;
-    /** @type {AsyncIterableIterator<ChatCompletionChunk>} */
-    this.chunks = new ChunkStream();
+    /** @type {PushStream<ChatCompletionChunk>} */
+    this.chunks = new PushStream();
     /** @type {(d: Done) => void} */ this.resolve = () => {};
     /** @type {(e: OrchardError) => void} */ this.reject = () => {};
     /** Resolves with `{finishReason, usage}`, or rejects with an OrchardError. @type {Promise<Done>} */
@@ -149,38 +61,21 @@ export class Completion {
   }
 }
 
-export class OrchardClient {
+export class OrchardClient extends LinkedClient {
   /**
    * @param {string} [url] the gateway's `/v1/ws`; by default on the page's own host
-   * @param {{apiKey?: string, onStatus?: (status: ConnectionStatus) => void,
-   *   onError?: (error: OpenAIErrorBody) => void}} [options]
-   *   apiKey is sent in an `auth` message first thing on every connection (browsers cannot
-   *   set headers on a WebSocket); onStatus hears every connection change; onError hears
-   *   errors not tied to a request.
+   * @param {import("./socket-link.js").ClientOptions} [options]
    */
-  constructor(url = defaultUrl(), { apiKey, onStatus, onError } = {}) {
-    this.url = url;
-    /** @type {string | null} */ this.apiKey = apiKey || null;
-    /** Why the gateway refused us, while it does. @type {OrchardError | null} */
-    this.refusal = null;
-    this.onStatus = onStatus ?? (() => {});
-    this.onError = onError ?? ((error) => console.warn("orchard:", error.message));
-    /** @type {ConnectionStatus} */ this.status = "connecting";
-    /** @type {WebSocket | null} */ this.socket = null;
-    /** The socket is open and, when there is a key, authenticated. */
-    this.ready = false;
+  constructor(url = defaultUrl("/v1/ws"), options = {}) {
+    super(url, options);
     /** Requests not yet ended, in creation order; `sent` ones ride on the current socket. */
     /** @type {Map<string, {completion: Completion, frame: string, sent: boolean}>} */
     this.requests = new Map();
     /** @type {{resolve: (ms: number) => void, reject: (e: Error) => void, sentAt: number | null}[]} */
     this.pings = [];
     /** @type {Set<(state: PoolState) => void>} */ this.poolCallbacks = new Set();
-    this.attempt = 0;
-    /** @type {ReturnType<typeof setTimeout> | null} */ this.retryTimer = null;
-    this.closed = false;
     // The openai SDK calls its fetch with no `this`.
     this.fetch = this.fetch.bind(this);
-    this.connect();
   }
 
   /**
@@ -196,12 +91,8 @@ export class OrchardClient {
       this.finish(completion, clientError("The client is closed.", "client_closed"));
     } else if (this.refusal) {
       this.finish(completion, new OrchardError(this.refusal.error));
-    } else if (new TextEncoder().encode(frame).length > MAX_MESSAGE_BYTES) {
-      // The gateway would refuse it without naming the request; refuse it here instead.
-      const message = `The request is over the ${MAX_MESSAGE_BYTES}-byte message limit.`;
-      this.finish(completion, new OrchardError({
-        message, type: "invalid_request_error", param: null, code: "message_too_large",
-      }));
+    } else if (tooLarge(frame)) {
+      this.finish(completion, /** @type {OrchardError} */ (tooLarge(frame)));
     } else {
       this.requests.set(requestId, { completion, frame, sent: false });
       this.flush();
@@ -293,105 +184,49 @@ export class OrchardClient {
     return () => this.poolCallbacks.delete(callback);
   }
 
-  /**
-   * Use another API key from the next connection on; after a refusal, reconnect at once.
-   * @param {string | null} apiKey
-   */
-  setApiKey(apiKey) {
-    this.apiKey = apiKey || null;
-    if (this.refusal && !this.closed) {
-      this.refusal = null;
-      this.attempt = 0;
-      this.connect();
-    }
-  }
-
   /** Close for good: pending requests and pings fail with "client closed". */
   close() {
     if (this.closed) return;
     this.closed = true;
-    if (this.retryTimer !== null) clearTimeout(this.retryTimer);
     this.failAll(() => clientError("The client is closed.", "client_closed"), true);
-    this.socket?.close(1000);
-    this.setStatus("closed");
+    this.link.close();
   }
 
   // --- connection ------------------------------------------------------------------------
 
-  /** @private */
-  connect() {
-    this.setStatus("connecting");
-    const socket = new WebSocket(this.url);
-    this.socket = socket;
-    this.ready = false;
-    let openedAt = Infinity;
-    socket.onopen = () => {
-      openedAt = performance.now();
-      // With a key, nothing else is sent before auth.ok: a refused socket carries no request.
-      if (this.apiKey) socket.send(JSON.stringify({ type: "auth", api_key: this.apiKey }));
-      else this.becomeReady();
-    };
-    socket.onmessage = (event) => this.receive(event.data);
-    socket.onclose = (event) => {
-      if (this.socket !== socket) return;
-      this.socket = null;
-      this.ready = false;
-      if (this.closed) return;
-      const refusal = REFUSALS[/** @type {4004 | 4011} */ (event.code)];
-      if (refusal) {
-        const error = { message: event.reason || "refused", ...refusal, param: null };
-        this.refusal = new OrchardError(error);
-        this.failAll(() => new OrchardError(error), true);
-        this.setStatus("refused");
-        return;
-      }
-      // Requests on the lost socket are gone (the gateway cancels them); queued ones wait.
-      this.failAll(() => clientError("connection lost", "connection_lost"), false);
-      if (performance.now() - openedAt > STABLE_MS) this.attempt = 0;
-      const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** this.attempt++);
-      this.setStatus("connecting");
-      // Full jitter on the upper half, so many tabs do not reconnect in step.
-      this.retryTimer = setTimeout(() => this.connect(), delay / 2 + Math.random() * (delay / 2));
-    };
-  }
-
-  /** Connected (and authenticated): subscribe again and send what waited. @private */
-  becomeReady() {
-    this.ready = true;
-    this.setStatus("open");
+  /** @protected */
+  ready() {
     if (this.poolCallbacks.size) this.send({ type: "pool.subscribe" });
     this.flush();
   }
 
-  /** @private @param {ConnectionStatus} status */
-  setStatus(status) {
-    if (this.status === status) return;
-    this.status = status;
-    this.onStatus(status);
+  /** @protected @param {OrchardError | null} refusal */
+  lost(refusal) {
+    if (refusal) this.failAll(() => new OrchardError(refusal.error), true);
+    // Requests on the lost socket are gone (the gateway cancels them); queued ones wait.
+    else this.failAll(() => clientError("connection lost", "connection_lost"), false);
   }
 
-  /** @private @returns {boolean} */
-  get isOpen() {
-    return this.ready && this.socket?.readyState === WebSocket.OPEN;
+  /** @protected @param {Record<string, any>} message @param {string} data */
+  message(message, data) {
+    this.receive(message, data);
   }
 
   /** @private @param {Record<string, any>} message */
   send(message) {
-    if (this.isOpen) this.socket?.send(JSON.stringify(message));
+    this.link.send(message);
   }
 
   /** Send the queued requests and pings, once connected. @private */
   flush() {
-    if (!this.isOpen) return;
+    if (!this.link.isOpen) return;
     for (const entry of this.requests.values()) {
-      if (entry.sent) continue;
-      this.socket?.send(entry.frame);
-      entry.sent = true;
+      if (!entry.sent) entry.sent = this.link.sendText(entry.frame);
     }
     for (const ping of this.pings) {
       if (ping.sentAt !== null) continue;
       ping.sentAt = performance.now();
-      this.socket?.send('{"type":"ping"}');
+      this.link.sendText('{"type":"ping"}');
     }
   }
 
@@ -498,16 +333,8 @@ export class OrchardClient {
     completion.reject(error);
   }
 
-  /** @private @param {string} data */
-  receive(data) {
-    let message;
-    try {
-      message = JSON.parse(data);
-    } catch {
-      const text = "The gateway sent invalid JSON.";
-      this.onError({ message: text, type: "client_error", param: null, code: null });
-      return;
-    }
+  /** @private @param {Record<string, any>} message @param {string} data */
+  receive(message, data) {
     const entry = message.request_id == null ? undefined : this.requests.get(message.request_id);
     switch (message.type) {
       case "chunk":
@@ -540,9 +367,6 @@ export class OrchardClient {
         ping.resolve(performance.now() - /** @type {number} */ (ping.sentAt));
         break;
       }
-      case "auth.ok":
-        this.becomeReady();
-        break;
       case "pool.state":
         for (const callback of this.poolCallbacks) callback(message);
         break;

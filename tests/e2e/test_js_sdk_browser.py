@@ -368,10 +368,9 @@ def test_a_body_that_is_not_json_and_requests_not_carried(page: Page, gateway: G
 ABORT_SCRIPT = """async ([request, waitMs]) => {
   const dones = [];
   const receive = orchard.receive.bind(orchard);
-  orchard.receive = (data) => {
-    const message = JSON.parse(data);
+  orchard.receive = (message, data) => {
     if (message.type === "done") dones.push(message);
-    receive(data);
+    receive(message, data);
   };
   const waitForDones = async (count) => {
     const deadline = Date.now() + waitMs;
