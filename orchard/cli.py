@@ -12,6 +12,7 @@ import click
 
 from gateway.config import GatewayConfig
 from orchard import gateway_start
+from orchard.model_flags import model_flags, options_of
 from orchard.options import config_option, log_level_option, store_options, tls_options
 from orchard.runner_start import run_runner
 from orchard.running import run, setup_logging
@@ -290,6 +291,7 @@ def gateway(
     "JACCL, else pipeline where the model supports it, else tensor.",
 )
 @click.option("--group-member", is_flag=True, hidden=True, help="Set by the group's launcher.")
+@model_flags
 @log_level_option
 def runner(
     gateway_url: str | None,
@@ -311,6 +313,7 @@ def runner(
     local_group: int | None,
     split: str,
     group_member: bool,
+    **flags: Any,
 ) -> None:
     """Run a runner: serve a model to a gateway over one persistent WebSocket.
 
@@ -333,6 +336,7 @@ def runner(
     every layer) suits JACCL; auto picks. See docs/distributed.md.
     """
     setup_logging(log_level)
+    options = options_of(models, flags)
     if max_kv_bytes is not None and max_kv_bytes <= 0:
         raise click.BadParameter("must be more than 0 bytes", param_hint="--max-kv-bytes")
     try:
@@ -351,6 +355,7 @@ def runner(
             member=group_member,
             params=ctx.command.params,
             values=ctx.params,
+            options=options,
         )
     try:
         run(
@@ -370,6 +375,7 @@ def runner(
                 max_memory,
                 group=member,
                 kv_disk=None if member is not None else disk,
+                options=options,
             )
         )
     except StartupError as exc:  # from the model shelf, made once the runner starts

@@ -19,8 +19,11 @@ from runner import startup
 from runner.client import GATHER_S
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from runner.engine.base import Engine
     from runner.group.member import GroupMember
+    from runner.model_options import ModelOptions
 
 
 async def run_runner(  # noqa: PLR0917  # the runner command's options, in its order
@@ -39,6 +42,7 @@ async def run_runner(  # noqa: PLR0917  # the runner command's options, in its o
     max_memory: str | None = None,
     group: GroupMember | None = None,
     kv_disk: tuple[Path, int] | None = None,
+    options: Mapping[str, ModelOptions] | None = None,
 ) -> None:
     from runner.client import Runner
     from runner.discovery import find_gateway
@@ -62,6 +66,7 @@ async def run_runner(  # noqa: PLR0917  # the runner command's options, in its o
     if engine_kind == "scripted":
         from runner.engine.scripted import ScriptedEngine
 
+        startup.refuse_for_scripted(options or {})
         eng = ScriptedEngine(
             models=models,
             tokens_per_second=tokens_per_second,
@@ -78,7 +83,9 @@ async def run_runner(  # noqa: PLR0917  # the runner command's options, in its o
 
         if kv_disk is not None and kv_disk[1] > 0:
             store = KvStore(*kv_disk)
-        make = startup.mlx_engines(engine_kind, max_concurrent, max_kv_bytes, hardware, store)
+        make = startup.mlx_engines(
+            engine_kind, max_concurrent, max_kv_bytes, hardware, store, options=options or {}
+        )
         eng = (
             make(models[0])
             if len(models) == 1

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from runner.errors import RunnerError
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from runner.engine.base import Engine
     from runner.engine.kv_store import KvStore
     from runner.group.member import GroupMember
+    from runner.model_options import ModelOptions
 
 
 class StartupError(RunnerError):
@@ -40,8 +43,11 @@ def mlx_engines(
     max_kv_bytes: int | None,
     hardware: Hardware,
     store: KvStore | None,
+    *,
+    options: Mapping[str, ModelOptions],
 ) -> Callable[..., Engine]:
-    """What makes the runner's engine for a model (and its files' directory, if known)."""
+    """What makes the runner's engine for a model (and its files' directory, if known), with
+    its options (`runner.model_options`)."""
     from runner.budget import default_prefix_bytes
 
     kept = max_kv_bytes if max_kv_bytes is not None else default_prefix_bytes(hardware)
@@ -61,9 +67,28 @@ def mlx_engines(
             prefix_cache_bytes=kept,
             kv_store=store,
             path=path,
+            options=options.get(model),
         )
 
     return make
+
+
+def refuse_for_scripted(options: Mapping[str, ModelOptions]) -> None:
+    """The scripted engine has no model to draft for, adapt or template."""
+    if any(_beyond_sampling(option) for option in options.values()):
+        raise StartupError(
+            "the scripted engine takes no draft model, KV quantization, adapter, chat "
+            "template or remote code",
+            "--engine",
+        )
+
+
+def _beyond_sampling(option: ModelOptions) -> bool:
+    """An option other than the sampling defaults is set."""
+    from runner.model_options import ModelOptions
+
+    plain = ModelOptions()
+    return attrs.evolve(option, sampling=plain.sampling) != plain
 
 
 def kv_disk(size: str | None) -> tuple[Path, int]:
@@ -112,6 +137,7 @@ def runner_group(
     member: bool,
     params: Iterable[Any],
     values: Mapping[str, Any],
+    options: Mapping[str, ModelOptions],
 ) -> GroupMember:
     """A runner group: as its starter, launch it and exit with its status; as a member of
     rank > 0, follow rank 0 and exit; as rank 0, the member to serve the gateway with.
@@ -130,6 +156,13 @@ def runner_group(
             raise GroupError(f"a runner group runs the mlx-batched engine, not {engine}")
         if max_kv_bytes is not None:
             raise GroupError("--max-kv-bytes is not supported in a runner group yet")
+        if any(_beyond_sampling(option) for option in options.values()):
+            # As mlx_lm.server in distributed mode: each member would need the draft or the
+            # adapter split as the model is.
+            raise GroupError(
+                "a runner group takes no draft model, KV quantization, adapter, chat template "
+                "or remote code"
+            )
         if not member:
             sys.exit(
                 group_launch.run_group(

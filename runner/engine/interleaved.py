@@ -103,6 +103,7 @@ class InterleavedDecoder:
                 # None, not [], when there are none: mlx-lm then skips the token bookkeeping.
                 logits_processors=make_logits_processors(params, len(suffix), guard) or None,
                 prompt_cache=cache,
+                **model.kv_quantization,
             ),
         )
 

@@ -41,6 +41,7 @@ from runner.engine.mlx_model import MlxModel
 from runner.engine.prefix_cache import MAX_ENTRIES, PrefixCache
 from runner.engine.stats import EngineStats
 from runner.engine.threaded import AT_ONCE, Follow, Step, Submit, ThreadedEngine
+from runner.model_options import ModelOptions
 
 log = logging.getLogger("runner.engine")
 
@@ -112,6 +113,7 @@ class MlxEngine(ThreadedEngine):
         close_timeout: float = 30.0,
         path: str | None = None,
         lock_step: LockStep | None = None,
+        options: ModelOptions | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
@@ -127,6 +129,8 @@ class MlxEngine(ThreadedEngine):
             thread_name=f"mlx-engine:{model}", close_timeout=close_timeout, follow=follow
         )
         self.model_name = model
+        self.options = options if options is not None else ModelOptions()
+        """Its draft model, KV quantization, adapter, template and sampling defaults."""
         self.path = path
         """Where the model's files are, when `model` is only its name (`runner.engine.shelf`
         downloads first, then loads from the Hub's cache)."""
@@ -217,7 +221,12 @@ class MlxEngine(ThreadedEngine):
             self._start_serving(model)
             self._models = (self.lock_step.model_info(model, self.warm_up_seconds),)
             return
-        model = MlxModel.load(self.model_name, path=self.path, context_length=self._context_length)
+        model = MlxModel.load(
+            self.model_name,
+            path=self.path,
+            context_length=self._context_length,
+            options=self.options,
+        )
         self.weights_bytes = model.weights_bytes()
         self._start_serving(model)
         self._models = (

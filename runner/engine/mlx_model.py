@@ -27,6 +27,7 @@ from runner.engine.logprobs import LogprobMaker, TokenBytes
 from runner.engine.request import ChoiceGroup, Request
 from runner.errors import RequestError
 from runner.harmony import CALL, HarmonySplitter, harmony_markers
+from runner.model_options import ModelOptions
 from runner.tool_calls import ToolCallSplitter
 from runner.tool_formats import format_for
 
@@ -76,27 +77,59 @@ class MlxModel:
         self.eos_token_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self.directory: str | None = None
         """Where its files are (set by `load`): what its disk cache is keyed by."""
+        self.options = ModelOptions()
+        """What it was loaded with (set by `load`): its template's default arguments, its
+        sampling defaults, its draft model and KV quantization."""
         self._think_start_id, self._think_end_id = _think_ids(tokenizer)
         self._token_bytes: TokenBytes | None = None
         self._continuation_tokenizer: Any = None
 
     @classmethod
     def load(
-        cls, name: str, *, path: str | None = None, context_length: int | None = None
+        cls,
+        name: str,
+        *,
+        path: str | None = None,
+        context_length: int | None = None,
+        options: ModelOptions | None = None,
     ) -> MlxModel:
         """Load `name` (a local MLX directory, a Hugging Face id or "orchard-demo"), from
-        `path` when its files are there."""
+        `path` when its files are there, with `options`' adapter, template and remote code."""
+        options = options if options is not None else ModelOptions()
         source = path or resolve_model(name)
         if not Path(source).exists():
             # A Hub id: downloaded here, with progress in the log and clear errors, rather
             # than by mlx_lm.load.
             source = str(download.fetch(name))
+        tokenizer_config: dict[str, Any] = {"trust_remote_code": options.trust_remote_code}
+        if options.chat_template is not None:
+            tokenizer_config["chat_template"] = options.chat_template
         # mlx-lm annotates load() as returning a 2- or 3-tuple; return_config picks the 3.
-        loaded: Any = mlx_lm.load(source, return_config=True)
+        loaded: Any = mlx_lm.load(
+            source,
+            tokenizer_config=tokenizer_config,
+            adapter_path=options.adapter_path,
+            return_config=True,
+            trust_remote_code=options.trust_remote_code,
+        )
         model, tokenizer, config = loaded
         made = cls(name, model, tokenizer, config, context_length=context_length)
         made.directory = source
+        made.options = options
         return made
+
+    @property
+    def kv_quantization(self) -> dict[str, Any]:
+        """mlx-lm's generate_step arguments that quantize a request's KV cache as the
+        options say (`--kv-bits`; none without it)."""
+        options = self.options
+        if options.kv_bits is None:
+            return {}
+        return {
+            "kv_bits": options.kv_bits,
+            "kv_group_size": options.kv_group_size,
+            "quantized_kv_start": options.quantized_kv_start,
+        }
 
     def weights_bytes(self) -> int:
         """What the model's parameters take in memory."""
@@ -149,7 +182,11 @@ class MlxModel:
             )
         max_tokens = generate.max_tokens
         if max_tokens is None:
+            # The runner's --max-tokens, within what the context leaves.
+            default = self.options.sampling.max_tokens
             max_tokens = limit - len(prompt)
+            if default is not None:
+                max_tokens = min(default, max_tokens)
         elif max_tokens < 0:
             raise RequestError("invalid_request", f"max_tokens must be at least 0: {max_tokens}")
         elif len(prompt) + max_tokens > limit:
@@ -312,13 +349,15 @@ class MlxModel:
         return None if format is None else ToolCallSplitter(format, tools)
 
     def _template_kwargs(self, generate: Generate) -> dict[str, Any]:
-        """chat_template_kwargs, and reasoning_effort as the template's `enable_thinking` (a
-        Harmony model's template takes the level itself, as `reasoning_effort`)."""
-        kwargs: dict[str, Any] = {}
+        """chat_template_kwargs over the runner's `--chat-template-args`, and reasoning_effort
+        as the template's `enable_thinking` (a Harmony model's template takes the level
+        itself, as `reasoning_effort`)."""
+        kwargs: dict[str, Any] = dict(self.options.chat_template_args)
         if generate.chat_template_kwargs is not None:
-            kwargs = json.loads(generate.chat_template_kwargs)
+            asked = json.loads(generate.chat_template_kwargs)
+            kwargs.update(asked)
             for reserved in ("messages", "tools", "add_generation_prompt", "tokenize"):
-                if reserved in kwargs:
+                if reserved in asked:
                     raise RequestError(
                         "invalid_request",
                         f"chat_template_kwargs may not set {reserved!r}.",

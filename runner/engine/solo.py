@@ -131,6 +131,7 @@ class SoloDecoder:
             logits_processors=make_logits_processors(params, len(rest), lone.guard) or None,
             prompt_cache=cache,
             prefill_step_size=PREFILL_CHUNK,
+            **model.kv_quantization,
         )
         return False
 
