@@ -8,13 +8,13 @@ from typing import Any, TypeVar
 
 import click
 
+from protocol.frames import SamplingDefaults
 from runner.model_options import (
     DEFAULT_KV_GROUP_SIZE,
     DEFAULT_NUM_DRAFT_TOKENS,
     DEFAULT_QUANTIZED_KV_START,
     ModelOptions,
     OptionError,
-    SamplingDefaults,
     model_options,
 )
 
@@ -84,7 +84,9 @@ def model_flags(command: F) -> F:
             multiple=True,
             metavar=PER_MODEL,
             help="A LoRA adapter (mlx-lm's format: a directory or a Hugging Face id); the "
-            "model is served as MODEL:ADAPTER (the adapter's directory name)." + _FOR_ONE,
+            "model is served as MODEL:ADAPTER (the adapter's directory name). MODEL=DIR "
+            "given again serves the model once per adapter, and MODEL= (no DIR) without one "
+            "as well. A directory is checked at start, a Hub id once downloaded." + _FOR_ONE,
         ),
         click.option(
             "--chat-template",

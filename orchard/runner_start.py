@@ -21,7 +21,9 @@ from runner.client import GATHER_S
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from protocol.frames import Hardware
     from runner.engine.base import Engine
+    from runner.engine.kv_store import KvStore
     from runner.group.member import GroupMember
     from runner.model_options import ModelOptions
 
@@ -47,7 +49,11 @@ async def run_runner(  # noqa: PLR0917  # the runner command's options, in its o
     from runner.client import Runner
     from runner.discovery import find_gateway
     from runner.errors import AmbiguousGateway, ModelLoadError, Unauthorized, UntrustedGateway
-    from runner.hardware import detect, mlx_backend
+
+    options = options or {}
+    # Each adapter checked before anything connects or loads (a StartupError).
+    startup.check_adapters(options)
+    served = tuple(options) or models  # the ids it serves: MODEL:ADAPTER for an adapter's
 
     wanted = None if gateway_url is None or _is_url(gateway_url) else gateway_url
     rediscover = None
@@ -62,35 +68,17 @@ async def run_runner(  # noqa: PLR0917  # the runner command's options, in its o
             logging.getLogger("runner").error("%s", exc)
             sys.exit(2)
 
-    eng: Engine
-    if engine_kind == "scripted":
-        from runner.engine.scripted import ScriptedEngine
-
-        startup.refuse_for_scripted(options or {})
-        eng = ScriptedEngine(
-            models=models,
-            tokens_per_second=tokens_per_second,
-            max_concurrent=max_concurrent,
-            min_step=step,
-        )
-        backend = "none"
-    else:
-        backend = mlx_backend()
-    hardware = detect(backend)
-    store = None
-    if engine_kind != "scripted":
-        from runner.engine.kv_store import KvStore
-
-        if kv_disk is not None and kv_disk[1] > 0:
-            store = KvStore(*kv_disk)
-        make = startup.mlx_engines(
-            engine_kind, max_concurrent, max_kv_bytes, hardware, store, options=options or {}
-        )
-        eng = (
-            make(models[0])
-            if len(models) == 1
-            else startup.shelf(models, make, max_memory, hardware)
-        )
+    eng, hardware, store = _engine(
+        engine_kind,
+        served,
+        max_concurrent=max_concurrent,
+        max_kv_bytes=max_kv_bytes,
+        max_memory=max_memory,
+        tokens_per_second=tokens_per_second,
+        step=step,
+        kv_disk=kv_disk,
+        options=options,
+    )
     if group is not None:
         eng = group.engine
     run = (Runner if group is None else group.runner_class())(
@@ -116,7 +104,7 @@ async def run_runner(  # noqa: PLR0917  # the runner command's options, in its o
         )
         sys.exit(2)
     except ModelLoadError as exc:
-        logging.getLogger("runner").error("could not load %s: %s", models[0], exc)
+        logging.getLogger("runner").error("could not load %s: %s", served[0], exc)
         sys.exit(2)
     except (AmbiguousGateway, UntrustedGateway) as exc:
         logging.getLogger("runner").error("%s", exc)
@@ -124,6 +112,48 @@ async def run_runner(  # noqa: PLR0917  # the runner command's options, in its o
     finally:
         if store is not None:
             await asyncio.to_thread(store.close)  # the writes queued still reach the disk
+
+
+def _engine(
+    engine_kind: str,
+    served: tuple[str, ...],
+    *,
+    max_concurrent: int,
+    max_kv_bytes: int | None,
+    max_memory: str | None,
+    tokens_per_second: float,
+    step: float,
+    kv_disk: tuple[Path, int] | None,
+    options: Mapping[str, ModelOptions],
+) -> tuple[Engine, Hardware, KvStore | None]:
+    """The runner's engine (one model's, or a shelf of several, by served id), the hardware
+    it runs on and its disk cache."""
+    from runner.hardware import detect, mlx_backend
+
+    if engine_kind == "scripted":
+        from runner.engine.scripted import ScriptedEngine
+
+        startup.refuse_for_scripted(options)
+        scripted = ScriptedEngine(
+            models=served,
+            tokens_per_second=tokens_per_second,
+            max_concurrent=max_concurrent,
+            min_step=step,
+        )
+        return scripted, detect("none"), None
+    from runner.engine.kv_store import KvStore
+
+    hardware = detect(mlx_backend())
+    store = KvStore(*kv_disk) if kv_disk is not None and kv_disk[1] > 0 else None
+    from runner.draft import check_drafts
+
+    check_drafts(options)
+    make = startup.mlx_engines(
+        engine_kind, max_concurrent, max_kv_bytes, hardware, store, options=options
+    )
+    if len(served) == 1:
+        return make(served[0]), hardware, store
+    return startup.shelf(served, make, max_memory, hardware, options), hardware, store
 
 
 def _is_url(gateway: str) -> bool:

@@ -35,6 +35,8 @@ from protocol.frames import (
     ModelInfo,
     PromptToken,
     RunnerFrame,
+    SamplingDefaults,
+    SamplingParams,
     Usage,
 )
 from protocol.strict import make_strict_converter
@@ -49,6 +51,7 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
     Echo: ("tokens",),
     GenerationStats: ("cached_disk_tokens",),  # before Chunk, which holds it
     Chunk: ("tool_calls", "logprobs", "index", "choice_finish", "echo", "matched_stop"),
+    SamplingParams: ("unset",),  # before Generate, which holds it
     Generate: (
         "tools",
         "tool_choice",
@@ -67,10 +70,21 @@ _OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
         "prefix",
     ),
     Error: ("param",),
-    ModelInfo: ("engine", "state", "size_bytes", "download", "error"),
+    SamplingDefaults: ("temperature", "top_p", "top_k", "min_p", "max_tokens"),
+    ModelInfo: (
+        "engine",
+        "state",
+        "size_bytes",
+        "download",
+        "error",
+        "defaults",
+        "draft_model",
+        "kv_bits",
+        "adapter",
+    ),
     Hardware: ("accelerator", "gpu_cores", "accelerator_memory_bytes", "accelerator_limit_bytes"),
     Hello: ("memory_budget_bytes", "members"),  # after ModelInfo and Hardware, which it holds
-    Heartbeat: ("kv_prefix_bytes", "kv_disk_bytes", "kv_disk_limit_bytes"),
+    Heartbeat: ("kv_prefix_bytes", "kv_disk_bytes", "kv_disk_limit_bytes", "speculation"),
     CacheHeld: ("added", "removed", "reset"),
 }
 """Fields left off the wire while they hold their default: a plain chunk is as small (and

@@ -20,11 +20,11 @@ the class (see `protocol.codec`). A connection goes:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import attrs
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Bumped on any change a peer of the previous version could not handle."""
 
 RUNNER_PATH = "/v1/runner/ws"
@@ -58,6 +58,19 @@ class Download:
 
 
 @attrs.frozen
+class SamplingDefaults:
+    """What a runner gives a request for a model when the request sets none of these
+    (`orchard runner --temp/--top-p/--top-k/--min-p/--max-tokens`; None: the dialect's own
+    default)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+
+
+@attrs.frozen
 class ModelInfo:
     """A model a runner serves, loaded or loadable on demand."""
 
@@ -74,6 +87,14 @@ class ModelInfo:
     """While it downloads: how far along."""
     error: str | None = None
     """Why its last load failed (it stays loadable: the next request tries again)."""
+    defaults: SamplingDefaults | None = None
+    """The runner's sampling defaults for it, where it has any."""
+    draft_model: str | None = None
+    """The model it drafts with (speculative decoding), if any."""
+    kv_bits: int | None = None
+    """Its KV cache's quantization (4 or 8 bits), if any."""
+    adapter: str | None = None
+    """The LoRA adapter it was loaded with (a directory or a Hub id), if any."""
 
 
 @attrs.frozen
@@ -188,6 +209,20 @@ class LogitBias:
     bias: float
 
 
+Defaultable = Literal["temperature", "top_p", "top_k", "min_p"]
+"""A sampling parameter a runner may give a default for (`SamplingParams.unset`)."""
+DEFAULTABLE: tuple[Defaultable, ...] = get_args(Defaultable)
+
+
+def unset_of(**given: float | None) -> tuple[Defaultable, ...]:
+    """Which of `DEFAULTABLE` a client left out: those not in `given`, or given as None (a
+    dialect that has no such parameter leaves it out of `given`)."""
+    unknown = given.keys() - set(DEFAULTABLE)
+    if unknown:
+        raise TypeError(f"not a defaultable sampling parameter: {', '.join(sorted(unknown))}")
+    return tuple(name for name in DEFAULTABLE if given.get(name) is None)
+
+
 @attrs.frozen
 class SamplingParams:
     """How to pick each token. Defaults are OpenAI's."""
@@ -201,6 +236,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[LogitBias, ...] = ()
+    unset: tuple[Defaultable, ...] = ()
+    """Which of temperature, top_p, top_k and min_p the client did not set (they hold the
+    dialect's defaults): a runner's defaults for the model replace those (`SamplingDefaults`)."""
 
 
 @attrs.frozen
@@ -384,6 +422,18 @@ class Error:
 
 
 @attrs.frozen
+class Speculation:
+    """What a model's draft has done on a runner since it started (speculative decoding)."""
+
+    model: str
+    draft_model: str
+    drafted: int
+    """Tokens the draft proposed."""
+    accepted: int
+    """Of those, the ones the model kept."""
+
+
+@attrs.frozen
 class Heartbeat:
     """Liveness, sent both ways; `sent_at` is the sender's wall clock (seconds).
 
@@ -398,6 +448,8 @@ class Heartbeat:
     kv_disk_bytes: int | None = None
     """What the prefix cache's files take on disk, and may take at most."""
     kv_disk_limit_bytes: int | None = None
+    speculation: tuple[Speculation, ...] = ()
+    """Each model with a draft: its drafted and accepted tokens so far."""
 
 
 @attrs.frozen

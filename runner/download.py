@@ -99,13 +99,15 @@ def fetch(
     endpoint: str | None = None,
     token: str | bool | None = None,
     stall_timeout: float = STALL_TIMEOUT,
+    allow_patterns: list[str] | None = None,
 ) -> Path:
     """The local directory of `model_id`: a directory as is, else its Hub snapshot, downloaded
     when not complete in the cache (`cache_dir`, default HF_HUB_CACHE) from `endpoint`
     (default HF_ENDPOINT), with `token` (default HF_TOKEN). Raises `DownloadError`.
 
     `on_progress` is called on this thread, at most every `REPORT_INTERVAL` and once more
-    with `finished=True`; never when the cache already had it all.
+    with `finished=True`; never when the cache already had it all. `allow_patterns`: the
+    files to fetch, mlx-lm's for a model by default (`runner.adapter.FILES` for an adapter).
     """
     local = Path(model_id)
     if local.exists():
@@ -115,7 +117,7 @@ def fetch(
         "cache_dir": cache_dir,
         "endpoint": endpoint,
         "token": token,
-        "allow_patterns": _allow_patterns(),
+        "allow_patterns": allow_patterns or _allow_patterns(),
     }
     try:
         path = snapshot_download(model_id, local_files_only=True, **options)
@@ -151,7 +153,11 @@ def fetch(
 
 
 def cached(
-    model_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None
+    model_id: str,
+    *,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    allow_patterns: list[str] | None = None,
 ) -> Path | None:
     """What `fetch` would return with no network call: a directory as is, a complete cached
     snapshot; else None (not cached, partly cached, or not a valid Hub id)."""
@@ -163,7 +169,7 @@ def cached(
             revision=revision,
             cache_dir=cache_dir,
             local_files_only=True,
-            allow_patterns=_allow_patterns(),
+            allow_patterns=allow_patterns or _allow_patterns(),
         )
     except (LocalEntryNotFoundError, ValueError):  # ValueError: not a Hub id
         return None

@@ -11,9 +11,10 @@
         │                          start twice); also a RuntimeError
         ├── ModelLoadError         `start` could not load a model; the loader's error is
         │   │                      its __cause__
-        │   └── DownloadError      a Hugging Face model could not be fetched (not found,
-        │                          gated, no network, disk full, stalled); the message says
-        │                          what to do, the hub client's error is its __cause__
+        │   ├── DownloadError      a Hugging Face model could not be fetched (not found,
+        │   │                      gated, no network, disk full, stalled); the message says
+        │   │                      what to do, the hub client's error is its __cause__
+        │   └── AdapterError       a LoRA adapter that cannot be used (runner.adapter)
         └── RequestError           one request this engine cannot serve; it ends that request
                                    with a Failure of its `code`, never reaching the caller
 

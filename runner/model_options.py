@@ -4,7 +4,14 @@ chat template and its arguments, and sampling defaults for requests that set non
 
 Options that belong to one model (`--draft-model`, `--adapter-path`, `--chat-template`,
 `--chat-template-args`) take `VALUE` for every model, or `MODEL=VALUE` for the `--model` of
-that name; the others hold for every model. No MLX here: `orchard --help` imports it.
+that name (or for one served id, `MODEL:ADAPTER=VALUE`); the others hold for every model.
+
+A model with an adapter is served as `MODEL:ADAPTER` (`served_id`: the adapter's directory
+name, or a Hub id's last part), so that clients choose it by name. `--adapter-path` given more
+than once for a model serves it once per adapter, and `MODEL=` (no value) serves it without
+one as well: `--adapter-path orchard-demo= --adapter-path orchard-demo=./my-lora` serves
+`orchard-demo` and `orchard-demo:my-lora` (each loads its own copy of the weights).
+`model_options` is keyed by served id. No MLX here: `orchard --help` imports it.
 """
 
 from __future__ import annotations
@@ -16,12 +23,18 @@ from typing import Any
 
 import attrs
 
+from protocol.frames import SamplingDefaults
+
 KV_BITS = (4, 8)
 """What `--kv-bits` takes (mlx-lm's quantized KV cache)."""
 DEFAULT_NUM_DRAFT_TOKENS = 3
 DEFAULT_KV_GROUP_SIZE = 64
 DEFAULT_QUANTIZED_KV_START = 5000
 """mlx-lm's default: the first 5000 tokens stay unquantized."""
+
+
+NO_DEFAULTS = SamplingDefaults()
+"""Sampling as each dialect defaults it."""
 
 
 class OptionError(ValueError):
@@ -33,27 +46,18 @@ class OptionError(ValueError):
 
 
 @attrs.frozen
-class SamplingDefaults:
-    """What a request gets when it sets none of these (None: OpenAI's default)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    max_tokens: int | None = None
-
-    def shown(self) -> dict[str, float | int]:
-        """The ones set, by their request names (for /v1/runners)."""
-        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
-
-
-@attrs.frozen
 class ModelOptions:
-    """One model's options (every field's default: as without the option)."""
+    """One served model's options (every field's default: as without the option)."""
 
+    model: str | None = None
+    """The `--model` this serves, when its served id is another name (`MODEL:ADAPTER`)."""
     draft_model: str | None = None
     """A smaller model with the same tokenizer, for speculative decoding."""
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    draft_always: bool = False
+    """Draft every request the draft can serve; by default (False) a model drafts only while
+    that measures faster than decoding alone (runner.engine.speculative). For tests and
+    `just bench speculative`."""
     kv_bits: int | None = None
     kv_group_size: int = DEFAULT_KV_GROUP_SIZE
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START
@@ -65,31 +69,83 @@ class ModelOptions:
     chat_template_args: Mapping[str, Any] = attrs.field(factory=dict)
     """Defaults for the template's arguments; a request's chat_template_kwargs win."""
     trust_remote_code: bool = False
-    sampling: SamplingDefaults = SamplingDefaults()
+    sampling: SamplingDefaults = NO_DEFAULTS
 
     @property
     def speculative(self) -> bool:
         return self.draft_model is not None and self.num_draft_tokens > 0
 
+    def base(self, served: str) -> str:
+        """The model (its `--model` value) that the id `served` serves."""
+        return self.model if self.model is not None else served
+
+
+def served_id(model: str, adapter: str | None) -> str:
+    """The id `model` is served as with `adapter`: `MODEL:ADAPTER`, ADAPTER the adapter's
+    directory name (a Hub id's last part); `model` itself without one."""
+    if adapter is None:
+        return model
+    return f"{model}:{Path(adapter.rstrip('/')).name}"
+
 
 def per_model(option: str, values: Iterable[str], models: tuple[str, ...]) -> dict[str, str]:
     """`[MODEL=]VALUE` entries of `option`, by model: `VALUE` alone is for every model, and
     `MODEL=VALUE` (MODEL one of `models`) for one; an entry later overrides an earlier one."""
+    return per_served(option, values, {model: model for model in models})
+
+
+def per_served(option: str, values: Iterable[str], served: Mapping[str, str]) -> dict[str, str]:
+    """As `per_model`, by served id (`served`: each id's model): `MODEL=VALUE` is for every
+    id of the model, `MODEL:ADAPTER=VALUE` for that id alone."""
     found: dict[str, str] = {}
+    names = tuple(dict.fromkeys((*served.values(), *served)))
     for entry in values:
-        name, sep, value = entry.partition("=")
-        if sep and name in models:
-            found[name] = value
-        elif sep and name and not _looks_like_value(entry):
-            raise OptionError(
-                f"{name!r} is not one of the --model values ({', '.join(models)}); "
-                "give VALUE for every model or MODEL=VALUE",
-                option,
-            )
-        else:
-            for model in models:
-                found[model] = entry
+        name, value = _split(option, entry, names)
+        for key, model in served.items():
+            if name is None or name in (key, model):
+                found[key] = value
     return found
+
+
+def _split(option: str, entry: str, names: tuple[str, ...]) -> tuple[str | None, str]:
+    """(MODEL, VALUE) of `MODEL=VALUE`, (None, VALUE) of a `VALUE` for every model."""
+    name, sep, value = entry.partition("=")
+    if sep and name in names:
+        return name, value
+    if sep and name and not _looks_like_value(entry):
+        models = ", ".join(n for n in names if ":" not in n)
+        raise OptionError(
+            f"{name!r} is not one of the --model values ({models}); "
+            "give VALUE for every model or MODEL=VALUE",
+            option,
+        )
+    return None, entry
+
+
+def served_models(models: tuple[str, ...], adapter_path: Iterable[str]) -> dict[str, str | None]:
+    """Each served id's adapter (None: the model itself), in `models`' order: a model's
+    `MODEL=DIR` entries, or else the `DIR` entries for every model; `MODEL=` is the model
+    without an adapter. Two ids alike are an `OptionError`."""
+    if len(set(models)) != len(models):
+        raise OptionError("a model is named twice", "--model")
+    common: list[str | None] = []
+    own: dict[str, list[str | None]] = {}
+    for entry in adapter_path:
+        name, value = _split("--adapter-path", entry, models)
+        adapter = value or None
+        (common if name is None else own.setdefault(name, [])).append(adapter)
+    served: dict[str, str | None] = {}
+    for model in models:
+        for adapter in own.get(model, common) or [None]:
+            key = served_id(model, adapter)
+            if key in served:
+                raise OptionError(
+                    f"{key} is served twice: two adapters of one model need different "
+                    "directory names",
+                    "--adapter-path",
+                )
+            served[key] = adapter
+    return served
 
 
 def _looks_like_value(entry: str) -> bool:
@@ -110,7 +166,7 @@ def model_options(  # the runner command's options, by name
     chat_template: Iterable[str] = (),
     chat_template_args: Iterable[str] = (),
     trust_remote_code: bool = False,
-    sampling: SamplingDefaults = SamplingDefaults(),
+    sampling: SamplingDefaults = NO_DEFAULTS,
 ) -> dict[str, ModelOptions]:
     """Each model's options from the command's; `OptionError` for a value that cannot be."""
     if kv_bits is not None and kv_bits not in KV_BITS:
@@ -122,40 +178,49 @@ def model_options(  # the runner command's options, by name
     if num_draft_tokens < 1:
         raise OptionError("must be at least 1", "--num-draft-tokens")
     _check_sampling(sampling)
-    drafts = per_model("--draft-model", draft_model, models)
-    adapters = per_model("--adapter-path", adapter_path, models)
+    adapters = served_models(models, adapter_path)
+    bases = {key: _base(key, adapter, models) for key, adapter in adapters.items()}
+    drafts = per_served("--draft-model", draft_model, bases)
     templates = {
-        m: _template(t) for m, t in per_model("--chat-template", chat_template, models).items()
+        m: _template(t) for m, t in per_served("--chat-template", chat_template, bases).items()
     }
     arguments = {
         m: _arguments(a)
-        for m, a in per_model("--chat-template-args", chat_template_args, models).items()
+        for m, a in per_served("--chat-template-args", chat_template_args, bases).items()
     }
     return {
         model: ModelOptions(
+            model=None if bases[model] == model else bases[model],
             draft_model=drafts.get(model),
             num_draft_tokens=num_draft_tokens,
             kv_bits=kv_bits,
             kv_group_size=kv_group_size,
             quantized_kv_start=quantized_kv_start,
-            adapter_path=adapters.get(model),
+            adapter_path=adapters[model],
             chat_template=templates.get(model),
             chat_template_args=arguments.get(model, {}),
             trust_remote_code=trust_remote_code,
             sampling=sampling,
         )
-        for model in models
+        for model in adapters
     }
 
 
+def _base(key: str, adapter: str | None, models: tuple[str, ...]) -> str:
+    """The model the served id `key` serves."""
+    return next(m for m in models if served_id(m, adapter) == key)
+
+
 def _template(value: str) -> str:
-    """A template's text: `value` itself, or the file it names."""
-    path = Path(value)
-    if "{" not in value and path.suffix in (".jinja", ".j2", ".txt", ".tmpl", ""):
-        if not path.is_file():
-            raise OptionError(f"no template file at {value}", "--chat-template")
-        return path.read_text(encoding="utf-8")
-    return value
+    """A template's text: the file `value` names, or `value` itself when it is Jinja."""
+    if "\n" not in value and Path(value).is_file():
+        return Path(value).read_text(encoding="utf-8")
+    if "{{" in value or "{%" in value:
+        return value
+    raise OptionError(
+        f"no template file at {value} (nor is it a template's text: that holds {{{{ or {{%)",
+        "--chat-template",
+    )
 
 
 def _arguments(value: str) -> dict[str, Any]:

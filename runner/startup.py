@@ -73,22 +73,23 @@ def mlx_engines(
     return make
 
 
+MODEL_OPTIONS = (
+    "draft model, KV quantization, adapter, chat template, remote code or sampling defaults "
+    "(--temp, --top-p, --top-k, --min-p, --max-tokens)"
+)
+
+
 def refuse_for_scripted(options: Mapping[str, ModelOptions]) -> None:
-    """The scripted engine has no model to draft for, adapt or template."""
-    if any(_beyond_sampling(option) for option in options.values()):
-        raise StartupError(
-            "the scripted engine takes no draft model, KV quantization, adapter, chat "
-            "template or remote code",
-            "--engine",
-        )
+    """The scripted engine has no model to draft for, adapt, template or sample from."""
+    if any(_any_set(option) for option in options.values()):
+        raise StartupError(f"the scripted engine takes no {MODEL_OPTIONS}", "--engine")
 
 
-def _beyond_sampling(option: ModelOptions) -> bool:
-    """An option other than the sampling defaults is set."""
+def _any_set(option: ModelOptions) -> bool:
+    """One of the model options is set (runner.model_options)."""
     from runner.model_options import ModelOptions
 
-    plain = ModelOptions()
-    return attrs.evolve(option, sampling=plain.sampling) != plain
+    return attrs.evolve(option, model=None) != ModelOptions()
 
 
 def kv_disk(size: str | None) -> tuple[Path, int]:
@@ -110,8 +111,10 @@ def shelf(
     make: Callable[[str, str], Engine],
     max_memory: str | None,
     hardware: Hardware,
+    options: Mapping[str, ModelOptions] | None = None,
 ) -> Engine:
-    """Several models, loaded on demand within the memory budget (runner.engine.shelf)."""
+    """Several models (by served id), loaded on demand within the memory budget
+    (runner.engine.shelf); `options` say the model of each `MODEL:ADAPTER` id."""
     from runner.budget import default_budget, parse_size
     from runner.engine.shelf import ModelShelf
     from runner.model_source import HubSource
@@ -124,7 +127,34 @@ def shelf(
         )
     except ValueError as exc:
         raise StartupError(str(exc), "--max-memory") from exc
-    return ModelShelf(models, make_engine=make, source=HubSource(), max_memory=budget)
+    bases = {served: option.base(served) for served, option in (options or {}).items()}
+    return ModelShelf(models, make_engine=make, source=HubSource(bases), max_memory=budget)
+
+
+def check_adapters(options: Mapping[str, ModelOptions]) -> None:
+    """Each adapter that is a directory: its files, and that it fits its model when the
+    model is on disk (the built-in ones are built for it). A Hub id is checked when it is
+    downloaded, as its model loads. A broken one is a StartupError."""
+    from runner import adapter
+    from runner.model_source import HubSource
+
+    source = HubSource()
+    for served, option in options.items():
+        if option.adapter_path is None:
+            continue
+        base = option.base(served)
+        try:
+            directory = adapter.locate(option.adapter_path, download=False)
+            if directory is None:
+                continue  # a Hub id not downloaded yet
+            adapter.check_files(directory)
+            model_dir = source.on_disk(base)
+            if model_dir is not None:
+                adapter.check_fit(
+                    directory, model_dir, base, trust_remote_code=option.trust_remote_code
+                )
+        except adapter.AdapterError as exc:
+            raise StartupError(f"{served}: {exc}", "--adapter-path") from exc
 
 
 def runner_group(
@@ -156,13 +186,10 @@ def runner_group(
             raise GroupError(f"a runner group runs the mlx-batched engine, not {engine}")
         if max_kv_bytes is not None:
             raise GroupError("--max-kv-bytes is not supported in a runner group yet")
-        if any(_beyond_sampling(option) for option in options.values()):
-            # As mlx_lm.server in distributed mode: each member would need the draft or the
-            # adapter split as the model is.
-            raise GroupError(
-                "a runner group takes no draft model, KV quantization, adapter, chat template "
-                "or remote code"
-            )
+        if any(_any_set(option) for option in options.values()):
+            # Each member would need the draft or the adapter split as the model is, and the
+            # members' lock step loads the model without options: refused, not ignored.
+            raise GroupError(f"a runner group takes no {MODEL_OPTIONS}")
         if not member:
             sys.exit(
                 group_launch.run_group(

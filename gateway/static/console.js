@@ -122,6 +122,12 @@ function modelChip(m) {
   const facts = [];
   if (m.context_length) facts.push(`context ${integer.format(m.context_length)}`);
   if (m.size_bytes) facts.push(`${megabytes(m.size_bytes)} of weights`);
+  // The runner's options for it: its sampling defaults, draft model, KV bits, adapter.
+  const defaults = Object.entries(m.defaults || {}).map(([k, v]) => `${k} ${v}`);
+  if (defaults.length) facts.push(`defaults: ${defaults.join(", ")}`);
+  if (m.draft_model) facts.push(`draft model ${m.draft_model}`);
+  if (m.kv_bits) facts.push(`${m.kv_bits}-bit KV cache`);
+  if (m.adapter) facts.push(`adapter ${m.adapter}`);
   let label = m.id;
   if (m.state === "loading") {
     const d = m.download;

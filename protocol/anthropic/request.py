@@ -74,6 +74,7 @@ from protocol.frames import (
     SamplingParams,
     Tool,
     ToolCall,
+    unset_of,
 )
 from protocol.frames import ToolChoice as InternalToolChoice
 
@@ -171,6 +172,7 @@ def parse_messages_request(body: bytes, check_model: CheckModel | None = None) -
             temperature=1.0 if temperature is None else temperature,
             top_p=1.0 if top_p is None else top_p,
             top_k=top_k or 0,
+            unset=unset_of(temperature=temperature, top_p=top_p, top_k=top_k),
         ),
     )
 

@@ -53,6 +53,7 @@ from protocol.core.limits import (
 )
 from protocol.core.tools import parse_tools
 from protocol.frames import (
+    DEFAULTABLE,
     Generate,
     Message,
     ReasoningEffort,
@@ -60,12 +61,14 @@ from protocol.frames import (
     SamplingParams,
     Tool,
     ToolCall,
+    unset_of,
 )
 
 Endpoint = Literal["chat", "generate"]
 
-OLLAMA_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.9, top_k=40)
-"""Ollama's sampling defaults where neither the request nor a Modelfile sets them."""
+OLLAMA_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, unset=DEFAULTABLE)
+"""Ollama's sampling defaults where neither the request nor a Modelfile sets them (a
+request without `options` sets none: a runner's defaults replace them all)."""
 
 _COMMON = frozenset(
     {"model", "stream", "format", "options", "keep_alive", "think", "logprobs", "top_logprobs"}
@@ -330,6 +333,7 @@ def _options(value: Any) -> tuple[int | None, tuple[str, ...], SamplingParams]:
         seed=None if seed is None or seed < 0 else seed,
         presence_penalty=defaults.presence_penalty if presence is None else presence,
         frequency_penalty=defaults.frequency_penalty if frequency is None else frequency,
+        unset=unset_of(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p),
     )
     return (
         num_predict if num_predict is not None and num_predict > 0 else None,

@@ -35,6 +35,7 @@ from protocol.frames import (
     LogitBias,
     ReasoningEffort,
     SamplingParams,
+    unset_of,
 )
 
 MAX_LOGIT_BIAS = 1024
@@ -109,6 +110,7 @@ def parse_sampling(data: dict[str, Any]) -> SamplingParams:
         presence_penalty=defaults.presence_penalty if presence is None else presence,
         frequency_penalty=defaults.frequency_penalty if frequency is None else frequency,
         logit_bias=_logit_bias(data.get("logit_bias")),
+        unset=unset_of(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p),
     )
 
 

@@ -8,6 +8,9 @@ Both follow OpenAI's semantics rather than mlx-lm's defaults where they differ:
   is reproducible whatever runs alongside it;
 - presence and frequency penalties count this request's generated tokens only (mlx-lm's look
   at the last 20 tokens, prompt included).
+
+A runner's defaults for a model (`orchard runner --temp/--top-p/--top-k/--min-p`) replace
+what the client left out (`with_defaults`); what it set always wins.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
 
-from protocol.frames import SamplingParams
+from protocol.frames import SamplingDefaults, SamplingParams
 
 Sampler = Callable[[Any], Any]
 """Log-probabilities (1, vocab) to a token array (1,)."""
@@ -34,6 +38,17 @@ def seed_unseeded(seed: int) -> None:
     """Make the keys of requests without a seed repeat: a runner group's ranks seed it alike,
     so that every rank samples the same tokens."""
     _unseeded.seed(seed)
+
+
+def with_defaults(params: SamplingParams, defaults: SamplingDefaults) -> SamplingParams:
+    """`params` with each parameter the client left out (`params.unset`) set to the model's
+    default where it has one; those are no longer unset. `params` itself when none applies."""
+    given = {name: getattr(defaults, name) for name in params.unset}
+    applied = {name: value for name, value in given.items() if value is not None}
+    if not applied:
+        return params
+    unset = tuple(name for name in params.unset if name not in applied)
+    return attrs.evolve(params, unset=unset, **applied)
 
 
 def make_sampler_for(params: SamplingParams, vocab_size: int) -> Sampler:

@@ -549,6 +549,10 @@ def test_models_runners_health(gateway: Gateway, stack: tuple[Gateway, Process])
             "size_bytes": weights_bytes(Path(resolve_model(MODEL))),
             "download": None,
             "error": None,
+            "defaults": None,
+            "draft_model": None,
+            "kv_bits": None,
+            "adapter": None,
         }
     ]
     assert info["memory_budget_bytes"] is None  # one model, loaded for good: no budget

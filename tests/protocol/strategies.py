@@ -15,6 +15,7 @@ import orjson
 
 from protocol.codec import converter
 from protocol.frames import (
+    DEFAULTABLE,
     Batch,
     CacheHeld,
     Cancel,
@@ -39,6 +40,7 @@ from protocol.frames import (
     ModelStatus,
     PromptToken,
     RunnerFrame,
+    SamplingDefaults,
     SamplingParams,
     TopLogprob,
     Usage,
@@ -93,6 +95,14 @@ def _tuples(elements: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[Any, ..
 
 model_states: st.SearchStrategy[Any] = st.sampled_from(get_args(ModelState))
 downloads = st.builds(Download, done_bytes=ints, total_bytes=ints)
+sampling_defaults = st.builds(
+    SamplingDefaults,
+    temperature=st.none() | floats,
+    top_p=st.none() | floats,
+    top_k=st.none() | ints,
+    min_p=st.none() | floats,
+    max_tokens=st.none() | ints,
+)
 model_infos = st.builds(
     ModelInfo,
     id=text,
@@ -102,6 +112,10 @@ model_infos = st.builds(
     size_bytes=st.none() | ints,
     download=st.none() | downloads,
     error=optional_text,
+    defaults=st.none() | sampling_defaults,
+    draft_model=optional_text,
+    kv_bits=st.none() | ints,
+    adapter=optional_text,
 )
 hardware = st.builds(
     Hardware,
@@ -138,6 +152,7 @@ sampling_params = st.builds(
     presence_penalty=floats,
     frequency_penalty=floats,
     logit_bias=_tuples(logit_biases),
+    unset=st.lists(st.sampled_from(DEFAULTABLE), unique=True).map(tuple),
 )
 generates = st.builds(
     Generate,

@@ -66,6 +66,7 @@ from protocol.frames import (
     SamplingParams,
     Tool,
     ToolChoice,
+    unset_of,
 )
 from protocol.openai.params import check_accepted, parse_metadata, parse_reasoning_effort
 from protocol.openai.responses.compaction import MAX_SUMMARY_TOKENS, compaction_messages
@@ -272,6 +273,7 @@ def parse_responses_object(
         top_p=1.0 if top_p is None else top_p,
         presence_penalty=0.0 if presence is None else presence,
         frequency_penalty=0.0 if frequency is None else frequency,
+        unset=unset_of(temperature=temperature, top_p=top_p),
     )
     tools = _tools(data.get("tools"))
     tool_choice, tool_name = _tool_choice(data.get("tool_choice"), tools)

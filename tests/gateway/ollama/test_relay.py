@@ -153,7 +153,9 @@ async def test_what_reaches_the_runner(runner: FakeRunner, http: httpx.AsyncClie
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     assert response.json()["response"] == "{}"
-    assert gen.sampling == SamplingParams(temperature=0.0, top_p=0.9, top_k=1, seed=7)
+    assert gen.sampling == SamplingParams(
+        temperature=0.0, top_p=0.9, top_k=1, seed=7, unset=("top_p", "min_p")
+    )
     assert (gen.stop, gen.response_format, gen.reasoning_effort) == (
         ("END",),
         ResponseFormat("json_object"),

@@ -129,6 +129,10 @@ async def test_models_and_runners_show_each_models_state(
             "size_bytes": None,
             "download": {"done_bytes": 512, "total_bytes": 2048},
             "error": None,
+            "defaults": None,
+            "draft_model": None,
+            "kv_bits": None,
+            "adapter": None,
         }
         models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
         assert models["st-lazy"]["state"] == "loading"

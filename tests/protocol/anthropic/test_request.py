@@ -13,7 +13,7 @@ from hypothesis import given
 from protocol.anthropic.request import parse_count_request, parse_messages_request
 from protocol.codec import decode_gateway_frame, encode
 from protocol.core.errors import ApiError
-from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
+from protocol.frames import DEFAULTABLE, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from tests.protocol.strategies import json_values, mutations
 
 TOOL = {
@@ -41,7 +41,7 @@ def test_a_plain_request() -> None:
     assert gen.messages == (Message(role="user", content="Hi"),)
     assert (gen.max_tokens, gen.sampling, gen.tools, gen.reasoning_effort) == (
         16,
-        SamplingParams(),
+        SamplingParams(unset=DEFAULTABLE),
         (),
         None,
     )
@@ -60,7 +60,7 @@ def test_system_messages_and_sampling() -> None:
     assert gen.messages[0] == Message(role="system", content="Be brief.\nBe kind.")
     assert gen.stop == ("END", "\n\n")
     assert parse(stop_sequences=[]).stop == ()
-    assert gen.sampling == SamplingParams(temperature=0.0, top_p=0.5, top_k=3)
+    assert gen.sampling == SamplingParams(temperature=0.0, top_p=0.5, top_k=3, unset=("min_p",))
     assert parse(system="S").messages[0] == Message(role="system", content="S")
 
 

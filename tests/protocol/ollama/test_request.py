@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from protocol.core.errors import ApiError, model_not_found
-from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
+from protocol.frames import DEFAULTABLE, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.ollama.request import OLLAMA_DEFAULTS, in_ollama_terms, parse_chat, parse_generate
 from runner import demo_model
 
@@ -34,7 +34,9 @@ def refused(parse: Any, **fields: Any) -> ApiError:
 def test_a_minimal_chat_streams_with_ollamas_defaults() -> None:
     request = chat()
     assert request.stream is True
-    assert request.sampling == SamplingParams(temperature=0.8, top_p=0.9, top_k=40)
+    assert request.sampling == SamplingParams(
+        temperature=0.8, top_p=0.9, top_k=40, unset=DEFAULTABLE
+    )
     assert request.sampling == OLLAMA_DEFAULTS
     generate_ = request.to_generate("r1")
     assert generate_.messages == (Message("user", "hi"),)

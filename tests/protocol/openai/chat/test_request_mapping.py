@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from protocol.core.errors import ApiError
 from protocol.core.limits import MAX_MESSAGES, MAX_PROMPT_CHARS, MAX_STOP_CHARS
 from protocol.frames import (
+    DEFAULTABLE,
     Generate,
     LogitBias,
     Message,
@@ -35,10 +37,13 @@ def test_minimal_request() -> None:
         continuous_usage_stats=False,
         max_tokens=None,
         stop=(),
-        sampling=SamplingParams(),
+        sampling=SamplingParams(unset=DEFAULTABLE),
     )
     assert chat.to_generate("req-1") == Generate(
-        request_id="req-1", model="m", messages=(Message(role="user", content="hi"),)
+        request_id="req-1",
+        model="m",
+        messages=(Message(role="user", content="hi"),),
+        sampling=SamplingParams(unset=DEFAULTABLE),
     )
 
 
@@ -301,7 +306,9 @@ def test_stop(stop: Any, expected: tuple[str, ...]) -> None:
     ],
 )
 def test_sampling_bounds_are_inclusive(value: dict[str, Any], expected: SamplingParams) -> None:
-    assert parse(request(**value)).sampling == expected
+    # What the request leaves out of temperature, top_p, top_k and min_p is unset.
+    unset = tuple(name for name in DEFAULTABLE if name not in value)
+    assert parse(request(**value)).sampling == attrs.evolve(expected, unset=unset)
 
 
 @pytest.mark.parametrize(

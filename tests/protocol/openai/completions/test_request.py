@@ -11,7 +11,7 @@ from hypothesis import given
 
 from protocol.core import errors
 from protocol.core.errors import ApiError
-from protocol.frames import Generate, LogitBias, SamplingParams
+from protocol.frames import DEFAULTABLE, Generate, LogitBias, SamplingParams
 from protocol.openai.completions.request import (
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPTS,
@@ -44,9 +44,12 @@ def refusal(data: Any) -> ApiError:
 
 def test_minimal_request_has_the_legacy_defaults() -> None:
     request = parse()
-    assert request == CompletionRequest(model="m", prompts=("Once upon",), max_tokens=16)
+    unset = SamplingParams(unset=DEFAULTABLE)
+    assert request == CompletionRequest(
+        model="m", prompts=("Once upon",), max_tokens=16, sampling=unset
+    )
     assert request.to_generates("cmpl-1") == [
-        Generate("cmpl-1", "m", (), max_tokens=16, prompt="Once upon")
+        Generate("cmpl-1", "m", (), max_tokens=16, sampling=unset, prompt="Once upon")
     ]
 
 

@@ -12,7 +12,7 @@ from hypothesis import given
 
 from protocol.codec import decode_gateway_frame, encode
 from protocol.core.errors import ApiError
-from protocol.frames import Message, ResponseFormat, SamplingParams, Tool, ToolCall
+from protocol.frames import DEFAULTABLE, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from protocol.openai.errors import error_body
 from protocol.openai.responses.events import response_base
 from protocol.openai.responses.request import (
@@ -54,7 +54,7 @@ def test_a_string_input_is_one_user_message() -> None:
     assert generate.model == "m"
     assert generate.messages == (Message("user", "Hello"),)
     assert generate.max_tokens is None
-    assert generate.sampling == SamplingParams()
+    assert generate.sampling == SamplingParams(unset=DEFAULTABLE)
     assert request.store is False  # the server keeps nothing: not stored
 
 
