@@ -55,6 +55,7 @@ from protocol.frames import (
     ModelInfo,
     ModelStatus,
     RunnerFrame,
+    Speculation,
     TokenLogprob,
     ToolCallDelta,
     Usage,
@@ -190,6 +191,8 @@ class GatewaySession(Generic[H]):
         """Of `kv_bytes`, kept prompts' (the prefix cache's memory tier)."""
         self.kv_disk_bytes: int | None = None
         self.kv_disk_limit_bytes: int | None = None
+        self.speculation: tuple[Speculation, ...] = ()
+        """Each model's draft: tokens drafted and accepted, from the last heartbeat."""
 
     # --- what the pool reads ---------------------------------------------------------------
 
@@ -242,6 +245,7 @@ class GatewaySession(Generic[H]):
                 self.kv_prefix_bytes = frame.kv_prefix_bytes
                 self.kv_disk_bytes = frame.kv_disk_bytes
                 self.kv_disk_limit_bytes = frame.kv_disk_limit_bytes
+                self.speculation = frame.speculation
                 return []
             case Error(request_id=None, message=message):
                 return [RunnerFailed(message)]

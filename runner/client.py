@@ -357,6 +357,7 @@ class Runner:
                         kv.prefix_bytes,
                         kv.disk_bytes,
                         kv.disk_limit_bytes,
+                        self.engine.speculation(),
                     )
                 )
             )

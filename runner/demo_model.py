@@ -63,6 +63,11 @@ config's `max_position_embeddings` differs. For the long-context benchmarks (`ju
 agent`): the built-in model's 2,048 tokens hold no agent session."""
 LONG_CONTEXT = 32_768
 
+DEMO_DRAFT_MODEL_ID = "orchard-demo-draft"
+"""Another random model with the built-in model's tokenizer, one layer deep: a draft model that
+rarely agrees with it (`orchard runner --draft-model`, `just bench speculative`). The built-in
+model as its own draft is the one that always agrees."""
+
 CACHE_DIR_ENV = "ORCHARD_CACHE_DIR"
 
 ENDOFTEXT = "<|endoftext|>"
@@ -225,7 +230,7 @@ def is_builtin(name: str) -> bool:
     """Whether `name` is one of the built-in models (built here, never downloaded)."""
     from runner import demo_families
 
-    builtin = (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID, DEMO_LONG_MODEL_ID)
+    builtin = (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID, DEMO_LONG_MODEL_ID, DEMO_DRAFT_MODEL_ID)
     return name in builtin or demo_families.family_of(name) is not None
 
 
@@ -245,7 +250,7 @@ def resolve_model(name: str) -> str:
         if not target.is_dir():
             _build_atomically(target, lambda path: demo_families.build_family_model(family, path))
         return str(target)
-    if name not in (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID, DEMO_LONG_MODEL_ID):
+    if not is_builtin(name):
         return name
     target = cache_dir() / "models" / f"{DEMO_MODEL_ID}-{DEMO_MODEL_VERSION}"
     if not target.is_dir():
@@ -255,6 +260,11 @@ def resolve_model(name: str) -> str:
         target = cache_dir() / "models" / f"{DEMO_PIPELINE_MODEL_ID}-{DEMO_MODEL_VERSION}"
         if not target.is_dir():
             _build_atomically(target, lambda path: build_qwen2_variant(source, path))
+    elif name == DEMO_DRAFT_MODEL_ID:
+        source = target
+        target = cache_dir() / "models" / f"{DEMO_DRAFT_MODEL_ID}-{DEMO_MODEL_VERSION}"
+        if not target.is_dir():
+            _build_atomically(target, lambda path: build_draft_variant(source, path))
     elif name == DEMO_LONG_MODEL_ID:
         source = target
         target = cache_dir() / "models" / f"{DEMO_LONG_MODEL_ID}-{DEMO_MODEL_VERSION}"
@@ -326,6 +336,28 @@ def build_long_variant(source: Path, path: Path) -> None:
     config = json.loads((source / "config.json").read_text())
     config["max_position_embeddings"] = LONG_CONTEXT
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def build_draft_variant(source: Path, path: Path) -> None:
+    """Write `DEMO_DRAFT_MODEL_ID` into `path`: the tokenizer of the demo model at `source`,
+    one Llama layer of other random weights (seeded), its logits as peaked."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    args = llama.ModelArgs.from_dict(config)  # type: ignore[no-untyped-call]  # unannotated
+    mx.random.seed(1)  # not the demo model's 0
+    model = llama.Model(args)
+    model.model.norm.weight = model.model.norm.weight * _LOGIT_SCALE
+    weights = dict(tree_flatten(model.parameters()))
+    mx.eval(weights)
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(source / name, path / name)
 
 
 def build_qwen2_variant(source: Path, path: Path) -> None:

@@ -15,6 +15,7 @@ from gateway.auth import METRICS_PATH, check_metrics
 from gateway.config import GatewayConfig
 from gateway.pool.placement import RunnerConn
 from gateway.pool.pool import Pool
+from protocol.frames import ModelInfo, Speculation
 from protocol.pinning import PROOF_PATH, fingerprint, proof
 
 _STATE_RANK = {"loadable": 0, "loading": 1, "loaded": 2}
@@ -48,13 +49,34 @@ async def list_models(state: State) -> dict[str, Any]:
     }
 
 
+def model_info(info: ModelInfo) -> dict[str, Any]:
+    """One of a runner's models in `/v1/runners`: its `defaults` only those the runner sets."""
+    shown = attrs.asdict(info)
+    if info.defaults is not None:
+        shown["defaults"] = {k: v for k, v in shown["defaults"].items() if v is not None}
+    return shown
+
+
+def speculated(shown: dict[str, Any], speculation: tuple[Speculation, ...]) -> dict[str, Any]:
+    """A model's `/v1/runners` entry with its draft's counts (`speculative`), if it has one."""
+    for spec in speculation:
+        if spec.model == shown["id"]:
+            shown["speculative"] = {
+                "draft_model": spec.draft_model,
+                "drafted_tokens": spec.drafted,
+                "accepted_tokens": spec.accepted,
+                "acceptance_rate": spec.accepted / spec.drafted if spec.drafted else None,
+            }
+    return shown
+
+
 def runner_info(conn: RunnerConn) -> dict[str, Any]:
     """What `/v1/runners` (and the console) show of one runner."""
     hello, session = conn.hello, conn.session
     return {
         "id": conn.id,
         "name": hello.runner_name,
-        "models": [attrs.asdict(m) for m in conn.infos()],
+        "models": [speculated(model_info(m), session.speculation) for m in conn.infos()],
         "memory_budget_bytes": hello.memory_budget_bytes,
         "max_concurrent": hello.max_concurrent,
         "active": session.in_flight,

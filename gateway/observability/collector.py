@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.pool.placement import RunnerConn
@@ -102,9 +102,33 @@ class PoolCollector(Collector):
             ["runner", "runner_id"],
         )
         yield from _model_gauges(runners)
+        yield from _speculation(runners)
 
     def describe(self) -> Iterable[Metric]:
         return []  # nothing to check at registration: the names are this module's own
+
+
+def _speculation(runners: list[RunnerConn]) -> Iterable[Metric]:
+    """Speculative decoding's drafted and accepted tokens, by runner and model (counters the
+    runner keeps and reports in its heartbeats)."""
+    specs = [(c, spec) for c in runners for spec in c.session.speculation]
+    for what, help_text in (
+        (
+            "drafted",
+            "Tokens a model's draft proposed (speculative decoding), from the "
+            "runner's last heartbeat.",
+        ),
+        ("accepted", "Of the tokens a model's draft proposed, those the model kept."),
+    ):
+        family = CounterMetricFamily(
+            f"orchard_runner_speculative_{what}_tokens",
+            help_text,
+            labels=["runner", "runner_id", "model", "draft_model"],
+        )
+        for c, spec in specs:
+            count = spec.drafted if what == "drafted" else spec.accepted
+            family.add_metric([c.name, c.id, spec.model, spec.draft_model], float(count))
+        yield family
 
 
 def _model_gauges(runners: list[RunnerConn]) -> Iterable[Metric]:

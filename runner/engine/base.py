@@ -25,6 +25,7 @@ from protocol.frames import (
     Generate,
     GenerationStats,
     ModelInfo,
+    Speculation,
     TokenLogprob,
     ToolCallDelta,
     Usage,
@@ -150,6 +151,11 @@ class Engine(abc.ABC):
     def kv_usage(self) -> KvUsage:
         """What the KV caches take now (thread-safe: for heartbeats)."""
         return KvUsage()
+
+    def speculation(self) -> tuple[Speculation, ...]:
+        """Each loaded model with a draft model: its drafted and accepted tokens so far
+        (thread-safe: for heartbeats)."""
+        return ()
 
     def memory_budget(self) -> int | None:
         """What the loaded models may take together, for an engine that loads models on

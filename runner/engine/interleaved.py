@@ -26,6 +26,7 @@ from runner.engine.generation import Decoder, Generation, Stepping
 from runner.engine.prefix_cache import compact
 from runner.engine.request import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
+from runner.engine.speculative import counted
 from runner.engine.stats import EngineStats
 
 log = logging.getLogger("runner.engine")
@@ -58,6 +59,9 @@ class InterleavedDecoder:
         self._streams: dict[str, tuple[Request, Iterator[Any]]] = {}
         self._guards: dict[str, ConstraintProcessor] = {}
         """The constraint processors of constrained requests."""
+        self._drafts: dict[str, bool] = {}
+        """Of the requests the model's draft could serve and that started alone, whether
+        each drafts: their decode rates choose the next one's way (runner.engine.speculative)."""
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -92,9 +96,31 @@ class InterleavedDecoder:
         guard = None
         if request.constraint is not None:
             guard = self._guards[request.request_id] = request.constraint.processor()
-        self._streams[request.request_id] = (
-            request,
-            stream_generate(
+        draft = model.draft if guard is None else None
+        drafts = draft is not None and draft.use_for_next()
+        if draft is not None and not self._streams:
+            self._drafts[request.request_id] = drafts
+        if draft is not None and drafts:
+            # runner.engine.speculative: the draft's cache starts where this one stands, and
+            # the logits processors see the last prompt token and what is generated.
+            stream = counted(
+                draft,
+                stream_generate(
+                    model.model,
+                    model.tokenizer_for(request),
+                    suffix,
+                    max_tokens=request.max_tokens,
+                    draft_model=draft.model,
+                    num_draft_tokens=draft.num_tokens,
+                    sampler=make_sampler_for(params, model.vocab_size),
+                    logits_processors=make_logits_processors(params, 1, None) or None,
+                    prompt_cache=[*cache, *draft.prefilled_cache(request.prompt[:reused])],
+                    **model.kv_quantization,
+                ),
+                request.max_tokens,
+            )
+        else:
+            stream = stream_generate(
                 model.model,
                 model.tokenizer_for(request),
                 suffix,
@@ -104,8 +130,8 @@ class InterleavedDecoder:
                 logits_processors=make_logits_processors(params, len(suffix), guard) or None,
                 prompt_cache=cache,
                 **model.kv_quantization,
-            ),
-        )
+            )
+        self._streams[request.request_id] = (request, stream)
 
     def step(self) -> None:
         """One token for every running request."""
@@ -143,6 +169,13 @@ class InterleavedDecoder:
 
     def release(self, request: Request) -> None:
         self._guards.pop(request.request_id, None)
+        drafts = self._drafts.pop(request.request_id, None)
+        draft = self._generation.model.draft
+        started = request.first_token_at
+        # A request that ran alone: its decode rate is its way's.
+        if draft is not None and drafts is not None and started and len(self._streams) == 1:
+            seconds = time.perf_counter() - started
+            draft.observe(drafts, len(request.tokens) - 1, seconds)
         entry = self._streams.pop(request.request_id, None)
         if entry is not None:
             _close(request, entry[1])
@@ -152,6 +185,7 @@ class InterleavedDecoder:
             _close(request, stream)
         self._streams.clear()
         self._guards.clear()
+        self._drafts.clear()
 
 
 def _close(request: Request, stream: Iterator[Any]) -> None:

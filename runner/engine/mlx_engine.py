@@ -32,12 +32,13 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from protocol.frames import Generate, Message, ModelInfo, SamplingParams
+from protocol.frames import Generate, Message, ModelInfo, SamplingParams, Speculation
 from runner.engine.base import CacheChange, CacheWatcher, EngineEvent, KvUsage, Sink
 from runner.engine.generation import Generation, Stepping
 from runner.engine.interleaved import Interleaved
 from runner.engine.kv_store import KvStore, model_identity
 from runner.engine.mlx_model import MlxModel
+from runner.engine.model_info import with_options
 from runner.engine.prefix_cache import MAX_ENTRIES, PrefixCache
 from runner.engine.stats import EngineStats
 from runner.engine.threaded import AT_ONCE, Follow, Step, Submit, ThreadedEngine
@@ -185,6 +186,13 @@ class MlxEngine(ThreadedEngine):
             disk_limit_bytes=store.max_bytes if disk is not None and store is not None else None,
         )
 
+    def speculation(self) -> tuple[Speculation, ...]:
+        generation = self._generation
+        draft = generation.model.draft if generation is not None else None
+        if draft is None:
+            return ()
+        return (Speculation(self.model_name, draft.name, draft.drafted, draft.accepted),)
+
     def _cache_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
         """The prefix cache's word (generation thread): keep the copy, tell the watcher."""
         with self._prefixes_lock:
@@ -204,6 +212,8 @@ class MlxEngine(ThreadedEngine):
         store = None
         if self.kv_store is not None and self.kv_store.enabled and model.directory is not None:
             identity = model_identity(self.model_name, model.directory)
+            if model.adapter_directory is not None:  # its weights shape the cache too
+                identity = model_identity(identity, model.adapter_directory)
             store = self.kv_store.for_model(identity, wake=self._wake)
         return PrefixCache(
             self.prefix_cache_bytes,
@@ -230,11 +240,14 @@ class MlxEngine(ThreadedEngine):
         self.weights_bytes = model.weights_bytes()
         self._start_serving(model)
         self._models = (
-            ModelInfo(
-                self.model_name,
-                model.context_length,
-                engine_version(),
-                size_bytes=self.weights_bytes,
+            with_options(
+                ModelInfo(
+                    self.model_name,
+                    model.context_length,
+                    engine_version(),
+                    size_bytes=self.weights_bytes,
+                ),
+                self.options,
             ),
         )
         log.info(
@@ -289,6 +302,8 @@ class MlxEngine(ThreadedEngine):
         finally:
             stepping.drop_all()
             generation.drop_all()
+        if model.draft is not None:  # its counts too start from zero
+            model.draft.reset()
         return time.perf_counter() - start
 
     def _next_step_at(self, pending: bool) -> float | None:

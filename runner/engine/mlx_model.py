@@ -19,12 +19,14 @@ from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 
 from protocol.frames import Echo, Generate, Message
-from runner import download
+from runner import adapter, download
 from runner.accounting import RequestAccounting, prompt_opens_reasoning
 from runner.demo_model import resolve_model
 from runner.engine.constraint import constraint_for
 from runner.engine.logprobs import LogprobMaker, TokenBytes
 from runner.engine.request import ChoiceGroup, Request
+from runner.engine.sampling import with_defaults
+from runner.engine.speculative import Draft, vocabulary_mismatch
 from runner.errors import RequestError
 from runner.harmony import CALL, HarmonySplitter, harmony_markers
 from runner.model_options import ModelOptions
@@ -77,9 +79,14 @@ class MlxModel:
         self.eos_token_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self.directory: str | None = None
         """Where its files are (set by `load`): what its disk cache is keyed by."""
+        self.adapter_directory: str | None = None
+        """Where its adapter's files are (set by `load`), if it has one: its disk cache is
+        keyed by them too."""
         self.options = ModelOptions()
         """What it was loaded with (set by `load`): its template's default arguments, its
         sampling defaults, its draft model and KV quantization."""
+        self.draft: Draft | None = None
+        """The draft model it decodes a lone request with (`--draft-model`), if any."""
         self._think_start_id, self._think_end_id = _think_ids(tokenizer)
         self._token_bytes: TokenBytes | None = None
         self._continuation_tokenizer: Any = None
@@ -96,11 +103,19 @@ class MlxModel:
         """Load `name` (a local MLX directory, a Hugging Face id or "orchard-demo"), from
         `path` when its files are there, with `options`' adapter, template and remote code."""
         options = options if options is not None else ModelOptions()
-        source = path or resolve_model(name)
+        base = options.base(name)  # `name` may be MODEL:ADAPTER
+        source = path or resolve_model(base)
         if not Path(source).exists():
             # A Hub id: downloaded here, with progress in the log and clear errors, rather
             # than by mlx_lm.load.
-            source = str(download.fetch(name))
+            source = str(download.fetch(base))
+        adapter_dir = None
+        if options.adapter_path is not None:
+            # mlx_lm.load takes a directory only: a Hub id downloads here; the files are
+            # checked first, so that a broken adapter is one clear line.
+            adapter_dir = adapter.locate(options.adapter_path)
+            assert adapter_dir is not None
+            adapter.check_files(adapter_dir)
         tokenizer_config: dict[str, Any] = {"trust_remote_code": options.trust_remote_code}
         if options.chat_template is not None:
             tokenizer_config["chat_template"] = options.chat_template
@@ -108,14 +123,19 @@ class MlxModel:
         loaded: Any = mlx_lm.load(
             source,
             tokenizer_config=tokenizer_config,
-            adapter_path=options.adapter_path,
             return_config=True,
             trust_remote_code=options.trust_remote_code,
         )
         model, tokenizer, config = loaded
+        if adapter_dir is not None:
+            adapter.apply(model, adapter_dir, base)
         made = cls(name, model, tokenizer, config, context_length=context_length)
         made.directory = source
+        made.adapter_directory = None if adapter_dir is None else str(adapter_dir)
         made.options = options
+        if options.speculative:
+            assert options.draft_model is not None
+            made.draft = load_draft(made, options.draft_model, options)
         return made
 
     @property
@@ -162,6 +182,10 @@ class MlxModel:
             raise RequestError(
                 "model_not_found", f"This engine serves {self.name}, not {generate.model}."
             )
+        # The runner's defaults for what the client left out: every engine reads them here.
+        sampling = with_defaults(generate.sampling, self.options.sampling)
+        if sampling is not generate.sampling:
+            generate = attrs.evolve(generate, sampling=sampling)
         raw = generate.prompt is not None or generate.prompt_tokens is not None
         tools: list[dict[str, Any]] = []
         echo_skip = 0
@@ -349,10 +373,10 @@ class MlxModel:
         return None if format is None else ToolCallSplitter(format, tools)
 
     def _template_kwargs(self, generate: Generate) -> dict[str, Any]:
-        """chat_template_kwargs over the runner's `--chat-template-args`, and reasoning_effort
-        as the template's `enable_thinking` (a Harmony model's template takes the level
-        itself, as `reasoning_effort`)."""
-        kwargs: dict[str, Any] = dict(self.options.chat_template_args)
+        """chat_template_kwargs, and reasoning_effort as the template's `enable_thinking` (a
+        Harmony model's template takes the level itself, as `reasoning_effort`), over the
+        runner's `--chat-template-args`: what the request asks wins."""
+        kwargs: dict[str, Any] = {}
         if generate.chat_template_kwargs is not None:
             asked = json.loads(generate.chat_template_kwargs)
             kwargs.update(asked)
@@ -376,7 +400,7 @@ class MlxModel:
                     "reasoning_effort",
                 )
             kwargs.setdefault("enable_thinking", effort not in ("none", "minimal"))
-        return kwargs
+        return {**self.options.chat_template_args, **kwargs}
 
 
 def _message_dict(message: Message) -> dict[str, Any]:
@@ -424,6 +448,26 @@ def _think_ids(tokenizer: Any) -> tuple[int | None, int | None]:
     except ValueError:
         log.warning("think markers span several tokens; reasoning is not split out")
         return None, None
+
+
+def load_draft(model: MlxModel, name: str, options: ModelOptions) -> Draft:
+    """`name` loaded as `model`'s draft; `ValueError` if it tokenizes otherwise."""
+    source = resolve_model(name)
+    if not Path(source).exists():
+        source = str(download.fetch(name))
+    loaded: Any = mlx_lm.load(
+        source,
+        tokenizer_config={"trust_remote_code": options.trust_remote_code},
+        trust_remote_code=options.trust_remote_code,
+    )
+    draft_model, draft_tokenizer = loaded[0], loaded[1]
+    mismatch = vocabulary_mismatch(model.tokenizer, draft_tokenizer)
+    if mismatch is not None:
+        raise ValueError(
+            f"the draft model {name} does not tokenize as {model.name}: {mismatch}; "
+            "a draft must share the model's tokenizer"
+        )
+    return Draft(name, draft_model, options.num_draft_tokens, always=options.draft_always)
 
 
 def _keeping_leading_space(tokenizer: Any) -> Any:

@@ -35,7 +35,7 @@ from typing import Protocol
 import attrs
 import mlx.core as mx
 
-from protocol.frames import Download, Generate, ModelInfo, Usage
+from protocol.frames import Download, Generate, ModelInfo, Speculation, Usage
 from runner.engine.base import (
     CacheChange,
     CacheWatcher,
@@ -166,6 +166,12 @@ class ModelShelf(Engine):
 
     def memory_budget(self) -> int | None:
         return self.max_memory
+
+    def speculation(self) -> tuple[Speculation, ...]:
+        """The loaded models' drafts (a model's counts start again when it is reloaded)."""
+        with self._lock:
+            engines = [m.engine for m in self._models.values() if m.engine is not None]
+        return tuple(s for engine in engines for s in engine.speculation())
 
     def watch_models(self, watcher: ModelWatcher) -> None:
         self._watcher = watcher

@@ -40,6 +40,7 @@ from runner.engine.generation import PREFILL_CHUNK, Generation
 from runner.engine.prefix_cache import compact
 from runner.engine.request import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
+from runner.engine.speculative import cache_offset, speculative_steps
 
 log = logging.getLogger("runner.engine")
 
@@ -70,6 +71,9 @@ class _Lone:
     """Prompt tokens its cache holds before `generate_step` starts."""
     detokenizer: Any
     guard: ConstraintProcessor | None
+    drafts: bool | None = None
+    """Whether it decodes with the model's draft (None: it cannot, having no draft or a
+    constraint)."""
 
 
 class SoloDecoder:
@@ -122,6 +126,25 @@ class SoloDecoder:
             lone.held += PREFILL_CHUNK
             return True
         params = request.generate.sampling
+        draft = model.draft
+        if draft is not None and lone.guard is None:
+            # A constrained request's matcher cannot take a round's proposals back: it
+            # decodes without the draft (runner.engine.speculative).
+            lone.drafts = draft.use_for_next()
+        if lone.drafts:
+            assert draft is not None
+            lone.steps = speculative_steps(
+                draft,
+                model.model,
+                rest,
+                request.prompt[: lone.held],
+                cache,
+                max_tokens=request.max_tokens,
+                sampler=make_sampler_for(params, model.vocab_size),
+                logits_processors=make_logits_processors(params, 1, None) or None,
+                kv_quantization=model.kv_quantization,
+            )
+            return False
         lone.steps = generate_step(
             mx.array(rest),
             model.model,
@@ -191,7 +214,9 @@ class SoloDecoder:
             return HandOver(
                 request, cache, prompt[:held], prompt[held:], lone.detokenizer, lone.guard
             )
-        trim_prompt_cache(cache, 1)
+        # generate_step has fed the last token; a closed speculative step holds it or not
+        # (runner.engine.speculative): the batch feeds it again either way.
+        trim_prompt_cache(cache, cache_offset(cache) - (len(prompt) + len(tokens) - 1))
         guard = lone.guard
         if guard is not None and guard.error is None and guard.started:
             guard.matcher.rollback(1)
@@ -206,9 +231,14 @@ class SoloDecoder:
             return
         self._lone = None
         # Its cache stays in request.cache: the prompt and every generated token (the step
-        # that ran ahead has fed the last one).
+        # that ran ahead has fed the last one), or all but the last (a speculative step).
         if lone.steps is not None:
             _close(request, lone.steps)
+        draft = self._generation.model.draft
+        if draft is not None and lone.drafts is not None and request.first_token_at is not None:
+            # Its decode rate, for the choice of the next request's way.
+            seconds = time.perf_counter() - request.first_token_at
+            draft.observe(lone.drafts, len(request.tokens) - 1, seconds)
 
     def drop_all(self) -> None:
         lone, self._lone = self._lone, None

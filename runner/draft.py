@@ -1,0 +1,82 @@
+"""The start-up check of `--draft-model`: a draft must tokenize as its model does.
+
+Speculative decoding hands the draft's token ids to the model (runner.engine.speculative), so a
+draft with another vocabulary would propose nonsense that the model rejects every time, or
+worse, ids past its vocabulary. `check_drafts` compares the two tokenizers before the runner
+connects, so such a pair stops the runner with a usage error (exit 2). Both tokenizers must be
+on this machine for that: built-in models, local directories, and Hub ids already in the
+Hugging Face cache are checked here; a Hub id still to download is checked when its model
+loads (the load fails with the same message, shown as the model's error in `/v1/runners`).
+"""
+
+# mlx-lm is imported where a tokenizer is loaded: `orchard --help` imports this module's caller.
+# ruff: noqa: PLC0415
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner.startup import StartupError
+
+if TYPE_CHECKING:
+    from runner.model_options import ModelOptions
+
+
+def check_drafts(options: Mapping[str, ModelOptions]) -> None:
+    """`StartupError` (option `--draft-model`) for a draft whose tokenizer differs from its
+    model's, or a draft that is a local path with no model in it."""
+    from runner.engine.speculative import vocabulary_mismatch
+
+    for model, option in options.items():
+        draft = option.draft_model
+        if draft is None:
+            continue
+        draft_tokenizer = _local_tokenizer(draft, option.trust_remote_code, must_exist=True)
+        base = option.model or model  # a served MODEL:ADAPTER id's model
+        model_tokenizer = _local_tokenizer(base, option.trust_remote_code, must_exist=False)
+        if draft_tokenizer is None or model_tokenizer is None:
+            continue  # to download first: checked when the model loads
+        mismatch = vocabulary_mismatch(model_tokenizer, draft_tokenizer)
+        if mismatch is not None:
+            raise StartupError(
+                f"{draft} does not tokenize as {base}: {mismatch}; a draft model must share "
+                "its model's tokenizer",
+                "--draft-model",
+            )
+
+
+def _local_tokenizer(name: str, trust_remote_code: bool, *, must_exist: bool) -> Any:
+    """The tokenizer of `name` if its files are on this machine (None: a Hub id not yet
+    downloaded). A name that looks like a path (`must_exist`) but holds no model is an error."""
+    from runner.demo_model import is_builtin, resolve_model
+
+    source = Path(resolve_model(name))
+    if not source.exists() and not is_builtin(name):
+        looks_like_path = name.startswith((".", "/", "~")) or name.count("/") != 1
+        if must_exist and looks_like_path:
+            raise StartupError(f"no model at {name}", "--draft-model")
+        cached = _hub_cache(name)
+        if cached is None:
+            return None
+        source = cached
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return load_tokenizer(  # type: ignore[no-untyped-call]  # mlx-lm is unannotated
+            source,
+            tokenizer_config_extra={"trust_remote_code": trust_remote_code},
+        )
+    except Exception as exc:  # a directory without a usable tokenizer
+        raise StartupError(f"cannot read the tokenizer of {name}: {exc}", "--draft-model") from exc
+
+
+def _hub_cache(name: str) -> Path | None:
+    """`name`'s snapshot in the Hugging Face cache, if it was downloaded before."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not in the cache (or not a valid id): nothing to check here
+        return None

@@ -1,0 +1,194 @@
+"""Speculative decoding: a small draft model proposes tokens, the served model checks them.
+
+`orchard runner --draft-model D --num-draft-tokens K` loads D beside the model. A request
+decoded on its own stream (the lone request of the batched engine, a seeded one beside the
+batch, every request of the interleaved engine) then runs mlx-lm's `speculative_generate_step`:
+each round D proposes K tokens, the model scores them in one forward pass of K + 1 positions,
+and the proposals are kept up to the first one the model's own sampler would not have drawn,
+plus the model's token there. Every token is the served model's choice given the tokens before
+it, so greedy output is the same as without a draft and sampled output follows the served
+model's distribution; logprobs are the served model's. Rows of the batch decode without a draft
+(`docs/operations.md` says why), and so does a constrained request: its grammar's matcher is
+advanced token by token and cannot take a round's proposals back.
+
+The draft keeps its own KV cache per request, made here and never kept in the prefix cache: it
+is prefilled with the prompt tokens the served model's cache already holds (reused from the
+prefix cache, or prefilled chunk by chunk), so that both caches stand at the same position
+when mlx-lm's step starts.
+
+A draft must tokenize as the model does (the proposals are token ids): `vocabulary_mismatch`
+says how two tokenizers differ, and the runner refuses such a pair at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.generate import speculative_generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+PREFILL_CHUNK = 512
+"""Tokens of the prompt the draft prefills per forward pass."""
+
+
+PROBE_EVERY = 8
+"""Of the requests a draft could serve, every this many goes the way measured slower, so
+that the estimate of both ways stays current."""
+MIN_TOKENS = 16
+"""A request's decode rate counts for the choice once it made this many tokens."""
+WEIGHT = 0.3
+"""Of a new decode rate in a way's running estimate (an exponentially weighted mean)."""
+
+
+@attrs.define(eq=False)
+class Draft:
+    """A loaded draft model and what it has done (written by the generation thread).
+
+    Whether a draft pays depends on how often it agrees and on what it costs beside the model,
+    neither known before it runs: `use_for_next` chooses, request by request, the way (with
+    the draft or without) whose measured decode rate is higher, trying the other every
+    `PROBE_EVERY` requests; `always` drafts every request.
+    """
+
+    name: str
+    model: Any
+    num_tokens: int
+    """Tokens proposed per round (`--num-draft-tokens`)."""
+    always: bool = False
+    drafted: int = 0
+    """Tokens the draft proposed, over every request."""
+    accepted: int = 0
+    """Of those, the ones the served model kept."""
+    rates: dict[bool, float] = attrs.field(factory=dict)
+    """Decode tokens/s with the draft (True) and without (False): running estimates."""
+    chosen: int = 0
+    """Requests `use_for_next` has chosen for."""
+
+    def use_for_next(self) -> bool:
+        """Whether the next request the draft can serve drafts."""
+        self.chosen += 1
+        if self.always:
+            return True
+        if True not in self.rates:
+            return True  # measure the draft first
+        if False not in self.rates:
+            return False
+        faster = self.rates[True] >= self.rates[False]
+        return faster != (self.chosen % PROBE_EVERY == 0)
+
+    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
+        """A request that went one way decoded `tokens` after its first in `seconds`."""
+        if tokens < MIN_TOKENS or seconds <= 0:
+            return
+        rate = tokens / seconds
+        old = self.rates.get(drafted)
+        self.rates[drafted] = rate if old is None else old + WEIGHT * (rate - old)
+
+    def reset(self) -> None:
+        """Forget what was counted and measured (after the engine's warm-up)."""
+        self.drafted = self.accepted = self.chosen = 0
+        self.rates.clear()
+
+    def prefilled_cache(self, tokens: Sequence[int]) -> list[Any]:
+        """A fresh draft cache holding `tokens` (what the served model's cache holds)."""
+        cache = make_prompt_cache(self.model)
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            self.model(mx.array([list(tokens[start : start + PREFILL_CHUNK])]), cache=cache)
+            mx.eval([c.state for c in cache])
+        return cache
+
+
+@attrs.define(eq=False)
+class _Rounds:
+    """Counts a request's drafted and accepted tokens on its draft, token by token."""
+
+    draft: Draft
+    max_tokens: int
+    made: int = 0
+    in_round: bool = False
+
+    def count(self, from_draft: bool) -> None:
+        draft = self.draft
+        if not self.in_round:
+            # mlx-lm drafts this many each round: K, or what max_tokens leaves.
+            draft.drafted += min(self.max_tokens - self.made, draft.num_tokens)
+            self.in_round = True
+        if from_draft:
+            draft.accepted += 1
+        else:
+            self.in_round = False  # a round ends with the served model's own token
+        self.made += 1
+
+
+def vocabulary_mismatch(model_tokenizer: Any, draft_tokenizer: Any) -> str | None:
+    """How the draft's tokenizer differs from the model's (None: they agree on every id)."""
+    ours, theirs = model_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if ours == theirs:
+        return None
+    if len(ours) != len(theirs):
+        return f"its vocabulary has {len(theirs)} tokens, the model's {len(ours)}"
+    differ = sorted(t for t in ours.keys() | theirs.keys() if ours.get(t) != theirs.get(t))
+    return f"{len(differ)} tokens have other ids (e.g. {differ[0]!r})"
+
+
+def speculative_steps(
+    draft: Draft,
+    model: Any,
+    rest: Sequence[int],
+    held: Sequence[int],
+    cache: list[Any],
+    *,
+    max_tokens: int,
+    sampler: Any,
+    logits_processors: list[Any] | None,
+    kv_quantization: dict[str, Any],
+) -> Generator[tuple[int, Any], None, None]:
+    """mlx-lm's speculative step from a cache holding `held`, going on with `rest`: each
+    token and the model's log-probabilities for it, as `generate_step` yields them.
+
+    The logits processors see the last prompt token and the tokens generated (mlx-lm's
+    speculative step keeps no more context): a penalty's prompt length is 1. Closing the
+    generator rewinds `cache` to the tokens yielded (mlx-lm's `finally`): it then holds the
+    prompt and every token yielded, or every one but the last (see `held_after`).
+    """
+    steps = speculative_generate_step(
+        mx.array(list(rest)),
+        model,
+        draft.model,
+        num_draft_tokens=draft.num_tokens,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        logits_processors=logits_processors,
+        prompt_cache=[*cache, *draft.prefilled_cache(held)],
+        prefill_step_size=PREFILL_CHUNK,
+        **kv_quantization,
+    )
+    rounds = _Rounds(draft, max_tokens)
+    try:
+        for token, logprobs, from_draft in steps:
+            rounds.count(from_draft)
+            yield int(token), logprobs
+    finally:
+        steps.close()
+
+
+def counted(draft: Draft, responses: Iterator[Any], max_tokens: int) -> Iterator[Any]:
+    """`stream_generate`'s responses with a draft, counted on `draft` as `speculative_steps`
+    counts them (`response.from_draft`)."""
+    rounds = _Rounds(draft, max_tokens)
+    try:
+        for response in responses:
+            rounds.count(bool(response.from_draft))
+            yield response
+    finally:
+        close = getattr(responses, "close", None)
+        if close is not None:
+            close()
+
+
+def cache_offset(cache: list[Any]) -> int:
+    """Tokens a (trimmable, plain or quantized) KV cache holds."""
+    return int(cache[0].offset)
