@@ -11,11 +11,13 @@ from bench import (
     discovery,
     distributed,
     engine,
+    kv_quant,
     metrics,
     paced,
     prefix_cache,
     relay,
     single_stream,
+    speculative,
     structured,
 )
 
@@ -34,6 +36,8 @@ SCENARIOS = {
     "distributed": distributed.main,  # a 2-process runner group vs one process, step overhead
     "prefix-cache": prefix_cache.main,  # 9: the prefix cache's lookup and sharing vs mlx-lm's
     "agent": agent.main,  # 11: prompt reuse in agent sessions, 1 and 3 runners vs mlx_lm.server
+    "speculative": speculative.main,  # 12: one stream with a draft model ÷ without
+    "kv-quant": kv_quant.main,  # --kv-bits: kept KV bytes and decode tok/s against full width
 }
 
 

@@ -9,6 +9,10 @@ Requests with the same sampling settings share one sampler object, so the batch 
 in one call. A sampled row's draws then depend on what runs alongside it: requests with a
 seed must not come here (see `batched.needs_own_stream`).
 
+With `--kv-bits` the rows still run on plain caches (mlx-lm's batch has no quantized one:
+`runner.engine.kv_quant`): a quantized cache is dequantized as it joins, and a row's cache is
+quantized as it leaves to be kept.
+
 An error while handling one row's token fails that request alone. An error inside the batch's
 own step (the forward pass) leaves the batch in an unknown state: every row of it fails, and a
 fresh batch serves what comes next.
@@ -27,6 +31,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from protocol.frames import SamplingParams
 from runner.engine.constraint import BatchConstraints, ConstraintProcessor
 from runner.engine.generation import Generation
+from runner.engine.kv_quant import dequantized, quantized
 from runner.engine.request import Request
 from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
 from runner.engine.solo import HandOver
@@ -148,6 +153,7 @@ class BatchDecoder:
     ) -> None:
         """A row for `request`: `cache` holds the tokens `held`, `pending` go in next."""
         params = request.generate.sampling
+        cache = dequantized(cache)  # mlx-lm's batch cannot merge a quantized cache
         # The batch's token context is the whole prompt (`held` + `pending`, then the
         # generated tokens), so the penalties skip the prompt. A constraint is not a
         # processor here: the batch's model call masks its rows (BatchConstraints).
@@ -204,7 +210,7 @@ class BatchDecoder:
                     del self._rows[request.request_id], by_uid[row.uid]
                     if row.guard is not None:
                         self._constraints.remove(row.uid)
-                    request.cache = response.prompt_cache
+                    request.cache = self._kept(response.prompt_cache)
                 if row.guard is not None and row.guard.error is not None:
                     raise RuntimeError(f"constraint: {row.guard.error}")
                 token = int(response.token)
@@ -291,7 +297,14 @@ class BatchDecoder:
             return None
         if extra:
             trim_prompt_cache(cache, extra)
-        return list(cache)
+        return self._kept(list(cache))
+
+    def _kept(self, cache: list[Any] | None) -> list[Any] | None:
+        """A row's cache as the prefix cache is to keep it: quantized as a lone request's
+        would be (`--kv-bits`)."""
+        if cache is None:
+            return None
+        return quantized(cache, self._model.kv_quantization)
 
     def release(self, request: Request) -> None:
         """Take a request's row out of the batch (if still there), keeping its KV cache."""
@@ -306,7 +319,8 @@ class BatchDecoder:
             # A row with nothing prefilled yet has no cache to extract; drop it without one.
             self._batch.remove([row.uid])
             caches = {}
-        request.cache, _ = caches.get(row.uid, (None, None))
+        cache, _ = caches.get(row.uid, (None, None))
+        request.cache = self._kept(cache)
 
     def drop_all(self) -> None:
         self._rows.clear()

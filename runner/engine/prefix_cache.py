@@ -15,7 +15,9 @@ serves every prompt that starts with it, at once and for as long as it is kept.
   (copy on write); a batch row copies it into the batch anyway. Cheaper per request than
   mlx-lm's `copy.deepcopy` of the entry (README, design notes).
 - **Bytes.** At most `max_bytes` in memory (`--max-kv-bytes`, which the batched engine's
-  running requests share: `make_room`), and at most `max_entries` entries.
+  running requests share: `make_room`), and at most `max_entries` entries. A quantized
+  cache (`--kv-bits`) is kept, viewed, cut and stored as a plain one, and counts the bytes
+  it takes quantized.
 - **Eviction keeps what is reused.** The least recently used entry goes first, except that
   an entry a later request reused part of (a system prompt and tool list, a conversation's
   first turns) is cut back to that part, its *head*, instead of dropped; heads go only once no
@@ -527,17 +529,25 @@ def _viewed(array: Any, length: int) -> Any:
 
 def compact(cache: list[Any], length: int) -> list[Any] | None:
     """A copy of `cache`'s first `length` tokens in buffers of that size (freeing the rest
-    once the old caches go); None when a layer is not a plain KV cache or holds fewer."""
+    once the old caches go); None when a layer is not a plain or quantized KV cache or holds
+    fewer."""
     out: list[Any] = []
     for layer in cache:
-        if type(layer) is not KVCache or layer.keys is None or layer.offset < length:
+        kind = type(layer)
+        if kind not in (KVCache, QuantizedKVCache) or layer.keys is None or layer.offset < length:
             return None
-        cut = KVCache()
-        cut.keys = mx.contiguous(layer.keys[..., :length, :])
-        cut.values = mx.contiguous(layer.values[..., :length, :])
+        cut: Any
+        if kind is KVCache:
+            cut = KVCache()
+            cut.keys = mx.contiguous(layer.keys[..., :length, :])
+            cut.values = mx.contiguous(layer.values[..., :length, :])
+        else:
+            cut = QuantizedKVCache(group_size=layer.group_size, bits=layer.bits)
+            cut.keys = tuple(mx.contiguous(a[..., :length, :]) for a in layer.keys)
+            cut.values = tuple(mx.contiguous(a[..., :length, :]) for a in layer.values)
         cut.offset = length
         out.append(cut)
-    mx.eval([c.keys for c in out] + [c.values for c in out])
+    mx.eval([c.state for c in out])
     return out
 
 
