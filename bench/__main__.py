@@ -37,7 +37,7 @@ SCENARIOS = {
     "prefix-cache": prefix_cache.main,  # 9: the prefix cache's lookup and sharing vs mlx-lm's
     "agent": agent.main,  # 11: prompt reuse in agent sessions, 1 and 3 runners vs mlx_lm.server
     "speculative": speculative.main,  # 12: one stream with a draft model ÷ without
-    "kv-quant": kv_quant.main,  # --kv-bits: kept KV bytes and decode tok/s against full width
+    "kv-quant": kv_quant.main,  # 13: --kv-bits, kept KV bytes and decode tok/s vs full width
 }
 
 

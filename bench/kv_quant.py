@@ -9,7 +9,7 @@ prompt and answer) and their ratio to full width; decode tok/s (first token to l
 ratio; time to the first token. Medians of `runs` repetitions, each on a fresh prompt.
 
 The built-in models' heads are 16 wide, too narrow for `mx.quantize`'s groups of 32 or more:
-by default a random-weight Llama shaped like a small real model (bfloat16, 8 layers, 4 KV
+by default a random-weight Llama shaped like a small real model (bfloat16, 4 layers, 2 KV
 heads of 64) with the built-in model's tokenizer is built in a temporary directory;
 BENCH_KV_MODEL names another (a local MLX directory or a Hugging Face id).
 """
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.engine_common import engine_env
+from bench.engine_common import engine_env, say
 from protocol.frames import Generate, Message, SamplingParams
 from runner.demo_model import DEMO_MODEL_ID, resolve_model
 from runner.engine.base import EngineEvent, Output
@@ -34,7 +34,7 @@ from runner.engine.batched import batched_engine
 from runner.engine.mlx_engine import MlxEngine
 from runner.model_options import ModelOptions
 
-PROMPT_TOKENS = 2048
+PROMPT_TOKENS = 1024
 """About this many prompt tokens per request."""
 SETTINGS: dict[str, ModelOptions] = {
     "full width": ModelOptions(),
@@ -44,12 +44,12 @@ SETTINGS: dict[str, ModelOptions] = {
 CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
-    "hidden_size": 512,
-    "intermediate_size": 1408,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
     "head_dim": 64,
-    "num_hidden_layers": 8,
+    "num_hidden_layers": 4,
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
@@ -145,7 +145,10 @@ def _measure(model: str, path: str | None, options: ModelOptions, runs: int, tok
     engine.start(sink)
     try:
         _one(engine, sink, model, 10_000, 8)  # warm up
-        rows = [_one(engine, sink, model, i, tokens) for i in range(runs)]
+        rows = []
+        for i in range(runs):
+            rows.append(_one(engine, sink, model, i, tokens))
+            say(f"{options.kv_bits or 'full width'}: run {i + 1}/{runs}: {rows[-1]}")
     finally:
         engine.close()
     return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
@@ -159,7 +162,7 @@ def main(runs: int, tokens: int) -> None:
         built = str(build_model(scratch / "kv-bench-llama"))
         path: str | None = built
         model = built
-        shown = "a random-weight bfloat16 Llama (8 layers, 4 KV heads of 64)"
+        shown = "a random-weight bfloat16 Llama (4 layers, 2 KV heads of 64)"
     else:
         path, model, shown = None, name, name
     try:
