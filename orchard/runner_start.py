@@ -145,9 +145,10 @@ def _engine(
 
     hardware = detect(mlx_backend())
     store = KvStore(*kv_disk) if kv_disk is not None and kv_disk[1] > 0 else None
-    from runner.draft import check_drafts
+    from runner.preflight import check_drafts, check_kv_groups
 
     check_drafts(options)
+    check_kv_groups(options)
     make = startup.mlx_engines(
         engine_kind, max_concurrent, max_kv_bytes, hardware, store, options=options
     )

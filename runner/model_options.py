@@ -247,3 +247,37 @@ def _check_sampling(sampling: SamplingDefaults) -> None:
         raise OptionError("must be between 0 and 1", "--min-p")
     if sampling.max_tokens is not None and sampling.max_tokens < 1:
         raise OptionError("must be at least 1", "--max-tokens")
+
+
+def head_width(config: dict[str, Any]) -> int | None:
+    """The width of an attention head, as the model's config gives it (None: not said)."""
+    text = config.get("text_config") or {}
+    for where in (config, text):
+        if isinstance(where.get("head_dim"), int):
+            return int(where["head_dim"])
+    for where in (config, text):
+        hidden, heads = where.get("hidden_size"), where.get("num_attention_heads")
+        if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+            return hidden // heads
+    return None
+
+
+def fitting_groups(width: int) -> list[int]:
+    """The `--kv-group-size` values that divide a head `width` values wide."""
+    return [size for size in (32, 64, 128) if width % size == 0]
+
+
+def kv_group_problem(name: str, width: int, option: ModelOptions) -> str | None:
+    """Why `option`'s KV quantization cannot be applied to heads `width` wide (None: it can)."""
+    if width % option.kv_group_size == 0:
+        return None
+    fits = fitting_groups(width)
+    if not fits:
+        return (
+            f"{name}'s attention heads are {width} values wide: no group size (32, 64, 128) "
+            "divides them, so its KV cache cannot be quantized; leave out --kv-bits"
+        )
+    return (
+        f"{name}'s attention heads are {width} values wide: --kv-group-size "
+        f"{option.kv_group_size} does not divide them (use {' or '.join(map(str, fits))})"
+    )

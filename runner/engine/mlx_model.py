@@ -29,7 +29,7 @@ from runner.engine.sampling import with_defaults
 from runner.engine.speculative import Draft, vocabulary_mismatch
 from runner.errors import RequestError
 from runner.harmony import CALL, HarmonySplitter, harmony_markers
-from runner.model_options import ModelOptions
+from runner.model_options import ModelOptions, head_width, kv_group_problem
 from runner.tool_calls import ToolCallSplitter
 from runner.tool_formats import format_for
 
@@ -133,6 +133,11 @@ class MlxModel:
         made.directory = source
         made.adapter_directory = None if adapter_dir is None else str(adapter_dir)
         made.options = options
+        width = head_width(config)
+        if options.kv_bits is not None and width is not None:
+            problem = kv_group_problem(name, width, options)
+            if problem is not None:
+                raise ValueError(problem)
         if options.speculative:
             assert options.draft_model is not None
             made.draft = load_draft(made, options.draft_model, options)

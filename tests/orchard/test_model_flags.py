@@ -15,7 +15,14 @@ from click.testing import CliRunner
 
 from orchard import cli
 from orchard.model_flags import options_of
-from runner.model_options import ModelOptions, OptionError, model_options, served_id
+from runner.model_options import (
+    ModelOptions,
+    OptionError,
+    head_width,
+    kv_group_problem,
+    model_options,
+    served_id,
+)
 from tests.adapters import make_adapter
 from tests.support import UNIT
 
@@ -287,3 +294,24 @@ def test_model_options_raise_option_errors() -> None:
     with pytest.raises(OptionError, match="must be 4 or 8") as info:
         model_options(("a",), kv_bits=2)
     assert info.value.option == "--kv-bits"
+
+
+def test_kv_bits_on_heads_no_group_divides_is_refused(demo_model_path: Path) -> None:
+    # The built-in model's heads are 16 values wide: mx.quantize takes groups of 32 at least.
+    assert runner_error("--kv-bits", "8") == (
+        "Error: Invalid value for --kv-bits: orchard-demo's attention heads are 16 values "
+        "wide: no group size (32, 64, 128) divides them, so its KV cache cannot be quantized; "
+        "leave out --kv-bits"
+    )
+
+
+def test_the_kv_group_must_divide_the_heads() -> None:
+    wide = ModelOptions(kv_bits=8, kv_group_size=128)
+    assert head_width({"hidden_size": 256, "num_attention_heads": 4}) == 64
+    assert head_width({"text_config": {"head_dim": 96}}) == 96
+    assert head_width({"hidden_size": 256}) is None
+    assert kv_group_problem("m", 64, wide) == (
+        "m's attention heads are 64 values wide: --kv-group-size 128 does not divide them "
+        "(use 32 or 64)"
+    )
+    assert kv_group_problem("m", 128, wide) is None

@@ -1,12 +1,17 @@
-"""The start-up check of `--draft-model`: a draft must tokenize as its model does.
+"""What `orchard runner` checks of its models' options before it connects, from their files.
 
-Speculative decoding hands the draft's token ids to the model (runner.engine.speculative), so a
-draft with another vocabulary would propose nonsense that the model rejects every time, or
-worse, ids past its vocabulary. `check_drafts` compares the two tokenizers before the runner
-connects, so such a pair stops the runner with a usage error (exit 2). Both tokenizers must be
-on this machine for that: built-in models, local directories, and Hub ids already in the
-Hugging Face cache are checked here; a Hub id still to download is checked when its model
-loads (the load fails with the same message, shown as the model's error in `/v1/runners`).
+- `check_drafts`: a draft must tokenize as its model does. Speculative decoding hands the
+  draft's token ids to the model (runner.engine.speculative), so a draft with another
+  vocabulary would propose nonsense that the model rejects every time, or worse, ids past its
+  vocabulary.
+- `check_kv_groups`: `--kv-bits` quantizes each attention head's keys and values in groups of
+  `--kv-group-size` values, which must divide the head's width (the built-in models' heads are
+  16 wide: they cannot be quantized at all).
+
+Either stops the runner with a usage error (exit 2). The files must be on this machine for
+that: built-in models, local directories, and Hub ids already in the Hugging Face cache are
+checked here; a Hub id still to download is checked when its model loads (the load fails with
+the same message, shown as the model's error in `/v1/runners`).
 """
 
 # mlx-lm is imported where a tokenizer is loaded: `orchard --help` imports this module's caller.
@@ -14,10 +19,12 @@ loads (the load fails with the same message, shown as the model's error in `/v1/
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.model_options import fitting_groups, head_width, kv_group_problem
 from runner.startup import StartupError
 
 if TYPE_CHECKING:
@@ -45,6 +52,36 @@ def check_drafts(options: Mapping[str, ModelOptions]) -> None:
                 "its model's tokenizer",
                 "--draft-model",
             )
+
+
+def check_kv_groups(options: Mapping[str, ModelOptions]) -> None:
+    """`StartupError` (option `--kv-group-size`, or `--kv-bits` when no group size fits) for a
+    model whose heads `--kv-group-size` does not divide."""
+    for served, option in options.items():
+        if option.kv_bits is None:
+            continue
+        name = option.model or served
+        source = _local_files(name)
+        if source is None:
+            continue  # to download first: checked when the model loads
+        try:
+            config = json.loads((source / "config.json").read_text())
+        except (OSError, ValueError):
+            continue  # mlx-lm's load says what is wrong with it
+        width = head_width(config)
+        if width is not None and (problem := kv_group_problem(name, width, option)):
+            option_name = "--kv-group-size" if fitting_groups(width) else "--kv-bits"
+            raise StartupError(problem, option_name)
+
+
+def _local_files(name: str) -> Path | None:
+    """Where `name`'s files are on this machine (None: a Hub id not yet downloaded)."""
+    from runner.demo_model import is_builtin, resolve_model
+
+    source = Path(resolve_model(name))
+    if source.exists() or is_builtin(name):
+        return source
+    return _hub_cache(name)
 
 
 def _local_tokenizer(name: str, trust_remote_code: bool, *, must_exist: bool) -> Any:
