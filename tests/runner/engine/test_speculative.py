@@ -5,6 +5,7 @@ drafted and accepted counts; a constrained request decodes without the draft."""
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ SELF = ModelOptions(draft_model=DEMO_MODEL_ID, num_draft_tokens=3, draft_always=
 """The built-in model as its own draft: every proposal is kept."""
 POOR = ModelOptions(draft_model=DEMO_DRAFT_MODEL_ID, num_draft_tokens=4, draft_always=True)
 """Another random model with the same tokenizer: proposals are rarely kept."""
+SAMPLES = 300
 
 
 @pytest.fixture(scope="module", params=list(MLX_ENGINES))
@@ -228,3 +230,39 @@ def test_a_draft_that_does_not_pay_is_left_aside(start: StartEngine, reference: 
     grew = [b > a for a, b in zip([0, *drafted], drafted, strict=False)]
     assert grew[:2] == [True, False]
     assert grew.count(True) <= 2
+
+
+def test_sampled_output_follows_the_models_distribution(start: StartEngine) -> None:
+    """Sampled, the tokens are drawn from the model's distribution whatever the draft
+    proposes: the first two tokens' frequencies with a draft that rarely agrees match those
+    without a draft (a total variation distance of sampling noise; a step that kept the
+    draft's proposals would put nearly all of it on other tokens)."""
+    # top_k 3: at most 9 pairs, so that 300 samples estimate their frequencies within a few
+    # percent (two runs without a draft differ by about 0.09); the random draft's proposals
+    # are almost never among the model's 3 best.
+    sampled = SamplingParams(temperature=1.0, top_k=3)
+    frequencies = []
+    for options in (ModelOptions(), POOR):
+        engine, collector = start(options=options)
+        seen: collections.Counter[tuple[int, ...]] = collections.Counter()
+        for i in range(SAMPLES):
+            run(engine, collector, ask(f"s{i}", "Hello", max_tokens=2, sampling=sampled))
+            request_id, tokens = engine.stats.recent_tokens[-1]
+            assert request_id == f"s{i}"
+            seen[tokens] += 1
+        frequencies.append(seen)
+    plain, drafted = frequencies
+    assert len(plain) > 3  # the distribution is spread enough for the check to mean something
+    distance = sum(abs(plain[k] - drafted[k]) for k in plain.keys() | drafted.keys())
+    assert distance / (2 * SAMPLES) < 0.2
+
+
+def test_penalties_count_the_generated_tokens_as_without_a_draft(start: StartEngine) -> None:
+    plain, plain_collector = start()
+    drafted, drafted_collector = start(options=POOR)
+    penalised = SamplingParams(temperature=0.0, presence_penalty=1.5, frequency_penalty=0.5)
+    request = ask("p", "Tell me about apples.", max_tokens=60, sampling=penalised)
+    unpenalised = ask("u", "Tell me about apples.", max_tokens=60, sampling=GREEDY)
+    want = text_of(run(plain, plain_collector, request))
+    assert want != text_of(run(plain, plain_collector, unpenalised))  # the penalties bite
+    assert text_of(run(drafted, drafted_collector, request)) == want
