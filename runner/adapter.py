@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from runner.errors import ModelLoadError
+from runner.errors import AdapterError
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapters.safetensors"
@@ -30,10 +30,6 @@ FILES = (CONFIG, WEIGHTS)
 FINE_TUNE_TYPES = ("lora", "dora", "full")
 _MAX_HEADER = 100 * 2**20
 """A safetensors header larger than this is no header (the format caps it at 100 MB)."""
-
-
-class AdapterError(ModelLoadError):
-    """An adapter that cannot be used; the message says why, in one line."""
 
 
 def is_hub_id(value: str) -> bool:

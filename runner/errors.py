@@ -72,6 +72,11 @@ class DownloadError(ModelLoadError):
     the model and what to do about it."""
 
 
+class AdapterError(ModelLoadError):
+    """A LoRA adapter that cannot be used (runner.adapter); the message says why, in one
+    line."""
+
+
 class RequestError(EngineError):
     """A request this engine cannot serve; it ends with a Failure of `code`."""
 
