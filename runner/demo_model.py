@@ -63,6 +63,13 @@ config's `max_position_embeddings` differs. For the long-context benchmarks (`ju
 agent`): the built-in model's 2,048 tokens hold no agent session."""
 LONG_CONTEXT = 32_768
 
+DEMO_DEEP_MODEL_ID = "orchard-demo-deep"
+"""The built-in model's logits exactly, from 8 times its layers: the extra ones' attention and
+MLP write nothing to the residual stream (zero output projections), so each step costs as a
+deep model's while the built-in model, as its draft, always agrees (`just bench
+speculative`: a small draft that agrees with a big model, as a 0.5B one does with its 7B)."""
+DEEP_LAYERS = 32
+
 DEMO_DRAFT_MODEL_ID = "orchard-demo-draft"
 """Another random model with the built-in model's tokenizer, one layer deep: a draft model that
 rarely agrees with it (`orchard runner --draft-model`, `just bench speculative`). The built-in
@@ -230,7 +237,13 @@ def is_builtin(name: str) -> bool:
     """Whether `name` is one of the built-in models (built here, never downloaded)."""
     from runner import demo_families
 
-    builtin = (DEMO_MODEL_ID, DEMO_PIPELINE_MODEL_ID, DEMO_LONG_MODEL_ID, DEMO_DRAFT_MODEL_ID)
+    builtin = (
+        DEMO_MODEL_ID,
+        DEMO_PIPELINE_MODEL_ID,
+        DEMO_LONG_MODEL_ID,
+        DEMO_DRAFT_MODEL_ID,
+        DEMO_DEEP_MODEL_ID,
+    )
     return name in builtin or demo_families.family_of(name) is not None
 
 
@@ -260,6 +273,11 @@ def resolve_model(name: str) -> str:
         target = cache_dir() / "models" / f"{DEMO_PIPELINE_MODEL_ID}-{DEMO_MODEL_VERSION}"
         if not target.is_dir():
             _build_atomically(target, lambda path: build_qwen2_variant(source, path))
+    elif name == DEMO_DEEP_MODEL_ID:
+        source = target
+        target = cache_dir() / "models" / f"{DEMO_DEEP_MODEL_ID}-{DEMO_MODEL_VERSION}"
+        if not target.is_dir():
+            _build_atomically(target, lambda path: build_deep_variant(source, path))
     elif name == DEMO_DRAFT_MODEL_ID:
         source = target
         target = cache_dir() / "models" / f"{DEMO_DRAFT_MODEL_ID}-{DEMO_MODEL_VERSION}"
@@ -336,6 +354,31 @@ def build_long_variant(source: Path, path: Path) -> None:
     config = json.loads((source / "config.json").read_text())
     config["max_position_embeddings"] = LONG_CONTEXT
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def build_deep_variant(source: Path, path: Path) -> None:
+    """Write `DEMO_DEEP_MODEL_ID` into `path`: the demo model at `source` with layers added
+    after its own up to `DEEP_LAYERS`, each a copy of its last layer whose attention and MLP
+    output projections are zero, so that it adds nothing and the logits are the same."""
+    import mlx.core as mx
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    weights = mx.load(str(source / "model.safetensors"))
+    assert isinstance(weights, dict)
+    own = config["num_hidden_layers"]
+    last = f"model.layers.{own - 1}."
+    for layer in range(own, DEEP_LAYERS):
+        for name, weight in list(weights.items()):
+            if name.startswith(last):
+                copied = f"model.layers.{layer}." + name[len(last) :]
+                silent = name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight"))
+                weights[copied] = mx.zeros_like(weight) if silent else weight
+    config["num_hidden_layers"] = DEEP_LAYERS
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(source / name, path / name)
 
 
 def build_draft_variant(source: Path, path: Path) -> None:

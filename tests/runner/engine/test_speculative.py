@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from protocol.frames import LogitBias, ResponseFormat, SamplingParams, Speculation
-from runner.demo_model import DEMO_DRAFT_MODEL_ID, DEMO_MODEL_ID
+from runner.demo_model import DEMO_DEEP_MODEL_ID, DEMO_DRAFT_MODEL_ID, DEMO_MODEL_ID
 from runner.engine.mlx_engine import MlxEngine
 from runner.engine.speculative import MIN_TOKENS, PROBE_EVERY, Draft, vocabulary_mismatch
 from runner.model_options import ModelOptions
@@ -266,3 +267,19 @@ def test_penalties_count_the_generated_tokens_as_without_a_draft(start: StartEng
     want = text_of(run(plain, plain_collector, request))
     assert want != text_of(run(plain, plain_collector, unpenalised))  # the penalties bite
     assert text_of(run(drafted, drafted_collector, request)) == want
+
+
+def test_the_demo_model_drafts_for_its_deep_copy_and_always_agrees(
+    demo_model_path: Path, reference: Reference
+) -> None:
+    """`orchard-demo-deep` computes the demo model's logits (its extra layers add nothing), so
+    its greedy answer is the demo model's, and the demo model as its draft is always kept."""
+    options = ModelOptions(draft_model=DEMO_MODEL_ID, num_draft_tokens=3, draft_always=True)
+    with engine_starter(lambda **o: MLX_ENGINES["mlx-batched"](DEMO_DEEP_MODEL_ID, **o)) as start:
+        engine, collector = start(options=options)
+        request = ask("deep", "Tell me about apples.", max_tokens=40, sampling=GREEDY)
+        events = run(engine, collector, attrs.evolve(request, model=DEMO_DEEP_MODEL_ID))
+        assert text_of(events) == "".join(reference.greedy(request)[1])
+        (counts,) = engine.speculation()
+        assert counts.model == DEMO_DEEP_MODEL_ID
+        assert 0 < counts.drafted - 2 * options.num_draft_tokens <= counts.accepted
