@@ -17,7 +17,10 @@ eight). Each round runs one greedy `tokens`-token request on each engine of a mo
 (end of sequence biased away, so that all run exactly `tokens`); a figure is the median over
 `runs` rounds of the decode rate (`GenerationStats.generation_tps`: tokens after the first /
 the time from it to the last), and each draft's figure is divided by the no-draft one of the
-same rounds. The acceptance rate is the draft's accepted ÷ drafted tokens over the rounds.
+same rounds; "overall" divides the rate over all of a draft's requests (every request's time
+counted, a probe's too) by no draft's. The acceptance rate is the draft's accepted ÷ drafted
+tokens over the rounds. Each round starts one engine further on, so that each engine's request
+follows each other engine's equally often.
 
 `--num-draft-tokens` is `K` below (`python -m bench.speculative K` to try another).
 """
@@ -90,10 +93,15 @@ def main(runs: int = 5, tokens: int = 256, num_draft_tokens: int = K) -> None:
             table(
                 f"speculative decoding on {target}, 1 stream, {tokens} tokens, "
                 f"K={num_draft_tokens}, median of {runs} ({env_note()})",
-                ["draft", "decode tok/s", "÷ no draft", "accepted"],
+                ["draft", "decode tok/s", "÷ no draft", "÷ no draft, overall", "accepted"],
                 rows,
             )
         )
+
+
+def _overall(rates: list[float]) -> float:
+    """The decode rate over requests of equal length that ran at `rates`."""
+    return len(rates) / sum(1 / rate for rate in rates)
 
 
 def _measure(  # noqa: PLR0917  # the scenario's settings, passed through
@@ -120,9 +128,13 @@ def _measure(  # noqa: PLR0917  # the scenario's settings, passed through
         engine.start(sink)
         engines[label] = engine
     rates: dict[str, list[float]] = {label: [] for label in drafts}
+    order = list(engines.items())
     try:
         for run in range(runs):
-            for i, (label, engine) in enumerate(engines.items()):
+            # Each round starts one engine further on: an engine's request follows each of the
+            # others' equally often (one that drafted leaves MLX's buffer cache cleared).
+            turn = order[run % len(order) :] + order[: run % len(order)]
+            for i, (label, engine) in enumerate(turn):
                 last = _run(engine, events, _request(run * len(engines) + i, tokens, eos, target))
                 assert last.usage.completion_tokens == tokens, last.usage
                 assert last.stats is not None
@@ -137,7 +149,9 @@ def _measure(  # noqa: PLR0917  # the scenario's settings, passed through
         ratios = [r / b for r, b in zip(rates[label], base, strict=True)]
         spec = counts[label]
         acceptance = f"{spec[0].accepted / spec[0].drafted:.1%}" if spec else "-"
-        rows.append([label, median(rates[label]), median(ratios), acceptance])
+        # Every request's time counted (a probe's too): the rate over all of them.
+        overall = _overall(rates[label]) / _overall(base)
+        rows.append([label, median(rates[label]), median(ratios), overall, acceptance])
     return rows
 
 

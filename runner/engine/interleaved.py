@@ -97,7 +97,8 @@ class InterleavedDecoder:
         if request.constraint is not None:
             guard = self._guards[request.request_id] = request.constraint.processor()
         draft = model.draft if guard is None else None
-        drafts = draft is not None and draft.use_for_next()
+        # stream_generate cannot stop drafting midway: a request drafts whole or not at all.
+        drafts = draft is not None and draft.choose(can_stop=False) == "draft"
         if draft is not None and not self._streams:
             self._drafts[request.request_id] = drafts
         if draft is not None and drafts:

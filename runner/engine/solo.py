@@ -40,7 +40,13 @@ from runner.engine.generation import PREFILL_CHUNK, Generation
 from runner.engine.prefix_cache import compact
 from runner.engine.request import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
-from runner.engine.speculative import cache_offset, speculative_steps
+from runner.engine.speculative import (
+    PROBE_TOKENS,
+    Way,
+    cache_offset,
+    speculative_steps,
+    with_context,
+)
 
 log = logging.getLogger("runner.engine")
 
@@ -71,9 +77,14 @@ class _Lone:
     """Prompt tokens its cache holds before `generate_step` starts."""
     detokenizer: Any
     guard: ConstraintProcessor | None
-    drafts: bool | None = None
-    """Whether it decodes with the model's draft (None: it cannot, having no draft or a
-    constraint)."""
+    way: Way | None = None
+    """How it decodes with the model's draft (runner.engine.speculative; None: it cannot,
+    having no draft or a constraint)."""
+    sampler: Any = None
+    switched_at: float | None = None
+    """When a probe stopped drafting (`time.perf_counter()`)."""
+    drafted_tokens: int = 0
+    """Of its tokens, those made while it drafted."""
 
 
 class SoloDecoder:
@@ -126,13 +137,13 @@ class SoloDecoder:
             lone.held += PREFILL_CHUNK
             return True
         params = request.generate.sampling
+        lone.sampler = make_sampler_for(params, model.vocab_size)
         draft = model.draft
         if draft is not None and lone.guard is None:
             # A constrained request's matcher cannot take a round's proposals back: it
             # decodes without the draft (runner.engine.speculative).
-            lone.drafts = draft.use_for_next()
-        if lone.drafts:
-            assert draft is not None
+            lone.way = draft.choose()
+        if draft is not None and lone.way in ("draft", "probe"):
             lone.steps = speculative_steps(
                 draft,
                 model.model,
@@ -140,7 +151,7 @@ class SoloDecoder:
                 request.prompt[: lone.held],
                 cache,
                 max_tokens=request.max_tokens,
-                sampler=make_sampler_for(params, model.vocab_size),
+                sampler=lone.sampler,
                 logits_processors=make_logits_processors(params, 1, None) or None,
                 kv_quantization=model.kv_quantization,
             )
@@ -149,7 +160,7 @@ class SoloDecoder:
             mx.array(rest),
             model.model,
             max_tokens=request.max_tokens,
-            sampler=make_sampler_for(params, model.vocab_size),
+            sampler=lone.sampler,
             # None, not [], when there are none: mlx-lm then skips the token bookkeeping.
             logits_processors=make_logits_processors(params, len(rest), lone.guard) or None,
             prompt_cache=cache,
@@ -157,6 +168,34 @@ class SoloDecoder:
             **model.kv_quantization,
         )
         return False
+
+    def _stop_drafting(self, lone: _Lone) -> None:
+        """A probe has drafted its `PROBE_TOKENS`: go on from its last token without the
+        draft, the cache cut back to what `generate_step` is to be fed again."""
+        request = lone.request
+        assert lone.steps is not None
+        _close(request, lone.steps)  # rewinds the cache to the tokens yielded (or one fewer)
+        cache = request.cache
+        assert cache is not None
+        prompt, tokens = request.prompt, request.tokens
+        trim_prompt_cache(cache, cache_offset(cache) - (len(prompt) + len(tokens) - 1))
+        model = self._generation.model
+        params = request.generate.sampling
+        processors = make_logits_processors(params, 1, None) or None
+        lone.steps = generate_step(
+            mx.array(tokens[-1:]),
+            model.model,
+            max_tokens=request.max_tokens - len(tokens),
+            sampler=lone.sampler,
+            # What the speculative step's processors saw: the last prompt token and every
+            # token generated before this one.
+            logits_processors=with_context(processors, [prompt[-1], *tokens[:-1]]),
+            prompt_cache=cache,
+            **model.kv_quantization,
+        )
+        lone.way = "plain"
+        lone.switched_at = time.perf_counter()
+        lone.drafted_tokens = len(tokens)
 
     def step(self) -> None:
         """The lone request's next token (or the next chunk of its prompt)."""
@@ -190,6 +229,12 @@ class SoloDecoder:
                 if finish is not None:
                     detokenizer.finalize()
             generation.token(request, token, detokenizer.last_segment, finish, logprobs)
+            if (
+                lone.way == "probe"
+                and len(request.tokens) >= PROBE_TOKENS
+                and generation.is_running(request)
+            ):
+                self._stop_drafting(lone)
         except Exception as exc:  # this request ends, alone
             if generation.is_running(request):
                 generation.fail(request, exc)
@@ -235,10 +280,16 @@ class SoloDecoder:
         if lone.steps is not None:
             _close(request, lone.steps)
         draft = self._generation.model.draft
-        if draft is not None and lone.drafts is not None and request.first_token_at is not None:
-            # Its decode rate, for the choice of the next request's way.
-            seconds = time.perf_counter() - request.first_token_at
-            draft.observe(lone.drafts, len(request.tokens) - 1, seconds)
+        started = request.first_token_at
+        if draft is not None and lone.way is not None and started is not None:
+            # Its decode rates, with the draft and without, for the next requests' ways.
+            now, made = time.perf_counter(), len(request.tokens)
+            switched = lone.switched_at
+            if switched is not None:
+                draft.observe(True, lone.drafted_tokens - 1, switched - started)
+                draft.observe(False, made - lone.drafted_tokens, now - switched)
+            else:
+                draft.observe(lone.way != "plain", made - 1, now - started)
 
     def drop_all(self) -> None:
         lone, self._lone = self._lone, None

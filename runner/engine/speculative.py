@@ -23,7 +23,7 @@ says how two tokenizers differ, and the runner refuses such a pair at start.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import mlx.core as mx
@@ -37,10 +37,17 @@ PREFILL_CHUNK = 512
 PROBE_EVERY = 8
 """Of the requests a draft could serve, every this many goes the way measured slower, so
 that the estimate of both ways stays current."""
+PROBE_TOKENS = 32
+"""A probe of the draft drafts this many tokens of a request, then decodes without it: both
+rates measured in one request, at a small cost when the draft does not pay."""
 MIN_TOKENS = 16
-"""A request's decode rate counts for the choice once it made this many tokens."""
+"""A stretch of decoding counts for the choice once it made this many tokens."""
 WEIGHT = 0.3
 """Of a new decode rate in a way's running estimate (an exponentially weighted mean)."""
+
+Way = Literal["draft", "probe", "plain"]
+"""How a request the draft could serve decodes: with the draft, with it for its first
+`PROBE_TOKENS` tokens only, or without it."""
 
 
 @attrs.define(eq=False)
@@ -48,9 +55,11 @@ class Draft:
     """A loaded draft model and what it has done (written by the generation thread).
 
     Whether a draft pays depends on how often it agrees and on what it costs beside the model,
-    neither known before it runs: `use_for_next` chooses, request by request, the way (with
-    the draft or without) whose measured decode rate is higher, trying the other every
-    `PROBE_EVERY` requests; `always` drafts every request.
+    neither known before it runs. `choose` decides request by request: the first request is a
+    probe (drafting its first `PROBE_TOKENS` tokens, then not: both decode rates measured);
+    later ones go the way whose measured rate is higher, every `PROBE_EVERY`-th the other way
+    (a probe, or a request without the draft), so that both estimates stay current. `always`
+    drafts every request.
     """
 
     name: str
@@ -65,22 +74,26 @@ class Draft:
     rates: dict[bool, float] = attrs.field(factory=dict)
     """Decode tokens/s with the draft (True) and without (False): running estimates."""
     chosen: int = 0
-    """Requests `use_for_next` has chosen for."""
+    """Requests `choose` has chosen for."""
 
-    def use_for_next(self) -> bool:
-        """Whether the next request the draft can serve drafts."""
+    def choose(self, *, can_stop: bool = True) -> Way:
+        """How the next request the draft can serve decodes. A decoder that cannot stop
+        drafting midway (`can_stop` False) gets "draft" or "plain" for a whole request where
+        a probe is due: the way not yet measured, or the draft."""
         self.chosen += 1
         if self.always:
-            return True
-        if True not in self.rates:
-            return True  # measure the draft first
-        if False not in self.rates:
-            return False
-        faster = self.rates[True] >= self.rates[False]
-        return faster != (self.chosen % PROBE_EVERY == 0)
+            return "draft"
+        if True in self.rates and False in self.rates:
+            pays = self.rates[True] >= self.rates[False]
+            if self.chosen % PROBE_EVERY == 0:  # the other way, to keep its figure current
+                return "plain" if pays else ("probe" if can_stop else "draft")
+            return "draft" if pays else "plain"
+        if can_stop:
+            return "probe"
+        return "plain" if True in self.rates else "draft"
 
     def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
-        """A request that went one way decoded `tokens` after its first in `seconds`."""
+        """A stretch of decoding that went one way made `tokens` tokens in `seconds`."""
         if tokens < MIN_TOKENS or seconds <= 0:
             return
         rate = tokens / seconds
@@ -187,6 +200,23 @@ def counted(draft: Draft, responses: Iterator[Any], max_tokens: int) -> Iterator
         close = getattr(responses, "close", None)
         if close is not None:
             close()
+
+
+def with_context(processors: list[Any] | None, earlier: Sequence[int]) -> list[Any] | None:
+    """`processors` seeing `earlier` before the tokens mlx-lm gives them: a request that stops
+    drafting goes on in `generate_step` from its last token, and its penalties must still count
+    every token generated before (`earlier`: what the speculative step's context held)."""
+    if not processors:
+        return processors
+    before = mx.array(list(earlier), dtype=mx.uint32)
+
+    def prefixed(processor: Any) -> Any:
+        def call(tokens: Any, logits: Any) -> Any:
+            return processor(mx.concatenate([before, tokens.astype(mx.uint32)]), logits)
+
+        return call
+
+    return [prefixed(p) for p in processors]
 
 
 def cache_offset(cache: list[Any]) -> int:

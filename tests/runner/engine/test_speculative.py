@@ -17,8 +17,14 @@ import pytest
 from protocol.frames import LogitBias, ResponseFormat, SamplingParams, Speculation
 from runner.demo_model import DEMO_DEEP_MODEL_ID, DEMO_DRAFT_MODEL_ID, DEMO_MODEL_ID
 from runner.engine.mlx_engine import MlxEngine
-from runner.engine.speculative import MIN_TOKENS, PROBE_EVERY, Draft, vocabulary_mismatch
-from runner.model_options import ModelOptions
+from runner.engine.speculative import (
+    MIN_TOKENS,
+    PROBE_EVERY,
+    PROBE_TOKENS,
+    Draft,
+    vocabulary_mismatch,
+)
+from runner.model_options import DEFAULT_NUM_DRAFT_TOKENS, ModelOptions
 from tests.runner.collect import Collector, engine_starter, final, outputs, run, text_of
 from tests.runner.engines import GREEDY, MLX_ENGINES, MakeMlxEngine, Reference, ask
 from tests.support import UNIT
@@ -195,42 +201,66 @@ def test_the_counts_reach_the_heartbeat_shape(start: StartEngine) -> None:
 
 def test_the_draft_is_chosen_while_it_measures_faster() -> None:
     draft = Draft("d", None, 3)
-    assert draft.use_for_next()  # measured first
+    assert draft.choose() == "probe"  # nothing measured: both ways, in one request
     draft.observe(True, 100, 1.0)  # 100 tok/s with it
-    assert not draft.use_for_next()  # then without
+    assert draft.choose() == "probe"  # still no rate without it
     draft.observe(False, 200, 1.0)  # 200 without: the draft loses
-    ways = [draft.use_for_next() for _ in range(2 * PROBE_EVERY)]
-    assert ways.count(True) == 2  # a probe every PROBE_EVERY requests
-    assert ways.index(True) == PROBE_EVERY - 1 - 2  # the chosen count reaches a multiple
-    draft.observe(True, 400, 1.0)  # the draft measures faster now (a running mean)
-    assert draft.rates[True] == pytest.approx(100 + 0.3 * 300)
-    draft.observe(True, 400, 1.0)
-    draft.observe(True, 400, 1.0)
-    assert draft.rates[True] > draft.rates[False]
-    assert draft.use_for_next() or draft.chosen % PROBE_EVERY == 0
+    ways = [draft.choose() for _ in range(2 * PROBE_EVERY)]
+    assert ways.count("probe") == 2  # one probe every PROBE_EVERY requests
+    assert ways.count("plain") == 2 * PROBE_EVERY - 2
+    assert draft.chosen % PROBE_EVERY == 2
+    assert ways.index("probe") == PROBE_EVERY - 1 - 2  # when the count reaches a multiple
+    for _ in range(3):
+        draft.observe(True, 400, 1.0)  # the draft measures faster now (a running mean)
+    assert draft.rates[True] == pytest.approx(400 - 300 * 0.7**3)
+    ways = [draft.choose() for _ in range(2 * PROBE_EVERY)]
+    assert ways.count("plain") == 2  # now the probe of the other way is a plain request
+    assert ways.count("draft") == 2 * PROBE_EVERY - 2
     draft.observe(False, MIN_TOKENS - 1, 0.001)  # too short to count
     assert draft.rates[False] == 200
+    whole = Draft("d", None, 3)  # a decoder that cannot stop drafting midway
+    assert whole.choose(can_stop=False) == "draft"  # the draft measured first, whole
+    whole.observe(True, 100, 1.0)
+    assert whole.choose(can_stop=False) == "plain"  # then the other way
     always = Draft("d", None, 3, always=True)
     always.observe(True, 100, 1.0)
     always.observe(False, 900, 1.0)
-    assert all(always.use_for_next() for _ in range(2 * PROBE_EVERY))
+    assert {always.choose() for _ in range(2 * PROBE_EVERY)} == {"draft"}
 
 
 def test_a_draft_that_does_not_pay_is_left_aside(start: StartEngine, reference: Reference) -> None:
-    engine, collector = start(
-        options=ModelOptions(draft_model=DEMO_DRAFT_MODEL_ID, num_draft_tokens=4)
-    )
+    engine, collector = start(options=ModelOptions(draft_model=DEMO_DRAFT_MODEL_ID))
     drafted = []
-    for i in range(PROBE_EVERY):
-        request = ask(f"r{i}", "Tell me about apples.", max_tokens=40, sampling=GREEDY)
+    for i in range(PROBE_EVERY + 1):
+        request = ask(f"r{i}", "Tell me about apples.", max_tokens=80, sampling=GREEDY)
         events = run(engine, collector, request)
         assert text_of(events) == "".join(reference.greedy(request)[1])
         drafted.append(spec(engine).drafted)
-    # The first request drafts (to measure it), the second does not; then the faster way,
-    # without the draft, but for one probe of the draft in PROBE_EVERY requests.
-    grew = [b > a for a, b in zip([0, *drafted], drafted, strict=False)]
-    assert grew[:2] == [True, False]
-    assert grew.count(True) <= 2
+    grew = [b - a for a, b in zip([0, *drafted], drafted, strict=False)]
+    if engine.strategy.__class__.__name__ == "Batched":
+        # The first request drafts its first PROBE_TOKENS tokens only, then goes on without
+        # the draft; the next ones go without it but for one probe in PROBE_EVERY.
+        most = PROBE_TOKENS * DEFAULT_NUM_DRAFT_TOKENS  # a probe's rounds, one token each
+        assert 0 < grew[0] <= most
+        assert [g > 0 for g in grew] == [True] + [False] * (PROBE_EVERY - 2) + [True, False]
+        assert 0 < grew[PROBE_EVERY - 1] <= most
+    else:  # --engine mlx cannot stop drafting midway: whole requests, the draft's first
+        assert grew[0] > PROBE_TOKENS
+        assert [g > 0 for g in grew] == [True] + [False] * (PROBE_EVERY - 2) + [True, False]
+
+
+def test_a_probe_with_penalties_goes_on_exactly_without_the_draft(start: StartEngine) -> None:
+    """A probe stops drafting after PROBE_TOKENS tokens; its penalties still count every
+    token generated before (runner.engine.speculative.with_context)."""
+    plain, plain_collector = start()
+    probing, probing_collector = start(options=ModelOptions(draft_model=DEMO_DRAFT_MODEL_ID))
+    penalised = SamplingParams(temperature=0.0, presence_penalty=1.5, frequency_penalty=0.5)
+    request = ask("p", "Tell me about apples.", max_tokens=PROBE_TOKENS + 40, sampling=penalised)
+    want = run(plain, plain_collector, request)
+    got = run(probing, probing_collector, request)
+    assert text_of(got) == text_of(want)
+    assert final(got).usage == final(want).usage
+    assert spec(probing).drafted > 0
 
 
 def test_sampled_output_follows_the_models_distribution(start: StartEngine) -> None:
