@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from runner.errors import RunnerError
+from runner.errors import AdapterError, RunnerError
 
 if TYPE_CHECKING:
     from protocol.frames import Hardware
@@ -153,7 +153,7 @@ def check_adapters(options: Mapping[str, ModelOptions]) -> None:
                 adapter.check_fit(
                     directory, model_dir, base, trust_remote_code=option.trust_remote_code
                 )
-        except adapter.AdapterError as exc:
+        except AdapterError as exc:
             raise StartupError(f"{served}: {exc}", "--adapter-path") from exc
 
 

@@ -27,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -167,6 +170,25 @@ class FakeHub:
     def _stall(self, sent: int) -> None:
         if self.stall_after is not None and sent >= self.stall_after:
             self._released.wait()
+
+
+def runner_against(hub: FakeHub, home: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`orchard runner FLAGS` (no gateway listening) downloading from `hub` into `home`, run
+    to its end: for what it prints when a download fails at start."""
+    from tests.support import UNIT
+
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "orchard", "runner", "--gateway", "http://127.0.0.1:9"),
+            *flags,
+            *("--log-level", "warning"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120 * UNIT,
+        check=False,
+        env={**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(home)},
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -3,7 +3,6 @@ gateway started with no flags runs exactly the documented defaults."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from click.testing import CliRunner
 
 from gateway.config import GatewayConfig, default_store_path
 from orchard import cli, gateway_start, serve
-from tests.fakehub import FakeHub
+from tests.fakehub import FakeHub, runner_against
 from tests.support import UNIT
 
 
@@ -130,17 +129,7 @@ def test_a_model_that_does_not_load_is_one_clear_line(tmp_path: Path) -> None:
 def test_a_hub_model_that_is_not_there_is_one_clear_line(tmp_path: Path) -> None:
     # The runner downloads a Hub id itself (runner.download), from a local fake Hub here.
     with FakeHub() as hub:
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "orchard", "runner", "--gateway", "http://127.0.0.1:9"),
-                *("--model", "orchard-test/nope", "--log-level", "warning"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120 * UNIT,
-            check=False,
-            env={**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path)},
-        )
+        proc = runner_against(hub, tmp_path, "--model", "orchard-test/nope")
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert line.endswith(

@@ -3,9 +3,6 @@ ids MODEL:ADAPTER; and the runner's chat template arguments under a request's.""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +11,11 @@ from protocol.frames import Generate, Message
 from runner import adapter
 from runner.engine.kv_store import model_identity
 from runner.engine.mlx_model import MlxModel
+from runner.errors import AdapterError
 from runner.model_options import ModelOptions
 from runner.model_source import HubSource
 from tests.adapters import make_adapter
-from tests.fakehub import FakeHub
-from tests.support import UNIT
+from tests.fakehub import FakeHub, runner_against
 
 MODEL = "orchard-demo"
 
@@ -45,7 +42,7 @@ def test_a_hub_id_or_a_path(value: str, hub: bool) -> None:
 
 
 def test_a_missing_directory_that_is_no_hub_id(tmp_path: Path) -> None:
-    with pytest.raises(adapter.AdapterError) as info:
+    with pytest.raises(AdapterError) as info:
         adapter.locate(str(tmp_path / "nowhere"))
     assert str(info.value) == f"no adapter directory at {tmp_path / 'nowhere'}"
 
@@ -88,17 +85,7 @@ def test_the_disk_cache_of_an_adapted_model_is_its_own(demo_model_path: Path, lo
 def test_a_hub_adapter_that_is_not_there_is_one_clear_line(tmp_path: Path) -> None:
     # A Hub id is checked when it downloads, as its model loads (here: at start).
     with FakeHub() as hub:
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "orchard", "runner", "--gateway", "http://127.0.0.1:9"),
-                *("--adapter-path", "orchard-test/nope", "--log-level", "warning"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120 * UNIT,
-            check=False,
-            env={**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path)},
-        )
+        proc = runner_against(hub, tmp_path, "--adapter-path", "orchard-test/nope")
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert line.endswith(
