@@ -50,7 +50,8 @@ def model_flags(command: F) -> F:
             multiple=True,
             metavar=PER_MODEL,
             help="A small model with the model's tokenizer for speculative decoding (a lone "
-            "request drafts with it; concurrent ones decode batched without it)." + _FOR_ONE,
+            "request drafts with it while that measures faster; concurrent ones decode "
+            "batched without it). Its tokenizer is compared at start." + _FOR_ONE,
         ),
         click.option(
             "--num-draft-tokens",
@@ -63,7 +64,8 @@ def model_flags(command: F) -> F:
             "--kv-bits",
             type=int,
             default=None,
-            help="Quantize the KV cache to 4 or 8 bits (past --quantized-kv-start tokens).",
+            help="Quantize the KV cache to 4 or 8 bits (past --quantized-kv-start tokens; "
+            "batch rows stay at full width, kept prompts are quantized).",
         ),
         click.option(
             "--kv-group-size",
