@@ -59,6 +59,8 @@ class InterleavedDecoder:
         self._streams: dict[str, tuple[Request, Iterator[Any]]] = {}
         self._guards: dict[str, ConstraintProcessor] = {}
         """The constraint processors of constrained requests."""
+        self._draft_caches: dict[str, list[Any]] = {}
+        """The draft's cache of each request that drafts."""
         self._drafts: dict[str, bool] = {}
         """Of the requests the model's draft could serve and that started alone, whether
         each drafts: their decode rates choose the next one's way (runner.engine.speculative)."""
@@ -102,6 +104,9 @@ class InterleavedDecoder:
         if draft is not None and not self._streams:
             self._drafts[request.request_id] = drafts
         if draft is not None and drafts:
+            draft_cache = self._draft_caches[request.request_id] = draft.cache_for(
+                request.prompt[:reused]
+            )
             # runner.engine.speculative: the draft's cache starts where this one stands, and
             # the logits processors see the last prompt token and what is generated.
             stream = counted(
@@ -115,7 +120,7 @@ class InterleavedDecoder:
                     num_draft_tokens=draft.num_tokens,
                     sampler=make_sampler_for(params, model.vocab_size),
                     logits_processors=make_logits_processors(params, 1, None) or None,
-                    prompt_cache=[*cache, *draft.prefilled_cache(request.prompt[:reused])],
+                    prompt_cache=[*cache, *draft_cache],
                     **model.kv_quantization,
                 ),
                 request.max_tokens,
@@ -180,6 +185,9 @@ class InterleavedDecoder:
         entry = self._streams.pop(request.request_id, None)
         if entry is not None:
             _close(request, entry[1])
+        draft_cache = self._draft_caches.pop(request.request_id, None)
+        if draft is not None and draft_cache is not None:
+            draft.keep(request.prompt + request.tokens, draft_cache)
 
     def drop_all(self) -> None:
         for request, stream in self._streams.values():
@@ -187,6 +195,7 @@ class InterleavedDecoder:
         self._streams.clear()
         self._guards.clear()
         self._drafts.clear()
+        self._draft_caches.clear()
 
 
 def _close(request: Request, stream: Iterator[Any]) -> None:

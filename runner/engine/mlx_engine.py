@@ -176,12 +176,16 @@ class MlxEngine(ThreadedEngine):
     def kv_usage(self) -> KvUsage:
         generation = self._generation
         prefix = generation.prefix_cache.nbytes if generation is not None else None
+        draft = generation.model.draft if generation is not None else None
+        drafts = draft.kept.nbytes if draft is not None and draft.kept is not None else 0
+        held = self.strategy.kv_bytes(self.stats, prefix)
         store = self.kv_store
         disk = store.nbytes if store is not None and store.enabled else None
         return KvUsage(
-            bytes=self.strategy.kv_bytes(self.stats, prefix),
+            # The draft's kept caches count with the model's.
+            bytes=None if held is None else held + drafts,
             limit_bytes=self.strategy.kv_limit(self.prefix_cache_bytes),
-            prefix_bytes=prefix,
+            prefix_bytes=None if prefix is None else prefix + drafts,
             disk_bytes=disk,
             disk_limit_bytes=store.max_bytes if disk is not None and store is not None else None,
         )
@@ -263,6 +267,12 @@ class MlxEngine(ThreadedEngine):
         serve it (on the generation thread, at the end of a `_load`)."""
         assert self._sink is not None
         self.warm_up_seconds = self._warm_up(model)
+        if model.draft is not None:
+            # The draft's kept caches: a quarter of the model's budget (a draft is smaller).
+            budget = self.prefix_cache_bytes
+            model.draft.kept = PrefixCache(
+                None if budget is None else budget // 4, max_entries=self.prefix_cache_size
+            )
         generation = Generation(
             model,
             sink=self._sink,

@@ -85,6 +85,8 @@ class _Lone:
     """When a probe stopped drafting (`time.perf_counter()`)."""
     drafted_tokens: int = 0
     """Of its tokens, those made while it drafted."""
+    draft_cache: list[Any] | None = None
+    """The draft's cache while it drafts."""
 
 
 class SoloDecoder:
@@ -144,12 +146,13 @@ class SoloDecoder:
             # decodes without the draft (runner.engine.speculative).
             lone.way = draft.choose()
         if draft is not None and lone.way in ("draft", "probe"):
+            lone.draft_cache = draft.cache_for(request.prompt[: lone.held])
             lone.steps = speculative_steps(
                 draft,
                 model.model,
                 rest,
-                request.prompt[: lone.held],
                 cache,
+                lone.draft_cache,
                 max_tokens=request.max_tokens,
                 sampler=lone.sampler,
                 logits_processors=make_logits_processors(params, 1, None) or None,
@@ -175,6 +178,7 @@ class SoloDecoder:
         request = lone.request
         assert lone.steps is not None
         _close(request, lone.steps)  # rewinds the cache to the tokens yielded (or one fewer)
+        self._keep_draft_cache(lone)
         cache = request.cache
         assert cache is not None
         prompt, tokens = request.prompt, request.tokens
@@ -248,6 +252,7 @@ class SoloDecoder:
         request = lone.request
         if lone.steps is not None:
             _close(request, lone.steps)
+        self._keep_draft_cache(lone)
         cache = request.cache
         assert cache is not None
         request.cache = None
@@ -267,6 +272,14 @@ class SoloDecoder:
             guard.matcher.rollback(1)
         return HandOver(request, cache, prompt + tokens[:-1], tokens[-1:], lone.detokenizer, guard)
 
+    def _keep_draft_cache(self, lone: _Lone) -> None:
+        """The draft's cache, its step closed, kept for the conversation's next turn."""
+        draft, cache = self._generation.model.draft, lone.draft_cache
+        lone.draft_cache = None
+        if draft is not None and cache is not None:
+            request = lone.request
+            draft.keep(request.prompt + request.tokens, cache)
+
     def snapshot(self, request: Request) -> list[Any] | None:
         return None if request.cache is None else compact(request.cache, len(request.prompt))
 
@@ -279,6 +292,7 @@ class SoloDecoder:
         # that ran ahead has fed the last one), or all but the last (a speculative step).
         if lone.steps is not None:
             _close(request, lone.steps)
+        self._keep_draft_cache(lone)
         draft = self._generation.model.draft
         started = request.first_token_at
         if draft is not None and lone.way is not None and started is not None:

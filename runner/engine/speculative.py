@@ -11,10 +11,11 @@ model's distribution; logprobs are the served model's. Rows of the batch decode 
 (`docs/operations.md` says why), and so does a constrained request: its grammar's matcher is
 advanced token by token and cannot take a round's proposals back.
 
-The draft keeps its own KV cache per request, made here and never kept in the prefix cache: it
-is prefilled with the prompt tokens the served model's cache already holds (reused from the
-prefix cache, or prefilled chunk by chunk), so that both caches stand at the same position
-when mlx-lm's step starts.
+The draft has its own KV cache per request, holding the prompt tokens the served model's cache
+already holds (reused from the prefix cache, or prefilled chunk by chunk), so that both caches
+stand at the same position when mlx-lm's step starts. Finished requests' draft caches are kept
+in a prefix cache of the draft's own (`Draft.kept`, a quarter of the model's prefix-cache
+budget), so that a conversation's next turn prefills the draft with its new tokens only.
 
 A draft must tokenize as the model does (the proposals are token ids): `vocabulary_mismatch`
 says how two tokenizers differ, and the runner refuses such a pair at start.
@@ -28,7 +29,9 @@ from typing import Any, Literal
 import attrs
 import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+from runner.engine.prefix_cache import PrefixCache
 
 PREFILL_CHUNK = 512
 """Tokens of the prompt the draft prefills per forward pass."""
@@ -71,6 +74,11 @@ class Draft:
     """Tokens the draft proposed, over every request."""
     accepted: int = 0
     """Of those, the ones the served model kept."""
+    kept: PrefixCache | None = None
+    """The draft's caches of finished requests, so that a conversation's next turn does not
+    prefill the draft with all of it again (set once the engine has warmed up)."""
+    prefilled: int = 0
+    """Prompt tokens the draft prefilled, over every request."""
     rates: dict[bool, float] = attrs.field(factory=dict)
     """Decode tokens/s with the draft (True) and without (False): running estimates."""
     chosen: int = 0
@@ -102,16 +110,30 @@ class Draft:
 
     def reset(self) -> None:
         """Forget what was counted and measured (after the engine's warm-up)."""
-        self.drafted = self.accepted = self.chosen = 0
+        self.drafted = self.accepted = self.chosen = self.prefilled = 0
         self.rates.clear()
 
-    def prefilled_cache(self, tokens: Sequence[int]) -> list[Any]:
-        """A fresh draft cache holding `tokens` (what the served model's cache holds)."""
-        cache = make_prompt_cache(self.model)
-        for start in range(0, len(tokens), PREFILL_CHUNK):
+    def cache_for(self, tokens: Sequence[int]) -> list[Any]:
+        """A draft cache holding `tokens` (what the served model's cache holds): the longest
+        prefix of them the draft's kept caches hold, and the rest prefilled."""
+        cache, held = self.kept.take(tokens) if self.kept is not None else (None, 0)
+        if cache is None:
+            cache = make_prompt_cache(self.model)
+        for start in range(held, len(tokens), PREFILL_CHUNK):
             self.model(mx.array([list(tokens[start : start + PREFILL_CHUNK])]), cache=cache)
             mx.eval([c.state for c in cache])
+        self.prefilled += len(tokens) - held
         return cache
+
+    def keep(self, tokens: Sequence[int], cache: list[Any]) -> None:
+        """Keep a request's draft cache, which holds `tokens` or a prefix of them, for the
+        next turn of its conversation (given up: nothing writes to it again)."""
+        if self.kept is None:
+            return
+        excess = cache_offset(cache) - len(tokens)
+        if excess > 0:  # proposals past the tokens kept (a round cut short)
+            trim_prompt_cache(cache, excess)
+        self.kept.put(tokens, cache)
 
 
 @attrs.define(eq=False)
@@ -151,21 +173,23 @@ def speculative_steps(
     draft: Draft,
     model: Any,
     rest: Sequence[int],
-    held: Sequence[int],
     cache: list[Any],
+    draft_cache: list[Any],
     *,
     max_tokens: int,
     sampler: Any,
     logits_processors: list[Any] | None,
     kv_quantization: dict[str, Any],
 ) -> Generator[tuple[int, Any], None, None]:
-    """mlx-lm's speculative step from a cache holding `held`, going on with `rest`: each
-    token and the model's log-probabilities for it, as `generate_step` yields them.
+    """mlx-lm's speculative step from `cache` and `draft_cache` (both holding the same
+    prompt tokens, `Draft.cache_for`), going on with `rest`: each token and the model's
+    log-probabilities for it, as `generate_step` yields them.
 
     The logits processors see the last prompt token and the tokens generated (mlx-lm's
     speculative step keeps no more context): a penalty's prompt length is 1. Closing the
-    generator rewinds `cache` to the tokens yielded (mlx-lm's `finally`): it then holds the
-    prompt and every token yielded, or every one but the last (see `held_after`).
+    generator rewinds both caches to the tokens yielded (mlx-lm's `finally`): `cache` then
+    holds the prompt and every token yielded, or every one but the last (`cache_offset` says
+    which); `draft_cache` at most as many.
     """
     steps = speculative_generate_step(
         mx.array(list(rest)),
@@ -175,7 +199,7 @@ def speculative_steps(
         max_tokens=max_tokens,
         sampler=sampler,
         logits_processors=logits_processors,
-        prompt_cache=[*cache, *draft.prefilled_cache(held)],
+        prompt_cache=[*cache, *draft_cache],
         prefill_step_size=PREFILL_CHUNK,
         **kv_quantization,
     )

@@ -313,3 +313,28 @@ def test_the_demo_model_drafts_for_its_deep_copy_and_always_agrees(
         (counts,) = engine.speculation()
         assert counts.model == DEMO_DEEP_MODEL_ID
         assert 0 < counts.drafted - 2 * options.num_draft_tokens <= counts.accepted
+
+
+def test_the_drafts_cache_is_kept_for_the_next_turn(reference: Reference) -> None:
+    """A finished request's draft cache is kept: the next turn of its conversation prefills
+    the draft with its new tokens only, and the reused cache gives the draft's logits a fresh
+    one would."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from runner.engine.prefix_cache import PrefixCache
+
+    draft = Draft("d", reference.model, 3, kept=PrefixCache(None))
+    first = reference.prompt(ask("a", "Tell me about apples."))
+    turn = [*first, *reference.tokenizer.encode(" And pears? Tell me more about them.")]
+    cache = draft.cache_for(first)
+    assert draft.prefilled == len(first)
+    draft.keep(first, cache)
+    again = draft.cache_for(turn[:-1])
+    assert draft.prefilled == len(first) + len(turn) - 1 - len(first)
+    assert again[0].offset == len(turn) - 1
+    fresh = make_prompt_cache(reference.model)
+    reference.model(mx.array([turn[:-1]]), cache=fresh)
+    reused = reference.model(mx.array([turn[-1:]]), cache=again)
+    want = reference.model(mx.array([turn[-1:]]), cache=fresh)
+    assert mx.allclose(reused, want, atol=1e-4).item()
