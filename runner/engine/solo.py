@@ -181,8 +181,8 @@ class SoloDecoder:
         self._keep_draft_cache(lone)
         cache = request.cache
         assert cache is not None
+        _hold_all_but_last(request, cache)
         prompt, tokens = request.prompt, request.tokens
-        trim_prompt_cache(cache, cache_offset(cache) - (len(prompt) + len(tokens) - 1))
         model = self._generation.model
         params = request.generate.sampling
         processors = make_logits_processors(params, 1, None) or None
@@ -264,9 +264,7 @@ class SoloDecoder:
             return HandOver(
                 request, cache, prompt[:held], prompt[held:], lone.detokenizer, lone.guard
             )
-        # generate_step has fed the last token; a closed speculative step holds it or not
-        # (runner.engine.speculative): the batch feeds it again either way.
-        trim_prompt_cache(cache, cache_offset(cache) - (len(prompt) + len(tokens) - 1))
+        _hold_all_but_last(request, cache)  # the batch feeds the last token again
         guard = lone.guard
         if guard is not None and guard.error is None and guard.started:
             guard.matcher.rollback(1)
@@ -309,6 +307,14 @@ class SoloDecoder:
         lone, self._lone = self._lone, None
         if lone is not None and lone.steps is not None:
             _close(lone.request, lone.steps)
+
+
+def _hold_all_but_last(request: Request, cache: list[Any]) -> None:
+    """Cut `cache` back to the prompt and every generated token but the last: generate_step
+    has fed the last one (it runs a step ahead), a closed speculative step holds it or not
+    (runner.engine.speculative); whoever goes on feeds it again."""
+    held = len(request.prompt) + len(request.tokens) - 1
+    trim_prompt_cache(cache, cache_offset(cache) - held)
 
 
 def _close(request: Request, steps: Generator[Any, None, None]) -> None:
