@@ -104,11 +104,7 @@ class MlxModel:
         `path` when its files are there, with `options`' adapter, template and remote code."""
         options = options if options is not None else ModelOptions()
         base = options.base(name)  # `name` may be MODEL:ADAPTER
-        source = path or resolve_model(base)
-        if not Path(source).exists():
-            # A Hub id: downloaded here, with progress in the log and clear errors, rather
-            # than by mlx_lm.load.
-            source = str(download.fetch(base))
+        source = path if path is not None and Path(path).exists() else _files_of(base)
         adapter_dir = None
         if options.adapter_path is not None:
             # mlx_lm.load takes a directory only: a Hub id downloads here; the files are
@@ -455,13 +451,18 @@ def _think_ids(tokenizer: Any) -> tuple[int | None, int | None]:
         return None, None
 
 
+def _files_of(name: str) -> str:
+    """Where `name`'s files are: a built-in model (built on first use), a local directory, or
+    a Hub id, downloaded here with progress in the log and clear errors rather than by
+    mlx_lm.load."""
+    source = resolve_model(name)
+    return source if Path(source).exists() else str(download.fetch(name))
+
+
 def load_draft(model: MlxModel, name: str, options: ModelOptions) -> Draft:
     """`name` loaded as `model`'s draft; `ValueError` if it tokenizes otherwise."""
-    source = resolve_model(name)
-    if not Path(source).exists():
-        source = str(download.fetch(name))
     loaded: Any = mlx_lm.load(
-        source,
+        _files_of(name),
         tokenizer_config={"trust_remote_code": options.trust_remote_code},
         trust_remote_code=options.trust_remote_code,
     )
