@@ -76,28 +76,25 @@ def check_kv_groups(options: Mapping[str, ModelOptions]) -> None:
 
 def _local_files(name: str) -> Path | None:
     """Where `name`'s files are on this machine (None: a Hub id not yet downloaded)."""
+    from runner.adapter import is_hub_id
     from runner.demo_model import is_builtin, resolve_model
 
     source = Path(resolve_model(name))
-    if source.exists() or is_builtin(name):
-        return source
+    if source.exists() or is_builtin(name) or not is_hub_id(name):
+        return source  # a path that is not there: the caller says so
     return _hub_cache(name)
 
 
 def _local_tokenizer(name: str, trust_remote_code: bool, *, must_exist: bool) -> Any:
     """The tokenizer of `name` if its files are on this machine (None: a Hub id not yet
-    downloaded). A name that looks like a path (`must_exist`) but holds no model is an error."""
-    from runner.demo_model import is_builtin, resolve_model
+    downloaded). A name that is no Hub id (`must_exist`) but holds no model is an error."""
+    from runner.adapter import is_hub_id
 
-    source = Path(resolve_model(name))
-    if not source.exists() and not is_builtin(name):
-        looks_like_path = name.startswith((".", "/", "~")) or name.count("/") != 1
-        if must_exist and looks_like_path:
+    source = _local_files(name)
+    if source is None or not source.exists():
+        if must_exist and not is_hub_id(name):
             raise StartupError(f"no model at {name}", "--draft-model")
-        cached = _hub_cache(name)
-        if cached is None:
-            return None
-        source = cached
+        return None  # to download first, or a model path its load will report
     from mlx_lm.utils import load_tokenizer
 
     try:
