@@ -29,9 +29,9 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from protocol.frames import SamplingParams
-from runner.engine.constraint import BatchConstraints, ConstraintProcessor
 from runner.engine.generation import Generation
 from runner.engine.kv_quant import dequantized, quantized
+from runner.engine.masking import BatchConstraints, ConstraintProcessor
 from runner.engine.request import Request
 from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
 from runner.engine.solo import HandOver
@@ -114,7 +114,7 @@ class BatchDecoder:
     def start(self, request: Request) -> None:
         """Insert a request: its prompt is prefilled in the next step."""
         cache, reused = self._generation.take_cache(request)
-        guard = request.constraint.processor() if request.constraint is not None else None
+        guard = request.guard()
         request.first_step_at = time.perf_counter()
         detokenizer = self._model.tokenizer_for(request).detokenizer
         self._insert(

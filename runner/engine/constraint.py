@@ -5,12 +5,9 @@ masks the logits of every step, with llguidance.
                                                compiled grammar, or None; RequestError if the
                                                schema cannot be enforced
     Constraint.processor()                     when the request starts decoding: a fresh matcher
-    ConstraintProcessor(tokens, logits)        an mlx-lm logits processor, run after all others
-                                               (a lone `stream_generate`); also the state of a
-                                               batch row
-    BatchConstraints                           the batch decoder's: its constrained rows,
-                                               masked together once a step, inside the model
-                                               call (`wrap`)
+                                               in a `masking.ConstraintProcessor` (the masks
+                                               of one run; `masking.BatchConstraints`: a
+                                               batch's rows, masked together)
 
 What is constrained:
 
@@ -39,19 +36,15 @@ from __future__ import annotations
 import collections
 import copy
 import json
-import os
 import re
-import sys
 import threading
 import weakref
 from typing import Any
 
 import llguidance
-import mlx.core as mx
-import numpy as np
-from mlx_lm.generate import GenerationBatch
 
 from protocol.frames import Generate
+from runner.engine.masking import ConstraintProcessor
 from runner.errors import RequestError
 from runner.harmony import harmony_markers
 from runner.tool_formats import forceable, format_for, grammars
@@ -81,215 +74,11 @@ class Constraint:
         self._vocab_size = vocab_size
         self._eos = eos
 
-    def processor(self) -> ConstraintProcessor:
-        """A fresh processor, at the grammar's start."""
-        return ConstraintProcessor(self._matcher.deep_copy(), self._vocab_size, self._eos)
-
-
-class ConstraintProcessor:
-    """The mlx-lm logits processor of one constrained run: masks every disallowed token.
-
-    mlx-lm calls it once per generated token, with the token context so far: on the first
-    call the prompt (or only its part after the prefix cache), then with the token just
-    sampled appended, which the matcher consumes before the next mask is computed. The
-    token is read before this step's forward pass is started (`mx.async_eval`), so the mask
-    is computed while the forward pass runs. A row of a batch is not called: its
-    `BatchConstraints` advances and masks it with the batch's other rows.
-
-    Neither raises (an exception inside a batch step would fail every row of the batch): if
-    the matcher refuses a token, `error` says why and only end-of-sequence tokens are allowed
-    from then on; the decoder then fails this request alone.
-    """
-
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos: list[int]) -> None:
-        self.error: str | None = None
-        self.matcher = matcher
-        self.eos = eos
-        self.started = False
-        """Past its first call (the one on the prompt)."""
-        self.words = (vocab_size + 31) // 32
-        """32-bit words in a mask."""
-        self._bitmask = np.zeros((1, self.words), dtype=np.int32)
-
-    def __call__(self, tokens: Any, logits: Any) -> Any:
-        if not self.started:
-            self.started = True
-        else:
-            # Read the new token first: evaluated after the forward pass, it would wait for it.
-            self.consume(int(tokens[-1].item()))
-            mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx's stub lacks types
-        if self.error is None:
-            bitmask = self._bitmask
-            self.matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
-            if not self.matcher.is_error():
-                return apply_bitmask(logits, bitmask)
-            self.error = self.matcher.get_error()
-        return _only(logits, self.eos)
-
-    def consume(self, token: int) -> None:
-        """Advance the matcher by the token just sampled."""
-        if self.error is None and not self.matcher.consume_token(token):
-            self.error = f"the grammar refused token {token}: {self.matcher.get_error()}"
-
-
-class BatchConstraints:
-    """The constrained rows of one mlx-lm `BatchGenerator`, masked together, once a step.
-
-    The generator is built on `wrap(model)`. Its prefill calls pass through untouched; a
-    generation step's call (from mlx-lm's `GenerationBatch._step`, found by its caller's
-    code object) starts the forward pass (`mx.async_eval`), reads the tokens the step was
-    given (the rows' tokens just sampled: scheduled by the previous step, the read waits
-    for that step, not for this one), advances every constrained row's matcher by its
-    token, computes their masks while the forward pass runs (on llguidance's threads, given
-    4 cores or more), and returns the logits with one `mx.where` over the whole batch: a
-    constrained row keeps only what its grammar allows, any other row keeps everything.
-
-    So the constraint needs no per-row logits processor, and a batch of requests without
-    bias or penalties steps without mlx-lm's per-row slicing, token contexts and
-    concatenation. The mask comes before those processors (logit bias, penalties): they
-    move finite logits and leave -inf where it is, so the result is the same as masking
-    after them. The step's rows are the calling batch's `uids`, in order, and their tokens
-    its `_current_tokens` (mlx-lm 0.32's names, checked by the tests).
-    """
-
-    def __init__(self) -> None:
-        self._rows: dict[int, ConstraintProcessor] = {}
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def add(self, uid: int, processor: ConstraintProcessor) -> None:
-        self._rows[uid] = processor
-
-    def remove(self, uid: int) -> None:
-        self._rows.pop(uid, None)
-
-    def clear(self) -> None:
-        self._rows.clear()
-
-    def wrap(self, model: Any) -> _MaskedModel:
-        """`model` as the batch generator is to call it."""
-        return _MaskedModel(model, self)
-
-    def mask(self, uids: list[int], tokens: Any, logits: Any) -> Any:
-        """A generation step's `logits` (rows, 1, vocab) for the rows `uids`, with the
-        constrained rows masked. `tokens` (rows,) are the tokens the step was given, as the
-        previous step scheduled them: not the model's input, which is part of this step's
-        graph (reading it would wait for this whole forward pass)."""
-        rows = self._rows
-        found = [(i, rows[uid]) for i, uid in enumerate(uids) if uid in rows]
-        if not found:
-            return logits
-        # Start this step's forward pass first: it takes the new tokens as they are, on the
-        # device; reading them then only waits for the previous step.
-        mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx's stub lacks types
-        vocab = logits.shape[-1]
-        try:
-            given = tokens.tolist()
-            for i, processor in found:
-                if processor.started:
-                    processor.consume(given[i])
-                else:  # its first token: the matcher is at the grammar's start
-                    processor.started = True
-            masks = _masks([processor for _, processor in found])
-        except Exception as exc:  # e.g. mlx-lm's internals changed: end the rows, loudly
-            for _, processor in found:
-                processor.error = processor.error or f"masking the batch's rows failed: {exc!r}"
-            masks = _masks([processor for _, processor in found])
-        allowed = _unpack(masks, vocab)
-        if len(found) < len(uids):
-            # Rows without a constraint allow every token (past the masks' width too).
-            every = np.ones((len(uids), vocab), dtype=np.bool_)
-            every[[i for i, _ in found]] = allowed
-            allowed = every
-        return mx.where(mx.array(allowed[:, None, :]), logits, -mx.inf)
-
-
-def _masks(processors: list[ConstraintProcessor]) -> np.ndarray[Any, Any]:
-    """The processors' next-token masks, a row each (only end-of-sequence tokens for a
-    processor whose matcher failed)."""
-    words = max(p.words for p in processors)
-    bitmask = np.zeros((len(processors), words), dtype=np.int32)
-    work = [(p.matcher, i) for i, p in enumerate(processors) if p.error is None]
-    if len(work) > 1 and _PARALLEL_MASKS:
-        _executor().unsafe_compute_mask_ptr(work, bitmask.ctypes.data, words * 4, len(bitmask))
-    else:
-        for matcher, i in work:
-            matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data + i * words * 4, words * 4)
-    for i, processor in enumerate(processors):
-        if processor.error is None and processor.matcher.is_error():
-            processor.error = processor.matcher.get_error()
-        if processor.error is not None:
-            bits = bitmask.view(np.uint32)
-            bits[i] = 0
-            for token in processor.eos:
-                bits[i, token // 32] |= np.uint32(1 << (token % 32))
-    return bitmask
-
-
-_GENERATION_STEP = GenerationBatch._step.__code__
-"""The code of mlx-lm's batch generation step, whose model call `_MaskedModel` masks."""
-
-
-class _MaskedModel:
-    """A model whose generation steps in a `BatchGenerator` return masked logits (see
-    `BatchConstraints`); every other use (prefill, attributes) is the model's own."""
-
-    def __init__(self, model: Any, constraints: BatchConstraints) -> None:
-        self.model = model
-        self._constraints = constraints
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        logits = self.model(inputs, *args, **kwargs)
-        if not self._constraints:
-            return logits
-        caller = sys._getframe(1)
-        if caller.f_code is not _GENERATION_STEP:
-            return logits  # a prefill chunk: its logits are not sampled
-        batch = caller.f_locals["self"]
-        return self._constraints.mask(batch.uids, batch._current_tokens, logits)
-
-
-_PARALLEL_MASKS = (os.cpu_count() or 1) >= 4
-"""Compute a batch's masks on llguidance's thread pool. On 2 cores (bench.grammars, §6 of
-docs/benchmarks.md) its batch call was no faster than one mask after another, and up to 3x
-slower while the forward pass and other processes wanted the same cores."""
-_executors: list[llguidance.LLExecutor] = []
-
-
-def _executor() -> llguidance.LLExecutor:
-    """llguidance's thread pool, made on first use."""
-    if not _executors:
-        _executors.append(llguidance.LLExecutor())
-    return _executors[0]
-
-
-def _unpack(bitmask: np.ndarray[Any, Any], vocab: int) -> np.ndarray[Any, Any]:
-    """A (rows, vocab) bool array from (rows, words) bits, little-endian within each word;
-    tokens past the mask are refused."""
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little").view(np.bool_)
-    if allowed.shape[-1] >= vocab:
-        return allowed[:, :vocab]
-    return np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[-1])))
-
-
-def apply_bitmask(logits: Any, bitmask: np.ndarray[Any, Any]) -> Any:
-    """`logits` (1, vocab) with every token whose bit is 0 set to -inf.
-
-    The bits are unpacked on the host (numpy, ~1 ns a token) and applied with one `mx.where`,
-    which keeps the logits' dtype. A vocabulary wider than the mask (a model's padded
-    embedding) has its extra tokens disallowed.
-    """
-    return mx.where(mx.array(_unpack(bitmask, logits.shape[-1])), logits, -mx.inf)
-
-
-def _only(logits: Any, tokens: list[int]) -> Any:
-    allowed = np.zeros((1, logits.shape[-1]), dtype=np.bool_)
-    allowed[0, [t for t in tokens if t < logits.shape[-1]]] = True
-    return mx.where(mx.array(allowed), logits, -mx.inf)
+    def processor(self, *, forcing: bool = True) -> ConstraintProcessor:
+        """A fresh processor, at the grammar's start (`forcing`: see its `forced_next`)."""
+        return ConstraintProcessor(
+            self._matcher.deep_copy(), self._vocab_size, self._eos, forcing=forcing
+        )
 
 
 # Intake: the request's grammar, compiled.

@@ -21,8 +21,8 @@ from typing import Any
 import attrs
 from mlx_lm.generate import stream_generate
 
-from runner.engine.constraint import ConstraintProcessor
 from runner.engine.generation import Decoder, Generation, Stepping
+from runner.engine.masking import ConstraintProcessor
 from runner.engine.prefix_cache import compact
 from runner.engine.request import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
@@ -95,9 +95,9 @@ class InterleavedDecoder:
         request.cache = cache
         suffix = request.prompt[reused:]
         params = request.generate.sampling
-        guard = None
-        if request.constraint is not None:
-            guard = self._guards[request.request_id] = request.constraint.processor()
+        guard = request.guard()
+        if guard is not None:
+            self._guards[request.request_id] = guard
         draft = model.draft if guard is None else None
         # stream_generate cannot stop drafting midway: a request drafts whole or not at all.
         drafts = draft is not None and draft.choose(can_stop=False) == "draft"

@@ -15,6 +15,7 @@ from protocol.frames import Echo, Generate, Usage
 from runner.accounting import RequestAccounting
 from runner.engine.constraint import Constraint
 from runner.engine.logprobs import LogprobMaker
+from runner.engine.masking import ConstraintProcessor
 
 
 @attrs.define(eq=False)
@@ -62,6 +63,16 @@ class Request:
     them as soon as its first token is out)."""
     disk_tokens: int = 0
     """Prompt tokens reused from a prefix read back from disk for it."""
+
+    def guard(self) -> ConstraintProcessor | None:
+        """A fresh processor of its constraint (None without one). Text its grammar forces is
+        written in the tokenizer's canonical tokens (runner.engine.fast_forward), unless it
+        asks for logprobs (the model's own choice among spellings is what they report) or
+        sets a logit bias (a ban must hold on forced text too)."""
+        if self.constraint is None:
+            return None
+        forcing = self.logprobs is None and not self.generate.sampling.logit_bias
+        return self.constraint.processor(forcing=forcing)
 
     @property
     def wants_prompt_logprobs(self) -> bool:

@@ -18,6 +18,11 @@ back what it needs to go on as a batch row (`BatchDecoder.join`):
 - its detokenizer, holding any partly decoded character;
 - its constraint's processor, rolled back by that token for the same reason.
 
+A constrained request feeds the tokens its grammar forces together (`fast_forward`): there the
+cache and the matcher may hold a whole forced group while only part of it has been given out,
+or none of the last group (when it ends the request); both are cut back to what was given out
+(the cache to at most all but the last token, the batch feeding what it lacks).
+
 A request whose output must not depend on what runs beside it (a seeded sampled one) is not
 placed here but on its own stream; the handover keeps greedy and unseeded requests exact up
 to the batch's numerics, as a request that started in the batch would be.
@@ -35,8 +40,9 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from runner.engine.constraint import ConstraintProcessor
+from runner.engine.fast_forward import forced_steps
 from runner.engine.generation import PREFILL_CHUNK, Generation
+from runner.engine.masking import ConstraintProcessor
 from runner.engine.prefix_cache import compact
 from runner.engine.request import Request
 from runner.engine.sampling import make_logits_processors, make_sampler_for
@@ -119,7 +125,7 @@ class SoloDecoder:
         model = self._generation.model
         cache, reused = self._generation.take_cache(request)
         request.cache = cache
-        guard = request.constraint.processor() if request.constraint is not None else None
+        guard = request.guard()
         request.first_step_at = time.perf_counter()
         self._lone = _Lone(request, None, reused, model.tokenizer_for(request).detokenizer, guard)
 
@@ -156,6 +162,20 @@ class SoloDecoder:
                 max_tokens=request.max_tokens,
                 sampler=lone.sampler,
                 logits_processors=make_logits_processors(params, 1, None) or None,
+                kv_quantization=model.kv_quantization,
+            )
+            return False
+        if lone.guard is not None and lone.guard.forcing:
+            # The tokens its grammar forces go in together (runner.engine.fast_forward).
+            lone.steps = forced_steps(
+                model.model,
+                rest,
+                cache,
+                guard=lone.guard,
+                max_tokens=request.max_tokens,
+                sampler=lone.sampler,
+                logits_processors=make_logits_processors(params, len(rest)) or None,
+                eos=self._eos,
                 kv_quantization=model.kv_quantization,
             )
             return False
@@ -264,11 +284,16 @@ class SoloDecoder:
             return HandOver(
                 request, cache, prompt[:held], prompt[held:], lone.detokenizer, lone.guard
             )
-        _hold_all_but_last(request, cache)  # the batch feeds the last token again
+        # The batch feeds the last token again, or the last few: a forced group's forward
+        # pass may not have run yet (runner.engine.fast_forward).
+        held = _hold_all_but_last(request, cache)
         guard = lone.guard
-        if guard is not None and guard.error is None and guard.started:
-            guard.matcher.rollback(1)
-        return HandOver(request, cache, prompt + tokens[:-1], tokens[-1:], lone.detokenizer, guard)
+        if guard is not None and guard.started:
+            # Its matcher goes back to before the last token, which the batch's mask
+            # consumes again (it may have run ahead by the rest of a forced group).
+            guard.rollback(guard.consumed - (len(tokens) - 1))
+        context = prompt + tokens
+        return HandOver(request, cache, context[:held], context[held:], lone.detokenizer, guard)
 
     def _keep_draft_cache(self, lone: _Lone) -> None:
         """The draft's cache, its step closed, kept for the conversation's next turn."""
@@ -287,9 +312,14 @@ class SoloDecoder:
             return
         self._lone = None
         # Its cache stays in request.cache: the prompt and every generated token (the step
-        # that ran ahead has fed the last one), or all but the last (a speculative step).
+        # that ran ahead has fed the last one), or fewer (a speculative step, a forced group
+        # not yet fed), or more (a forced group cut by a stop string): cut back to them.
         if lone.steps is not None:
             _close(request, lone.steps)
+        cache = request.cache
+        if cache is not None:
+            made = len(request.prompt) + len(request.tokens)
+            trim_prompt_cache(cache, max(cache_offset(cache) - made, 0))
         self._keep_draft_cache(lone)
         draft = self._generation.model.draft
         started = request.first_token_at
@@ -309,12 +339,15 @@ class SoloDecoder:
             _close(lone.request, lone.steps)
 
 
-def _hold_all_but_last(request: Request, cache: list[Any]) -> None:
-    """Cut `cache` back to the prompt and every generated token but the last: generate_step
-    has fed the last one (it runs a step ahead), a closed speculative step holds it or not
-    (runner.engine.speculative); whoever goes on feeds it again."""
-    held = len(request.prompt) + len(request.tokens) - 1
+def _hold_all_but_last(request: Request, cache: list[Any]) -> int:
+    """Cut `cache` back to at most the prompt and every generated token but the last, and
+    give the number of tokens it then holds: generate_step has fed the last one (it runs a
+    step ahead), a closed speculative step holds it or not (runner.engine.speculative), a
+    forced group holds all of it or none (runner.engine.fast_forward); whoever goes on feeds
+    what it does not hold."""
+    held = min(cache_offset(cache), len(request.prompt) + len(request.tokens) - 1)
     trim_prompt_cache(cache, cache_offset(cache) - held)
+    return held
 
 
 def _close(request: Request, steps: Generator[Any, None, None]) -> None:

@@ -11,7 +11,8 @@ import mlx.core as mx
 import numpy as np
 
 from protocol.frames import ResponseFormat, Tool
-from runner.engine.constraint import Constraint, ConstraintProcessor, constraint_for
+from runner.engine.constraint import Constraint, constraint_for
+from runner.engine.masking import ConstraintProcessor
 from tests.runner.engines import ask
 
 WEATHER = Tool(

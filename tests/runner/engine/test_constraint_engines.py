@@ -18,10 +18,11 @@ from mlx_lm.tool_parsers import json_tools
 
 from protocol.frames import Generate, LogitBias, ResponseFormat, SamplingParams, Tool
 from runner.demo_model import DEMO_MODEL_ID
-from runner.engine import constraint as constraint_module
+from runner.engine import masking
 from runner.engine.base import Failure, Output
 from runner.engine.batched import Batched, batched_engine
-from runner.engine.constraint import NO_PARAMETERS, BatchConstraints
+from runner.engine.constraint import NO_PARAMETERS
+from runner.engine.masking import BatchConstraints
 from runner.engine.mlx_engine import MlxEngine
 from tests.runner.collect import (
     Collector,
@@ -134,7 +135,7 @@ def test_rows_with_different_grammars_and_none_share_a_batch(
     parallel: bool,
 ) -> None:
     # llguidance's thread pool computes a batch's masks on machines with 4 cores or more.
-    monkeypatch.setattr(constraint_module, "_PARALLEL_MASKS", parallel)
+    monkeypatch.setattr(masking, "_PARALLEL_MASKS", parallel)
     steps: list[int] = []
     mask = BatchConstraints.mask
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from protocol.frames import ResponseFormat
-from runner.engine.constraint import BatchConstraints, apply_bitmask
+from runner.engine.masking import BatchConstraints, apply_bitmask
 from tests.runner.engine.constraint_cases import allowed, compile_for, schema_format
 from tests.runner.engines import Reference
 

@@ -21,7 +21,8 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from protocol.frames import Tool
-from runner.engine.constraint import Constraint, ConstraintProcessor, constraint_for
+from runner.engine.constraint import Constraint, constraint_for
+from runner.engine.masking import ConstraintProcessor
 from runner.errors import RequestError
 from runner.tool_calls import ToolCallSplitter
 from runner.tool_formats import streamed_format
