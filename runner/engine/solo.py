@@ -45,6 +45,7 @@ from runner.engine.generation import PREFILL_CHUNK, Generation
 from runner.engine.masking import ConstraintProcessor
 from runner.engine.prefix_cache import compact
 from runner.engine.request import Request
+from runner.engine.rewind import Rewinder, rewindable
 from runner.engine.sampling import make_logits_processors, make_sampler_for
 from runner.engine.speculative import (
     PROBE_TOKENS,
@@ -93,6 +94,10 @@ class _Lone:
     """Of its tokens, those made while it drafted."""
     draft_cache: list[Any] | None = None
     """The draft's cache while it drafts."""
+    model: Any = None
+    """What it calls the model through: the model, or its `rewinder`."""
+    rewinder: Rewinder | None = None
+    """For a model whose cache has recurrent layers (runner.engine.rewind)."""
 
 
 class SoloDecoder:
@@ -102,9 +107,15 @@ class SoloDecoder:
         self._generation = generation
         self._eos = generation.model.eos_token_ids
         self._lone: _Lone | None = None
-        # A model whose cache cannot drop its last token (a rotating or recurrent cache)
-        # cannot hand its lone request over: it never runs one here.
-        self.usable = can_trim_prompt_cache(make_prompt_cache(generation.model.model))
+        # A model whose cache cannot drop its last token (a rotating cache past its window,
+        # a layer that neither trims nor keeps a replaceable state) cannot hand its lone
+        # request over: it never runs one here. Recurrent layers (LFM2's convolutions) go
+        # back by snapshots (runner.engine.rewind).
+        cache = make_prompt_cache(generation.model.model)
+        self.usable = rewindable(cache)
+        self._trims = can_trim_prompt_cache(cache)
+        """Every layer trims; else a lone request's recurrent layers go back by snapshots
+        (runner.engine.rewind)."""
 
     def __len__(self) -> int:
         return 0 if self._lone is None else 1
@@ -127,7 +138,12 @@ class SoloDecoder:
         request.cache = cache
         guard = request.guard()
         request.first_step_at = time.perf_counter()
-        self._lone = _Lone(request, None, reused, model.tokenizer_for(request).detokenizer, guard)
+        lone = _Lone(request, None, reused, model.tokenizer_for(request).detokenizer, guard)
+        lone.model = model.model
+        if not self._trims:
+            lone.rewinder = Rewinder(model.model, cache, reused)
+            lone.model = lone.rewinder
+        self._lone = lone
 
     def _prefill_or_start(self, lone: _Lone) -> bool:
         """Prefill one chunk of a long prompt (True: that was this step), or start decoding
@@ -140,14 +156,14 @@ class SoloDecoder:
         model = self._generation.model
         rest = request.prompt[lone.held :]
         if len(rest) > PREFILL_CHUNK + 1:  # generate_step would prefill it all at once
-            model.model(mx.array([rest[:PREFILL_CHUNK]]), cache=cache)
+            lone.model(mx.array([rest[:PREFILL_CHUNK]]), cache=cache)
             mx.eval([c.state for c in cache])
             lone.held += PREFILL_CHUNK
             return True
         params = request.generate.sampling
         lone.sampler = make_sampler_for(params, model.vocab_size)
         draft = model.draft
-        if draft is not None and lone.guard is None:
+        if draft is not None and lone.guard is None and lone.rewinder is None:
             # A constrained request's matcher cannot take a round's proposals back: it
             # decodes without the draft (runner.engine.speculative).
             lone.way = draft.choose()
@@ -168,7 +184,7 @@ class SoloDecoder:
         if lone.guard is not None and lone.guard.forcing:
             # The tokens its grammar forces go in together (runner.engine.fast_forward).
             lone.steps = forced_steps(
-                model.model,
+                lone.model,
                 rest,
                 cache,
                 guard=lone.guard,
@@ -181,7 +197,7 @@ class SoloDecoder:
             return False
         lone.steps = generate_step(
             mx.array(rest),
-            model.model,
+            lone.model,
             max_tokens=request.max_tokens,
             sampler=lone.sampler,
             # None, not [], when there are none: mlx-lm then skips the token bookkeeping.
@@ -286,7 +302,10 @@ class SoloDecoder:
             )
         # The batch feeds the last token again, or the last few: a forced group's forward
         # pass may not have run yet (runner.engine.fast_forward).
-        held = _hold_all_but_last(request, cache)
+        if lone.rewinder is not None:
+            held = lone.rewinder.rewind(len(prompt) + len(tokens) - 1)
+        else:
+            held = _hold_all_but_last(request, cache)
         guard = lone.guard
         if guard is not None and guard.started:
             # Its matcher goes back to before the last token, which the batch's mask
@@ -317,7 +336,7 @@ class SoloDecoder:
         if lone.steps is not None:
             _close(request, lone.steps)
         cache = request.cache
-        if cache is not None:
+        if cache is not None and self._trims:
             made = len(request.prompt) + len(request.tokens)
             trim_prompt_cache(cache, max(cache_offset(cache) - made, 0))
         self._keep_draft_cache(lone)
