@@ -115,19 +115,7 @@ class Client:
             request_id = f"structured-{self._count}"
             events: queue.Queue[EngineEvent] = queue.Queue()
             self._queues[request_id] = events
-        self.engine.submit(
-            Generate(
-                request_id,
-                model,
-                (Message("user", prompt),),
-                max_tokens=max_tokens,
-                sampling=SamplingParams(temperature=0.0),
-                response_format=FORMAT if kind == "json" else None,
-                tools=(CRATE,) if kind in ("call", "free+tools") else (),
-                tool_choice="required" if kind == "call" else "auto",
-                reasoning_effort=_effort(model),
-            )
-        )
+        self.engine.submit(request_for(request_id, prompt, max_tokens, kind, model))
         text = []
         calls = 0
         first = None
@@ -169,6 +157,49 @@ class Timed:
         """Tokens after the first output ÷ the time from it to the end: its decoding alone,
         whatever its prompt cost (a forced call's tools make a longer prompt)."""
         return (self.tokens - self.first_tokens) / max(self.end_at - self.first_at, 1e-9)
+
+
+PROMPT = "share: list the crates."
+"""The prompt of `forced_share`'s answers."""
+
+
+def request_for(request_id: str, prompt: str, max_tokens: int, kind: Kind, model: str) -> Generate:
+    """One greedy request of `kind` to `model`."""
+    return Generate(
+        request_id,
+        model,
+        (Message("user", prompt),),
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=0.0),
+        response_format=FORMAT if kind == "json" else None,
+        tools=(CRATE,) if kind in ("call", "free+tools") else (),
+        tool_choice="required" if kind == "call" else "auto",
+        reasoning_effort=_effort(model),
+    )
+
+
+def forced_share(client: Client, kind: Kind, model: str, tokens: int) -> float:
+    """Of one lone greedy answer of `kind`, the share of tokens its grammar forced (fed to
+    the model with the token before them: runner.engine.fast_forward)."""
+    from runner.engine.mlx_model import MlxModel
+
+    client.run(PROMPT, tokens, kind, model)
+    made = list(client.engine.stats.recent_tokens[-1][1])
+    loaded = MlxModel.load(model)
+    request = loaded.prepare(request_for("share", PROMPT, tokens, kind, model), 0.0)
+    assert request.constraint is not None
+    processor = request.constraint.processor()
+    forced = i = 0
+    while i < len(made):
+        run = processor.forced(len(made) - i)
+        if made[i : i + len(run)] != run:
+            raise RuntimeError(f"token {i}: the grammar forces {run}, the answer has others")
+        forced += len(run)
+        i += len(run)
+        if i < len(made):
+            processor.consume(made[i])
+            i += 1
+    return forced / len(made)
 
 
 def _effort(model: str) -> Any:
@@ -347,6 +378,7 @@ def families(runs: int = 5, tokens: int = 256, only: tuple[str, ...] = ()) -> No
     from runner.engine.batched import batched_engine
 
     rows = []
+    shares = []
     for name, family in FAMILIES.items():
         if only and name not in only:
             continue
@@ -375,6 +407,13 @@ def families(runs: int = 5, tokens: int = 256, only: tuple[str, ...] = ()) -> No
                         statistics.median(ratios),
                     ]
                 rows.append(row)
+            shares.append(
+                [
+                    family.model_id,
+                    forced_share(client, "json", family.model_id, tokens),
+                    forced_share(client, "call", family.model_id, tokens),
+                ]
+            )
         finally:
             engine.close()
     print(
@@ -393,6 +432,14 @@ def families(runs: int = 5, tokens: int = 256, only: tuple[str, ...] = ()) -> No
                 "call ÷ free with tools",
             ],
             rows,
+        )
+    )
+    print(
+        table(
+            f"share of a lone greedy answer's tokens its grammar forced (fed in one forward "
+            f"pass with the token before them), up to {tokens} tokens",
+            ["model", "json_schema", "forced call"],
+            [[model, f"{share:.2f}", f"{call:.2f}"] for model, share, call in shares],
         )
     )
 
