@@ -24,7 +24,7 @@ from runner.engine.masking import BatchConstraints, ConstraintProcessor
 from runner.engine.mlx_engine import MlxEngine
 from runner.engine.sampling import make_logits_processors
 from tests.runner.collect import engine_starter, final, hold, outputs, run, text_of
-from tests.runner.engine.constraint_cases import SMALL, compile_for, schema_format
+from tests.runner.engine.constraint_cases import SMALL, compile_for, greedy_tokens, schema_format
 from tests.runner.engines import GREEDY, Reference, ask
 
 CRATES: dict[str, Any] = {
@@ -81,27 +81,15 @@ def forward_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def stepwise(reference: Reference, request: Generate) -> list[int]:
     """The request decoded a token at a time: mlx-lm's stream_generate, greedy, with the
     constraint's processor computing every token's mask (it forces nothing)."""
-    from mlx_lm import stream_generate
-    from mlx_lm.sample_utils import make_sampler
-
     assert request.max_tokens is not None
     constraint = compile_for(reference.tokenizer, response_format=request.response_format)
     prompt = reference.prompt(request)
-    tokens = []
-    for response in stream_generate(
-        reference.model,
-        reference.tokenizer,
-        prompt,
-        max_tokens=request.max_tokens,
-        sampler=make_sampler(0.0),
-        logits_processors=make_logits_processors(
-            request.sampling, len(prompt), constraint.processor(forcing=False)
-        ),
-    ):
-        tokens.append(response.token)
-        if response.finish_reason is not None:
-            break
-    return tokens
+    processors = make_logits_processors(
+        request.sampling, len(prompt), constraint.processor(forcing=False)
+    )
+    return greedy_tokens(
+        reference.model, reference.tokenizer, prompt, request.max_tokens, processors
+    )
 
 
 def generated(engine: Any) -> list[int]:

@@ -11,9 +11,7 @@ from typing import Any
 import attrs
 import mlx.core as mx
 import pytest
-from mlx_lm import stream_generate
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
-from mlx_lm.sample_utils import make_sampler
 
 from protocol.frames import Generate, Message, SamplingParams, Tool
 from runner.demo_families import FAMILIES
@@ -22,6 +20,7 @@ from runner.engine.mlx_engine import MlxEngine
 from runner.engine.mlx_model import MlxModel
 from runner.engine.rewind import Rewinder, rewindable
 from tests.runner.collect import Collector, run
+from tests.runner.engine.constraint_cases import greedy_tokens
 
 LFM2 = FAMILIES["lfm2"].model_id
 GREEDY = SamplingParams(temperature=0)
@@ -104,17 +103,7 @@ def _reference(model: MlxModel, request: Generate, constrained: bool) -> list[in
         assert constraint is not None
         processors.append(constraint.processor(forcing=False))
     assert request.max_tokens is not None
-    return [
-        r.token
-        for r in stream_generate(
-            model.model,
-            model.tokenizer,
-            prompt,
-            max_tokens=request.max_tokens,
-            sampler=make_sampler(0.0),
-            logits_processors=processors,
-        )
-    ]
+    return greedy_tokens(model.model, model.tokenizer, prompt, request.max_tokens, processors)
 
 
 @pytest.mark.parametrize("constrained", [False, True], ids=["free", "forced-call"])
