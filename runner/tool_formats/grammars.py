@@ -13,6 +13,7 @@ naming it: a string parameter with a `format`, a parameter whose type is not one
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -341,39 +342,118 @@ _SCALARS = ("integer", "number", "boolean", "null")
 
 
 def gemma4(kit: GrammarKit, tools: Sequence[ForcedTool], many: bool) -> str:
-    """`<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, one call after another: a string
-    parameter's value its raw text between `<|"|>` delimiters, a number, boolean or null as
-    JSON writes it. Nested objects and arrays, whose strings and keys Gemma writes in its own
-    syntax, are refused."""
-    start, end, quote = kit.marker("<|tool_call>"), kit.marker("<tool_call|>"), '<|"|>'
+    """`<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, one call after another, in the
+    syntax of Gemma 4's chat template (`format_argument`): a string its raw text between `<|"|>`
+    delimiters, a number, boolean or null as JSON writes it, an object `{key:VALUE,...}` with
+    bare keys, an array `[VALUE,...]` (`_gemma_value`)."""
+    start, end = kit.marker("<|tool_call>"), kit.marker("<tool_call|>")
     rules = [
         "calls: gemma_call" + (" gemma_call*" if many else ""),
         f"gemma_call: {start} ({_choice('gemma_fn', len(tools))}) {end}",
     ]
     for i, tool in enumerate(tools):
-        pairs = []
-        for j, (key, schema, required) in enumerate(_properties(tool)):
-            where = f"{tool.where}.properties.{key}"
-            name = f"gemma_{i}_{j}"
-            if is_raw_string(schema):
-                expression, more = _raw_string(kit, name, schema, where, quote, stripped=False)
-                value = f"{kit.marker(quote)} {expression}"
-                rules += more
-            elif schema.get("type") in _SCALARS:
-                rules.append(f"{name}: {kit.json(_sub_schema(tool, schema), where)}")
-                value = name
-            else:
-                raise RequestError(
-                    "invalid_request",
-                    f"{where}: Gemma 4's tool-call syntax is enforced for strings, numbers, "
-                    "booleans and null; an object or array argument (or one of no single "
-                    '"type") cannot be forced.',
-                    "tools",
-                )
-            pairs.append((f"{kit.literal(key + ':')} {value}", required))
-        rules += _keyword_rules(f"gemma_{i}", pairs, ",")
-        rules.append(f'gemma_fn_{i}: {kit.literal(f"call:{tool.name}{{")} gemma_{i}_s0 "}}"')
+        body, more = _gemma_members(kit, f"gemma_{i}", tool, tool.parameters, tool.where)
+        rules += more
+        rules.append(f"gemma_fn_{i}: {kit.literal(f'call:{tool.name}')} {body}")
     return "\n".join(rules)
+
+
+_GEMMA_KEY = re.compile(r"\w+")
+"""A key Gemma 4 writes bare (and mlx-lm's parser reads back)."""
+_GEMMA_OBJECT_KEYS = {"type", "properties", "required", "additionalProperties"} | _IGNORED
+_GEMMA_ARRAY_KEYS = {"type", "items", "minItems", "maxItems"} | _IGNORED
+GEMMA_MAX_ITEMS = 32
+"""The most items an array with a `maxItems` may be forced to (each is a rule)."""
+
+
+def _gemma_value(
+    kit: GrammarKit, name: str, tool: ForcedTool, schema: dict[str, Any], where: str
+) -> tuple[str, list[str]]:
+    """A value of `schema` in Gemma 4's syntax: its expression and rules (named from `name`).
+    RequestError, naming `where`, for what the syntax cannot carry or the grammar not hold."""
+    quote = '<|"|>'
+    if is_raw_string(schema):
+        expression, rules = _raw_string(kit, name, schema, where, quote, stripped=False)
+        return f"{kit.marker(quote)} {expression}", rules
+    kind = schema.get("type")
+    if kind in _SCALARS:
+        return name, [f"{name}: {kit.json(_sub_schema(tool, schema), where)}"]
+    if kind == "object" and not set(schema) - _GEMMA_OBJECT_KEYS:
+        return _gemma_members(kit, name, tool, schema, where)
+    items = schema.get("items")
+    if kind == "array" and isinstance(items, dict) and not set(schema) - _GEMMA_ARRAY_KEYS:
+        item, rules = _gemma_value(kit, f"{name}_i", tool, items, f"{where}.items")
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        if high is not None and int(high) > GEMMA_MAX_ITEMS:
+            raise RequestError(
+                "invalid_request",
+                f"{where}: a maxItems over {GEMMA_MAX_ITEMS} cannot be forced in Gemma 4's "
+                "tool-call syntax.",
+                "tools",
+            )
+        rules.append(f"{name}_item: {item}")
+        rules.append(f'{name}: "[" {_items(f"{name}_item", low, high)} "]"')
+        return name, rules
+    extra = sorted(set(schema) - (_GEMMA_ARRAY_KEYS if kind == "array" else _GEMMA_OBJECT_KEYS))
+    if extra:
+        why = f"its {', '.join(extra)}"
+    elif kind == "array":
+        why = 'an array without one "items" schema'
+    else:
+        why = 'a value of no single "type"'
+    raise RequestError(
+        "invalid_request",
+        f"{where}: Gemma 4's tool-call syntax is enforced for strings, numbers, booleans, "
+        f"null, objects of listed properties and arrays of one item schema; {why} cannot be "
+        "forced.",
+        "tools",
+    )
+
+
+def _gemma_members(
+    kit: GrammarKit, name: str, tool: ForcedTool, schema: dict[str, Any], where: str
+) -> tuple[str, list[str]]:
+    """An object's `{key:VALUE,...}`: its properties in the schema's order, the required ones
+    always."""
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    if not isinstance(properties, dict):
+        raise RequestError("invalid_request", f"{where}.properties: must be an object.", "tools")
+    rules: list[str] = []
+    pairs = []
+    for j, (key, sub) in enumerate(properties.items()):
+        at = f"{where}.properties.{key}"
+        if not _GEMMA_KEY.fullmatch(key):
+            raise RequestError(
+                "invalid_request",
+                f"{at}: Gemma 4 writes keys bare, so only letters, digits and _ can be forced.",
+                "tools",
+            )
+        value, more = _gemma_value(
+            kit, f"{name}_{j}", tool, sub if isinstance(sub, dict) else {}, at
+        )
+        rules += more
+        pairs.append((f"{kit.literal(key + ':')} {value}", key in required))
+    rules += _keyword_rules(name, pairs, ",")
+    return f'"{{" {name}_s0 "}}"', rules
+
+
+def _items(item: str, low: int, high: Any) -> str:
+    """`low` to `high` (None: any number of) `item`s, comma-separated."""
+    if high is None:
+        if low == 0:
+            return f'({item} ("," {item})*)?'
+        return " ".join([item] + [f'"," {item}'] * (low - 1) + [f'("," {item})*'])
+    high = int(high)
+    if high <= 0:
+        return '""'
+    # Past the first `low`, each further item optional, each within the one before it.
+    tail = ""
+    for _ in range(high - max(low, 1)):
+        tail = f'("," {item} {tail})?' if tail else f'("," {item})?'
+    head = " ".join([item] + [f'"," {item}'] * (max(low, 1) - 1))
+    body = f"{head} {tail}".strip()
+    return body if low > 0 else f"({body})?"
 
 
 CHARACTERS_PER_TOKEN = 4

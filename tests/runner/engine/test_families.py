@@ -170,11 +170,40 @@ def test_a_forced_call_is_streamed_in_the_familys_syntax_with_exact_usage(
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_forced_calls_fit_their_schema_in_every_seeded_sample(fleet: Fleet, family: str) -> None:
+    _fit_every_sample(fleet, family, WEATHER, SCHEMA)
+
+
+NESTED: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "where": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "lat": {"type": "number", "minimum": -90, "maximum": 90},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+        "tags": {"type": "array", "items": {"enum": ["rain", "sun"]}, "minItems": 1},
+    },
+    "required": ["where", "tags"],
+    "additionalProperties": False,
+}
+
+
+def test_gemma4s_nested_arguments_fit_their_schema_in_every_seeded_sample(fleet: Fleet) -> None:
+    # Gemma 4 writes nested objects and arrays in its own syntax (bare keys, <|"|> strings).
+    nested = Tool("get_weather", "The weather in a city.", json.dumps(NESTED))
+    _fit_every_sample(fleet, "gemma4", nested, NESTED)
+
+
+def _fit_every_sample(fleet: Fleet, family: str, tool: Tool, schema: dict[str, Any]) -> None:
     requests = [
         ask(
             family,
-            f"{family}-sample-{seed}",
-            tools=(WEATHER,),
+            f"{family}-sample-{seed}-{len(schema['properties'])}",
+            tools=(tool,),
             tool_choice="required",
             parallel_tool_calls=False,
             sampling=SamplingParams(temperature=1.0, seed=seed),
@@ -188,7 +217,7 @@ def test_forced_calls_fit_their_schema_in_every_seeded_sample(fleet: Fleet, fami
         assert calls, "no call"
         for name, arguments, _ in calls:
             assert name == "get_weather"
-            jsonschema.validate(json.loads(arguments), SCHEMA)
+            jsonschema.validate(json.loads(arguments), schema)
         fitted += 1
     assert fitted == SAMPLES
 

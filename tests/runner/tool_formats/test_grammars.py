@@ -72,17 +72,6 @@ TOOLS = (
     Tool("now"),
 )
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "now": {"type": "object", "properties": {}}}
-GEMMA_SCHEMA = {
-    **WEATHER_SCHEMA,
-    "properties": {
-        key: value
-        for key, value in WEATHER_SCHEMA["properties"].items()
-        if key not in ("tags", "where")
-    },
-}
-GEMMA_TOOLS = (Tool("get_weather", parameters=json.dumps(GEMMA_SCHEMA)), Tool("now"))
-"""Gemma 4's forced calls take scalar arguments only (grammars.gemma4)."""
-
 FORMATS = (
     "json_tools",
     "qwen3_coder",
@@ -184,7 +173,7 @@ def template_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", FORMATS)
 def test_forced_calls_fit_their_schema_in_every_walk(reference: Reference, name: str) -> None:
     tokenizer = wrapped(reference, name)
-    forced = GEMMA_TOOLS if name == "gemma4" else TOOLS
+    forced = TOOLS
     constraint = constraint_for(ask("r", tools=forced, tool_choice="required"), tokenizer)
     assert constraint is not None
     tools = template_tools(forced)
@@ -197,18 +186,69 @@ def test_forced_calls_fit_their_schema_in_every_walk(reference: Reference, name:
         for call_name, arguments in ours:
             jsonschema.validate(arguments, SCHEMAS[call_name])
             seen.add((call_name, tuple(sorted(arguments))))
-    # The walks reach both tools and the optional parameters, not one path only.
+    # The walks reach both tools and the optional parameters, not one path only: the nested
+    # array and object among them.
     assert {call_name for call_name, _ in seen} == {"get_weather", "now"}
     assert any(len(keys) > 2 for call_name, keys in seen if call_name == "get_weather")
+    assert any("tags" in keys for _, keys in seen), seen
+    assert any("where" in keys for _, keys in seen), seen
 
 
-def test_gemma4s_nested_arguments_cannot_be_forced(reference: Reference) -> None:
+@pytest.mark.parametrize(("low", "high"), [(0, None), (2, None), (0, 2), (2, 3), (1, 1)], ids=str)
+def test_gemma4s_arrays_keep_their_item_bounds(
+    reference: Reference, low: int, high: int | None
+) -> None:
+    items: dict[str, Any] = {"type": "array", "items": {"type": "integer", "maximum": 9}}
+    items |= {"minItems": low} | ({} if high is None else {"maxItems": high})
+    nested = {
+        "type": "object",
+        "properties": {
+            "n": items,
+            "inner": {"type": "object", "properties": {"n": items}, "required": ["n"]},
+        },
+        "required": ["n", "inner"],
+    }
+    parameters = {"type": "object", "properties": {"x": nested}, "required": ["x"]}
+    tool = Tool("f", parameters=json.dumps(parameters))
+    tokenizer = wrapped(reference, "gemma4")
+    constraint = constraint_for(ask("r", tools=(tool,), tool_choice="required"), tokenizer)
+    assert constraint is not None
+    lengths = set()
+    for seed in range(20):
+        text = walk(constraint, tokenizer, seed)
+        calls = streamed_calls("gemma4", text, template_tools((tool,)))
+        assert calls == mlx_calls(tokenizer, text, template_tools((tool,))), text
+        for _, arguments in calls:
+            jsonschema.validate(arguments, parameters)
+            lengths |= {len(arguments["x"]["n"]), len(arguments["x"]["inner"]["n"])}
+    assert min(lengths) >= low
+    assert high is None or max(lengths) <= high
+    # The walks reach more than one length where the bounds allow it.
+    assert len(lengths) > 1 or low == high
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, "its anyOf"),
+        ({"type": ["string", "null"]}, 'a value of no single "type"'),
+        ({"type": "array"}, 'an array without one "items" schema'),
+        ({"type": "object", "properties": {}, "minProperties": 1}, "its minProperties"),
+        ({"type": "array", "items": {"$ref": "#/$defs/x"}}, "its $ref"),
+    ],
+)
+def test_what_gemma4s_syntax_cannot_force_is_refused_by_name(
+    reference: Reference, schema: dict[str, Any], why: str
+) -> None:
+    parameters = {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+    tool, name = Tool("f", parameters=json.dumps(parameters)), "gemma4"
     with pytest.raises(RequestError) as raised:
-        constraint_for(ask("r", tools=TOOLS, tool_choice="required"), wrapped(reference, "gemma4"))
+        constraint_for(ask("r", tools=(tool,), tool_choice="required"), wrapped(reference, name))
     assert raised.value.param == "tools"
-    assert str(raised.value).startswith(
-        "tools[0].function.parameters.properties.tags: Gemma 4's tool-call syntax is enforced "
-        "for strings, numbers, booleans and null"
+    where = "tools[0].function.parameters.properties.x" + (".items" if why == "its $ref" else "")
+    assert str(raised.value) == (
+        f"{where}: Gemma 4's tool-call syntax is enforced for strings, numbers, booleans, null, "
+        f"objects of listed properties and arrays of one item schema; {why} cannot be forced."
     )
 
 
@@ -219,7 +259,7 @@ def test_a_named_function_without_parallel_calls_is_one_call_of_it(
     tokenizer = wrapped(reference, name)
     request = ask(
         "r",
-        tools=GEMMA_TOOLS if name == "gemma4" else TOOLS,
+        tools=TOOLS,
         tool_choice="function",
         tool_name="get_weather",
         parallel_tool_calls=False,
