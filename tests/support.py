@@ -80,6 +80,19 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout * UNIT:.1f} s waiting for {what}")
 
 
+def orchard_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m orchard ARGS` run to its end from the repository, its output captured: for
+    commands that are to refuse to start (exit status 2, one line on stderr)."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchard", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout * UNIT,
+        check=False,
+    )
+
+
 async def async_wait_until(check: Callable[[], Awaitable[bool]], seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds * UNIT
     while time.monotonic() < deadline:

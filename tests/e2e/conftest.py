@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import openai
 import pytest
 
-from tests.support import Stacks, chromium
+from tests.support import Gateway, Process, Stacks, chromium
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -37,6 +38,20 @@ def stacks() -> Iterator[Stacks]:
         yield shared
     finally:
         shared.close()
+
+
+@pytest.fixture(scope="module")
+def stack(stacks: Stacks) -> tuple[Gateway, Process]:
+    """The shared stack on the default engine (a module that needs another defines its own)."""
+    return stacks.get()
+
+
+@pytest.fixture(scope="module")
+def client(stack: tuple[Gateway, Process]) -> Iterator[openai.OpenAI]:
+    """The openai SDK on the module's `stack` (a module of another dialect defines its own
+    `client`)."""
+    with openai.OpenAI(base_url=f"{stack[0].base}/v1", api_key="unused", max_retries=0) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

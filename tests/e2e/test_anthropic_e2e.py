@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from runner import demo_model
-from tests.support import Gateway, Process, Stacks
+from tests.support import Gateway, Process
 
 MODEL = "orchard-demo"
 GREEDY: Any = {"temperature": 0}
@@ -32,11 +32,6 @@ TOOLS: Any = [
 ]
 CALL_MESSAGES: Any = list(demo_model.TOOL_DEMO_MESSAGES)
 EXPECTED_CALLS = [(c["name"], c["arguments"]) for c in demo_model.TOOL_DEMO_CALLS]
-
-
-@pytest.fixture(scope="module")
-def stack(stacks: Stacks) -> tuple[Gateway, Process]:
-    return stacks.get()
 
 
 @pytest.fixture(scope="module")

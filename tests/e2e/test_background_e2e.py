@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import openai
-import pytest
 
-from tests.support import UNIT, Gateway, Process, Stacks
+from tests.support import UNIT, Gateway, Process
 
 MODEL = "orchard-demo"
 ASK: dict[str, Any] = {
@@ -23,17 +21,6 @@ ASK: dict[str, Any] = {
     "temperature": 0,
     "max_output_tokens": 48,
 }
-
-
-@pytest.fixture(scope="module")
-def stack(stacks: Stacks) -> tuple[Gateway, Process]:
-    return stacks.get()
-
-
-@pytest.fixture(scope="module")
-def client(stack: tuple[Gateway, Process]) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{stack[0].base}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def until_done(client: openai.OpenAI, rid: str) -> Any:

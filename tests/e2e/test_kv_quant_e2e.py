@@ -15,8 +15,9 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from runner.engine.prefix_cache import common_prefix
 from tests.runner.engines import Reference
+from tests.runner.engines import greedy_tokens as mlx_greedy
 from tests.runner.kv_model import build_kv_model
-from tests.support import UNIT, Gateway, Process, start_runner
+from tests.support import UNIT, Gateway, Process, gateway_with_runner
 
 pytestmark = pytest.mark.timeout(int(180 * UNIT))
 
@@ -30,45 +31,18 @@ def kv_model(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module")
 def stack(kv_model: Path) -> Iterator[tuple[Gateway, Process]]:
-    gateway = Gateway()
-    runner = start_runner(
-        gateway,
-        "--model",
-        str(kv_model),
-        "--engine",
-        "mlx-batched",
-        "--kv-bits",
-        "8",
-        "--quantized-kv-start",
-        "0",
-    )
-    try:
-        gateway.wait_for_runners(1)
-        yield gateway, runner
-    finally:
-        runner.stop()
-        gateway.stop()
+    with gateway_with_runner(
+        *("--model", str(kv_model), "--engine", "mlx-batched"),
+        *("--kv-bits", "8", "--quantized-kv-start", "0"),
+    ) as stack:
+        yield stack
 
 
 def greedy_tokens(reference: Reference, messages: list[ChatCompletionMessageParam], n: int) -> Any:
     """What mlx-lm's own `stream_generate` answers with the same quantized cache."""
-    from mlx_lm import stream_generate
-    from mlx_lm.sample_utils import make_sampler
-
+    quantized: dict[str, Any] = {"kv_bits": 8, "kv_group_size": 64, "quantized_kv_start": 0}
     prompt = prompt_of(reference, messages)
-    return [
-        r.token
-        for r in stream_generate(
-            reference.model,
-            reference.tokenizer,
-            prompt,
-            max_tokens=n,
-            sampler=make_sampler(0.0),
-            kv_bits=8,
-            kv_group_size=64,
-            quantized_kv_start=0,
-        )
-    ]
+    return mlx_greedy(reference.model, reference.tokenizer, prompt, n, **quantized)
 
 
 def prompt_of(reference: Reference, messages: list[ChatCompletionMessageParam]) -> list[int]:

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from runner import demo_model
-from tests.support import UNIT, Gateway, Process, Stacks
+from tests.support import UNIT, Gateway, Process
 
 MODEL = "orchard-demo"
 HI: Any = [{"role": "user", "content": "Tell me about pear trees."}]
@@ -26,11 +26,6 @@ CALLS = {"temperature": 0, "num_predict": 80}
 TOOLS: Any = list(demo_model.TOOL_DEMO_TOOLS)
 EXPECTED = [(c["name"], c["arguments"]) for c in demo_model.TOOL_DEMO_CALLS]
 EXPECTED_PARALLEL = [(c["name"], c["arguments"]) for c in demo_model.TOOL_DEMO_PARALLEL_CALLS]
-
-
-@pytest.fixture(scope="module")
-def stack(stacks: Stacks) -> tuple[Gateway, Process]:
-    return stacks.get()
 
 
 @pytest.fixture(scope="module")

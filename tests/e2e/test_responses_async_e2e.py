@@ -5,14 +5,12 @@ input_items.list (paged), compact, and cancel of a background response."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import orjson
-import pytest
 
-from tests.support import Gateway, Process, Stacks
+from tests.support import Gateway, Process
 
 MODEL = "orchard-demo"
 ASK: dict[str, Any] = {
@@ -26,17 +24,6 @@ CONVERSATION: Any = [
     {"role": "assistant", "content": "They grow in orchards."},
     {"role": "user", "content": "How tall?"},
 ]
-
-
-@pytest.fixture(scope="module")
-def stack(stacks: Stacks) -> tuple[Gateway, Process]:
-    return stacks.get()
-
-
-@pytest.fixture(scope="module")
-def client(stack: tuple[Gateway, Process]) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{stack[0].base}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def strip_id(item: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ previous_response_id), structured outputs, stored responses and the raw SSE are 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,7 +26,7 @@ from openai.types.responses import (
 )
 
 from runner import demo_model
-from tests.support import UNIT, Gateway, Process, Stacks
+from tests.support import UNIT, Gateway, Process
 
 MODEL = "orchard-demo"
 QUESTION = "Tell me about pear trees."
@@ -38,17 +37,6 @@ TOOLS: Any = [
 CHAT_TOOLS: Any = list(demo_model.TOOL_DEMO_TOOLS)
 CALL_MESSAGES: Any = list(demo_model.TOOL_DEMO_MESSAGES)
 EXPECTED_CALL = demo_model.TOOL_DEMO_CALLS[0]
-
-
-@pytest.fixture(scope="module")
-def stack(stacks: Stacks) -> tuple[Gateway, Process]:
-    return stacks.get()
-
-
-@pytest.fixture(scope="module")
-def client(stack: tuple[Gateway, Process]) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{stack[0].base}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def chat(client: openai.OpenAI, messages: Any, max_tokens: int, **extra: Any) -> Any:

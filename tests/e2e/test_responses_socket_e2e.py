@@ -6,13 +6,12 @@ a continuation by previous_response_id over the socket is the HTTP one's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.support import Gateway, Process, Stacks
+from tests.support import Gateway, Process
 
 # The SDK (3.57) opens websockets' sync client without a `with`, which websockets 17.1
 # deprecates: its warning, not ours.
@@ -24,17 +23,6 @@ MODEL = "orchard-demo"
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 VOLATILE = {"id", "item_id", "created_at", "completed_at", "stream_id", "sequence_number"}
 """What differs between two runs of one response (sequence numbers: with the deltas' cuts)."""
-
-
-@pytest.fixture(scope="module")
-def stack(stacks: Stacks) -> tuple[Gateway, Process]:
-    return stacks.get()
-
-
-@pytest.fixture(scope="module")
-def client(stack: tuple[Gateway, Process]) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{stack[0].base}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def shape(value: Any) -> Any:

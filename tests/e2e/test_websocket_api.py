@@ -13,15 +13,10 @@ import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.support import UNIT, Gateway, Process, Stacks, async_wait_until
+from tests.support import UNIT, Gateway, Process, async_wait_until
 
 MODEL = "orchard-demo"
 EOS_OFF = {"2": -100}  # the demo model's <|im_end|>: only max_tokens or a cancel ends it
-
-
-@pytest.fixture(scope="module")
-def stack(stacks: Stacks) -> tuple[Gateway, Process]:
-    return stacks.get()
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ gateway started with no flags runs exactly the documented defaults."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from click.testing import CliRunner
 from gateway.config import GatewayConfig, default_store_path
 from orchard import cli, gateway_start, serve
 from tests.fakehub import FakeHub, runner_against
-from tests.support import UNIT
+from tests.support import orchard_command
 
 
 @pytest.fixture
@@ -107,15 +105,9 @@ def test_serve_listens_where_the_config_says(started: list[GatewayConfig]) -> No
 
 def test_a_model_that_does_not_load_is_one_clear_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "orchard", "runner", "--gateway", "http://127.0.0.1:9"),
-            *("--model", str(missing), "--log-level", "warning"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120 * UNIT,
-        check=False,
+    proc = orchard_command(
+        *("runner", "--gateway", "http://127.0.0.1:9"),
+        *("--model", str(missing), "--log-level", "warning"),
     )
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.strip().splitlines()

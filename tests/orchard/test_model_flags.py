@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from runner.model_options import (
     served_id,
 )
 from tests.adapters import make_adapter
-from tests.support import UNIT
+from tests.support import orchard_command
 
 UNREACHABLE = ("--gateway", "http://127.0.0.1:9")
 """No gateway listens there: each case must end before connecting."""
@@ -206,15 +204,8 @@ def test_an_adapter_that_does_not_fit_the_model_is_refused_by_the_real_command(
     config = json.loads((bad / "adapter_config.json").read_text())
     config["lora_parameters"]["rank"] = 8
     (bad / "adapter_config.json").write_text(json.dumps(config))
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "orchard", "runner", *UNREACHABLE),
-            *("--adapter-path", str(bad), "--log-level", "warning"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120 * UNIT,
-        check=False,
+    proc = orchard_command(
+        "runner", *UNREACHABLE, *("--adapter-path", str(bad), "--log-level", "warning")
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -5,8 +5,6 @@ service manager is told not to retry), before `serve` starts its runner."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from click.testing import CliRunner
 from gateway.config import GatewayConfig
 from gateway.stores.sqlite import Database
 from orchard import cli, gateway_start, serve
-from tests.support import REPO, UNIT, free_port
+from tests.support import free_port, orchard_command
 
 COMMANDS = ["gateway", "serve"]
 
@@ -73,16 +71,10 @@ def test_a_store_in_use_is_one_line_and_status_2(command: str, tmp_path: Path) -
     path = tmp_path / "store.sqlite3"
     held = Database.open(path)  # the other gateway
     try:
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "orchard", command, "--port", str(free_port())),
-                *("--store", str(path), "--log-level", "warning"),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60 * UNIT,
-            check=False,
+        proc = orchard_command(
+            *(command, "--port", str(free_port())),
+            *("--store", str(path), "--log-level", "warning"),
+            timeout=60,
         )
     finally:
         held.close()

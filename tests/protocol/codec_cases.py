@@ -43,6 +43,30 @@ DECODERS: tuple[tuple[Decoder, frozenset[type]], ...] = (
 )
 
 
+def generate_wire(request_id: str, **sampling: Any) -> dict[str, Any]:
+    """A `Generate` frame of model "m" with no messages on the wire: every default written
+    out, `sampling` over the default sampling's fields."""
+    return {
+        "type": "generate",
+        "request_id": request_id,
+        "model": "m",
+        "messages": [],
+        "max_tokens": None,
+        "stop": [],
+        "sampling": {
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "min_p": 0.0,
+            "seed": None,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "logit_bias": [],
+            **sampling,
+        },
+    }
+
+
 WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
     (
         Hello(
@@ -125,24 +149,7 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
     (
         # Defaults are written out, not left for the peer to assume.
         Generate(request_id="req-2", model="m", messages=()),
-        {
-            "type": "generate",
-            "request_id": "req-2",
-            "model": "m",
-            "messages": [],
-            "max_tokens": None,
-            "stop": [],
-            "sampling": {
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "top_k": 0,
-                "min_p": 0.0,
-                "seed": None,
-                "presence_penalty": 0.0,
-                "frequency_penalty": 0.0,
-                "logit_bias": [],
-            },
-        },
+        generate_wire("req-2"),
     ),
     (
         # A raw prompt (legacy completions): messages empty, the prompt as given.
@@ -156,22 +163,8 @@ WIRE_EXAMPLES: list[tuple[Frame, dict[str, Any]]] = [
             prompt_logprobs=True,
         ),
         {
-            "type": "generate",
-            "request_id": "req-3",
-            "model": "m",
-            "messages": [],
+            **generate_wire("req-3"),
             "max_tokens": 0,
-            "stop": [],
-            "sampling": {
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "top_k": 0,
-                "min_p": 0.0,
-                "seed": None,
-                "presence_penalty": 0.0,
-                "frequency_penalty": 0.0,
-                "logit_bias": [],
-            },
             "prompt_tokens": [1212, 318],
             "echo": True,
             "prompt_logprobs": True,

@@ -19,6 +19,7 @@ from protocol.frames import (
     SamplingDefaults,
     SamplingParams,
 )
+from tests.protocol.codec_cases import generate_wire
 
 HARDWARE = Hardware("Apple M2", 8, 17179869184, "gpu", "macOS-15.5-arm64")
 HARDWARE_WIRE = {
@@ -121,25 +122,7 @@ def _generate(sampling: SamplingParams) -> Generate:
 
 
 def _generate_wire(**sampling: Any) -> dict[str, Any]:
-    return {
-        "type": "generate",
-        "request_id": "r",
-        "model": "m",
-        "messages": [],
-        "max_tokens": None,
-        "stop": [],
-        "sampling": {
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "top_k": 0,
-            "min_p": 0.0,
-            "seed": None,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-            "logit_bias": [],
-            **sampling,
-        },
-    }
+    return generate_wire("r", **sampling)
 
 
 def test_a_generates_unset_on_the_wire() -> None:

@@ -180,3 +180,29 @@ def _scripted_case() -> EngineCase:
         end_of_sequence=end_of_sequence,
         fail_third_token=fail_third_token,
     )
+
+
+def greedy_tokens(
+    model: Any,
+    tokenizer: Any,
+    prompt: list[int],
+    max_tokens: int,
+    processors: list[Any] | None = None,
+    **options: Any,
+) -> list[int]:
+    """mlx-lm's own greedy decode (`stream_generate`, a token at a time) with these logits
+    processors and `generate_step` options (a quantized cache's): every token, an ending end
+    of sequence included."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    responses = stream_generate(
+        model,
+        tokenizer,
+        prompt,
+        max_tokens=max_tokens,
+        sampler=make_sampler(0.0),
+        logits_processors=processors,
+        **options,
+    )
+    return [response.token for response in responses]

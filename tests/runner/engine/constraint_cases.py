@@ -59,22 +59,3 @@ def allowed(processor: ConstraintProcessor, context: list[int], vocab: int) -> s
     """The token ids the processor leaves open after `context` (the last one just sampled)."""
     masked = processor(mx.array(context), mx.zeros((1, vocab)))
     return {int(i) for i in np.flatnonzero(np.array(masked[0]) > -np.inf)}
-
-
-def greedy_tokens(
-    model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, processors: list[Any]
-) -> list[int]:
-    """mlx-lm's own greedy decode (`stream_generate`, a token at a time) with these logits
-    processors: every token, an ending end of sequence included."""
-    from mlx_lm import stream_generate
-    from mlx_lm.sample_utils import make_sampler
-
-    responses = stream_generate(
-        model,
-        tokenizer,
-        prompt,
-        max_tokens=max_tokens,
-        sampler=make_sampler(0.0),
-        logits_processors=processors,
-    )
-    return [response.token for response in responses]

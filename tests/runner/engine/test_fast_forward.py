@@ -24,8 +24,8 @@ from runner.engine.masking import BatchConstraints, ConstraintProcessor
 from runner.engine.mlx_engine import MlxEngine
 from runner.engine.sampling import make_logits_processors
 from tests.runner.collect import engine_starter, final, hold, outputs, run, text_of
-from tests.runner.engine.constraint_cases import SMALL, compile_for, greedy_tokens, schema_format
-from tests.runner.engines import GREEDY, Reference, ask
+from tests.runner.engine.constraint_cases import SMALL, compile_for, schema_format
+from tests.runner.engines import GREEDY, Reference, ask, greedy_tokens
 
 CRATES: dict[str, Any] = {
     "type": "object",

@@ -20,7 +20,7 @@ from runner.engine.mlx_engine import MlxEngine
 from runner.engine.mlx_model import MlxModel
 from runner.engine.rewind import Rewinder, rewindable
 from tests.runner.collect import Collector, run
-from tests.runner.engine.constraint_cases import greedy_tokens
+from tests.runner.engines import greedy_tokens
 
 LFM2 = FAMILIES["lfm2"].model_id
 GREEDY = SamplingParams(temperature=0)
