@@ -193,8 +193,10 @@ class BatchDecoder:
             self._fail_batch(exc)
             return
         self._learn_costs(stats)
+        fed = self._constraints.fed
+        if fed:
+            self._record_fed(fed)
         now = time.perf_counter()
-        eos = self._eos
         by_uid = self._by_uid
         for response in responses:
             row = by_uid.get(response.uid)
@@ -203,6 +205,7 @@ class BatchDecoder:
             request = row.request
             if request.first_token_at is None:
                 request.first_token_at = now
+            forced = fed.pop(row.uid, ())
             try:
                 finish = response.finish_reason
                 if finish is not None:
@@ -213,24 +216,40 @@ class BatchDecoder:
                     request.cache = self._kept(response.prompt_cache)
                 if row.guard is not None and row.guard.error is not None:
                     raise RuntimeError(f"constraint: {row.guard.error}")
-                token = int(response.token)
-                detokenizer = row.detokenizer
-                # As stream_generate: an end-of-sequence token adds no text; the last token
-                # flushes.
-                if token in eos:
-                    detokenizer.finalize()
-                else:
-                    detokenizer.add_token(token)
-                    if finish is not None:
-                        detokenizer.finalize()
-                generation.token(
-                    request, token, detokenizer.last_segment, finish, response.logprobs
-                )
+                self._emit(row, int(response.token), finish, response.logprobs)
+                # The forced tokens fed after it (runner.engine.batch_forward), one by one;
+                # a stop string may end the request among them.
+                for token in forced:
+                    if not generation.is_running(request):
+                        break
+                    self._emit(row, token, None, None)
             except Exception as exc:
                 # One row's failure (detokenizer, accounting) ends that request only; the
                 # other rows of this step still get their tokens.
                 if generation.is_running(request):
                     generation.fail(request, exc)
+        fed.clear()
+
+    def _emit(self, row: _Row, token: int, finish: str | None, logprobs: Any) -> None:
+        """One token of a row to its request, detokenized as `stream_generate` does: an
+        end-of-sequence token adds no text; the last token flushes."""
+        detokenizer = row.detokenizer
+        if token in self._eos:
+            detokenizer.finalize()
+        else:
+            detokenizer.add_token(token)
+            if finish is not None:
+                detokenizer.finalize()
+        self._generation.token(row.request, token, detokenizer.last_segment, finish, logprobs)
+
+    def _record_fed(self, fed: dict[int, list[int]]) -> None:
+        """Add the forced tokens fed in the last step to the batch's record of what each
+        row's cache holds (mlx-lm added the sampled token before them)."""
+        batch = self._batch._generation_batch
+        for index, uid in enumerate(batch.uids):
+            run = fed.get(uid)
+            if run:
+                batch.tokens[index].extend(run)
 
     def _budget_prefill(self) -> None:
         """Bound this step's prefill while requests decode, so that a burst of arrivals
@@ -320,6 +339,12 @@ class BatchDecoder:
             self._batch.remove([row.uid])
             caches = {}
         cache, _ = caches.get(row.uid, (None, None))
+        if cache is not None and can_trim_prompt_cache(cache):
+            # Fed forced tokens past a stop string: cut back to what the request made.
+            made = len(request.prompt) + len(request.tokens)
+            extra = (getattr(cache[0], "offset", 0) if cache else 0) - made
+            if extra > 0:
+                trim_prompt_cache(cache, extra)
         request.cache = self._kept(cache)
 
     def drop_all(self) -> None:

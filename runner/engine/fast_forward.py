@@ -16,10 +16,12 @@ What the client sees is what a token-at-a-time decode gives:
   leaves, none past an end of sequence);
 - the forced tokens are the ones the mask would have left: llguidance's mask allows forced
   text only in its canonical tokens (on the built-in models' answers every forced token was
-  the only one its mask allowed). Batch rows and `--engine mlx` take the same rule by
-  construction: there a forced token is a one-bit mask, with no mask to compute
-  (`ConstraintProcessor.forced_next`), so a request writes the same tokens alone, in a
-  batch or handed from one to the other (tests/runner/engine/test_fast_forward.py);
+  the only one its mask allowed). Batch rows are fed theirs the same way where they can
+  be (runner.engine.batch_forward); elsewhere (`--engine mlx`, a batch row that is not fed)
+  a forced token is a one-bit mask, with no mask to compute
+  (`ConstraintProcessor.forced_next`). So a request writes the same tokens alone, in a
+  batch or handed from one to the other (tests/runner/engine/test_fast_forward.py,
+  test_batch_forward.py);
 - a request that asks for logprobs, or sets a logit bias (a ban must hold even on text the
   grammar forces), is never forced (`Request.guard`): every token is sampled from its mask.
 

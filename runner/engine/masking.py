@@ -7,7 +7,8 @@ tokens its grammar forces) and a batch's constrained rows, masked together, with
                                                (runner.engine.fast_forward)
     BatchConstraints                           the batch decoder's: its constrained rows,
                                                masked together once a step, inside the model
-                                               call (`wrap`)
+                                               call (`wrap`), and fed their forced tokens
+                                               there (runner.engine.batch_forward)
 
 A request's grammar is compiled at intake (runner.engine.constraint); each run decodes on a
 copy of its matcher (`Constraint.processor`).
@@ -23,6 +24,8 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import GenerationBatch
+
+from runner.engine import batch_forward
 
 
 class ConstraintProcessor:
@@ -111,6 +114,11 @@ class ConstraintProcessor:
             self._queue = self._lookup(None)
         return self._queue[0] if self._queue else None
 
+    def upcoming(self) -> list[int]:
+        """The forced tokens after the one its last mask forced (none if that mask forced
+        nothing): what a batch row may be fed with that token."""
+        return [] if self._fresh or self.error is not None else self._queue[1:]
+
     def consume(self, token: int) -> None:
         """Advance the matcher by the token just sampled (or forced)."""
         if self.error is None:
@@ -177,16 +185,24 @@ class BatchConstraints:
     4 cores or more), and returns the logits with one `mx.where` over the whole batch: a
     constrained row keeps only what its grammar allows, any other row keeps everything.
 
+    When a row can be fed the tokens its grammar forces (runner.engine.batch_forward), the
+    step reads the sampled tokens first instead: the forced ones go into this forward pass,
+    after them, and the masks are those past the forced text.
+
     So the constraint needs no per-row logits processor, and a batch of requests without
     bias or penalties steps without mlx-lm's per-row slicing, token contexts and
     concatenation. The mask comes before those processors (logit bias, penalties): they
     move finite logits and leave -inf where it is, so the result is the same as masking
     after them. The step's rows are the calling batch's `uids`, in order, and their tokens
-    its `_current_tokens` (mlx-lm 0.32's names, checked by the tests).
+    its `_current_tokens`; a row's count of tokens is its `_num_tokens` (mlx-lm 0.32's
+    names, checked by the tests).
     """
 
     def __init__(self) -> None:
         self._rows: dict[int, ConstraintProcessor] = {}
+        self.fed: dict[int, list[int]] = {}
+        """The forced tokens each row (by uid) was fed after its sampled one in the last
+        step, for the decoder to emit after that token."""
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -196,43 +212,100 @@ class BatchConstraints:
 
     def remove(self, uid: int) -> None:
         self._rows.pop(uid, None)
+        self.fed.pop(uid, None)
 
     def clear(self) -> None:
         self._rows.clear()
+        self.fed.clear()
 
     def wrap(self, model: Any) -> _MaskedModel:
         """`model` as the batch generator is to call it."""
         return _MaskedModel(model, self)
+
+    def step(
+        self, model: Any, batch: Any, inputs: Any, kwargs: dict[str, Any], *, own: bool
+    ) -> Any:
+        """A generation step's model call for `batch` (an mlx-lm `GenerationBatch`; `own`:
+        called by its `next`, not a joining row's first step): the logits of its rows, the
+        constrained ones masked. A row whose token in this step is one its grammar forced
+        is fed the rest of that forced run with it (runner.engine.batch_forward), which is
+        known without waiting for the step before; what each row was fed is in `fed`."""
+        uids = batch.uids
+        found = self._found(uids)
+        cache = kwargs.get("cache")
+        runs: dict[int, list[int]] = {}
+        if found and own and isinstance(cache, list) and batch_forward.plain(cache):
+            feedable = [(i, p) for i, p in found if batch_forward.feedable(batch, i, p)]
+            runs = batch_forward.plan(batch, feedable) if feedable else {}
+        if not runs:
+            return self.mask(uids, batch._current_tokens, model(inputs, **kwargs))
+        extras = [runs.get(i, []) for i in range(len(uids))]
+        logits = batch_forward.forward(model, inputs, extras, cache)
+        mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx's stub lacks types
+        try:
+            self._advance(found, batch._current_tokens.tolist())
+            for i, run in runs.items():
+                processor = self._rows[uids[i]]
+                if processor.forced(len(run)) != run:  # the step's token was not the forced one
+                    processor.error = (
+                        processor.error or "the batch fed text the grammar did not force"
+                    )
+                batch._num_tokens[i] += len(run)
+                self.fed[uids[i]] = run
+        except Exception as exc:  # e.g. mlx-lm's internals changed: end the rows, loudly
+            self._fail(found, exc)
+        return self._apply(uids, found, logits)
 
     def mask(self, uids: list[int], tokens: Any, logits: Any) -> Any:
         """A generation step's `logits` (rows, 1, vocab) for the rows `uids`, with the
         constrained rows masked. `tokens` (rows,) are the tokens the step was given, as the
         previous step scheduled them: not the model's input, which is part of this step's
         graph (reading it would wait for this whole forward pass)."""
-        rows = self._rows
-        found = [(i, rows[uid]) for i, uid in enumerate(uids) if uid in rows]
+        found = self._found(uids)
         if not found:
             return logits
         # Start this step's forward pass first: it takes the new tokens as they are, on the
         # device; reading them then only waits for the previous step.
         mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx's stub lacks types
-        vocab = logits.shape[-1]
         try:
-            given = tokens.tolist()
-            for i, processor in found:
-                if processor.started:
-                    processor.consume(given[i])
-                else:  # its first token: the matcher is at the grammar's start
-                    processor.started = True
-            masks = _masks([processor for _, processor in found])
+            self._advance(found, tokens.tolist())
         except Exception as exc:  # e.g. mlx-lm's internals changed: end the rows, loudly
-            for _, processor in found:
-                processor.error = processor.error or f"masking the batch's rows failed: {exc!r}"
-            masks = _masks([processor for _, processor in found])
-        allowed = _unpack(masks, vocab)
+            self._fail(found, exc)
+        return self._apply(uids, found, logits)
+
+    def _found(self, uids: list[int]) -> list[tuple[int, ConstraintProcessor]]:
+        """The constrained rows among `uids`: (index, processor)."""
+        rows = self._rows
+        return [(i, rows[uid]) for i, uid in enumerate(uids) if uid in rows]
+
+    @staticmethod
+    def _advance(found: list[tuple[int, ConstraintProcessor]], given: list[int]) -> None:
+        """Advance each row's matcher by its token of this step."""
+        for i, processor in found:
+            if processor.started:
+                processor.consume(given[i])
+            else:  # its first token: the matcher is at the grammar's start
+                processor.started = True
+
+    @staticmethod
+    def _fail(found: list[tuple[int, ConstraintProcessor]], exc: Exception) -> None:
+        for _, processor in found:
+            processor.error = processor.error or f"masking the batch's rows failed: {exc!r}"
+
+    def _apply(
+        self, uids: list[int], found: list[tuple[int, ConstraintProcessor]], logits: Any
+    ) -> Any:
+        """`logits` with each constrained row keeping what its grammar allows next."""
+        processors = [processor for _, processor in found]
+        try:
+            masks = _masks(processors)
+        except Exception as exc:
+            self._fail(found, exc)
+            masks = _masks(processors)
+        allowed = _unpack(masks, logits.shape[-1])
         if len(found) < len(uids):
             # Rows without a constraint allow every token (past the masks' width too).
-            every = np.ones((len(uids), vocab), dtype=np.bool_)
+            every = np.ones((len(uids), logits.shape[-1]), dtype=np.bool_)
             every[[i for i, _ in found]] = allowed
             allowed = every
         return mx.where(mx.array(allowed[:, None, :]), logits, -mx.inf)
@@ -283,14 +356,14 @@ class _MaskedModel:
         return getattr(self.model, name)
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        logits = self.model(inputs, *args, **kwargs)
-        if not self._constraints:
-            return logits
-        caller = sys._getframe(1)
-        if caller.f_code is not _GENERATION_STEP:
-            return logits  # a prefill chunk: its logits are not sampled
-        batch = caller.f_locals["self"]
-        return self._constraints.mask(batch.uids, batch._current_tokens, logits)
+        constraints = self._constraints
+        if constraints and not args:
+            caller = sys._getframe(1)
+            if caller.f_code is _GENERATION_STEP:  # else a prefill chunk, not sampled
+                batch = caller.f_locals["self"]
+                own = caller.f_back is not None and caller.f_back.f_code is batch_forward.BATCH_NEXT
+                return constraints.step(self.model, batch, inputs, kwargs, own=own)
+        return self.model(inputs, *args, **kwargs)
 
 
 _PARALLEL_MASKS = (os.cpu_count() or 1) >= 4
