@@ -234,7 +234,9 @@ class BatchConstraints:
         found = self._found(uids)
         cache = kwargs.get("cache")
         runs: dict[int, list[int]] = {}
-        if found and own and isinstance(cache, list) and batch_forward.plain(cache):
+        if not isinstance(cache, list):
+            cache = []  # not the batch's own call (its caches are a list): nothing is fed
+        if found and own and batch_forward.plain(cache):
             feedable = [(i, p) for i, p in found if batch_forward.feedable(batch, i, p)]
             runs = batch_forward.plan(batch, feedable) if feedable else {}
         if not runs:
