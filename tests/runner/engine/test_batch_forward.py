@@ -15,15 +15,25 @@ import jsonschema
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    KVCache,
+    make_prompt_cache,
+)
 
 from protocol.frames import Generate, SamplingParams
+from runner.demo_families import FAMILIES
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import batch_forward
 from runner.engine.batched import batched_engine
+from runner.engine.mlx_model import MlxModel
 from runner.engine.sampling import make_logits_processors
 from tests.runner.collect import engine_starter, final, hold, text_of
 from tests.runner.engine.constraint_cases import compile_for, schema_format
+from tests.runner.engine.test_families import WEATHER
+from tests.runner.engine.test_families import ask as family_ask
 from tests.runner.engine.test_fast_forward import CRATES
 from tests.runner.engines import GREEDY, Reference, ask, greedy_tokens
 
@@ -243,3 +253,41 @@ def test_only_forcing_rows_without_processors_on_plain_caches_are_fed() -> None:
     assert not batch_forward.plain([])
     assert not batch_forward.plain([BatchKVCache([0]), BatchRotatingKVCache(8, [0])])
     assert not batch_forward.plain([ArraysCache(2, left_padding=[0])])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_familys_rows_write_the_same_tokens_fed_or_not(
+    family: str, widths: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two JSON answers and two forced calls, in one batch: fed (half a step's inputs real
+    # tokens, as the `widths` fixture sets) and not (all of them, never). A family on
+    # sliding-window or recurrent layers is never fed (tried on Gemma 4: a forced call fed
+    # past its 128-token window differed from the unfed one).
+    model_id = FAMILIES[family].model_id
+
+    def requests(tag: str) -> list[Generate]:
+        def one(name: str, prompt: str, **fields: Any) -> Generate:
+            return family_ask(family, f"{tag}-{name}", prompt, sampling=GREEDY, **fields)
+
+        return [
+            one("json1", "Crates?", response_format=schema_format(CRATES), max_tokens=160),
+            one("json2", "Crates, please.", response_format=schema_format(CRATES), max_tokens=160),
+            one("call1", "Weather?", tools=(WEATHER,), tool_choice="required"),
+            one("call2", "Weather in Paris?", tools=(WEATHER,), tool_choice="required"),
+        ]
+
+    made = {}
+    with engine_starter(lambda **options: batched_engine(model_id, **options)) as start:
+        engine, collector = start(max_concurrent=4)
+        fed = together(engine, collector, requests("fed"))
+        monkeypatch.setattr(batch_forward, "MIN_REAL", 2.0)
+        steps = len(widths)
+        plain = together(engine, collector, requests("plain"))
+        assert len(widths) == steps
+        made = {name.split("-", 1)[1]: tokens for name, tokens in fed.items()}
+        for name, tokens in plain.items():
+            assert made[name.split("-", 1)[1]] == tokens, name
+    on_plain_caches = all(
+        type(layer) is KVCache for layer in make_prompt_cache(MlxModel.load(model_id).model)
+    )
+    assert bool(widths) == on_plain_caches

@@ -44,18 +44,18 @@ SAMPLES = 50
 MARKUP = (*MARKERS, "<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]", "[ARGS]")
 
 
-def ask(family: str, request_id: str, **fields: Any) -> Generate:
+def ask(
+    family: str,
+    request_id: str,
+    content: str = "What is the weather like in Paris?",
+    **fields: Any,
+) -> Generate:
     """A request to the family's model; think spans closed (the random models never close
     one), Harmony at low effort."""
     effort = "low" if family == "harmony" else ("none" if FAMILIES[family].think else None)
     fields.setdefault("reasoning_effort", effort)
     fields.setdefault("max_tokens", 200)
-    return Generate(
-        request_id,
-        FAMILIES[family].model_id,
-        (Message("user", "What is the weather like in Paris?"),),
-        **fields,
-    )
+    return Generate(request_id, FAMILIES[family].model_id, (Message("user", content),), **fields)
 
 
 class Fleet:
