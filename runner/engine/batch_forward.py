@@ -36,14 +36,12 @@ would pad caches over `ROLL_BYTES` feeds nothing (docs/benchmarks.md §6).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
-
-if TYPE_CHECKING:
-    from runner.engine.masking import ConstraintProcessor
 
 MAX_FED = 16
 """The most forced tokens a row is fed in one step."""
@@ -60,7 +58,17 @@ BATCH_NEXT = GenerationBatch.next.__code__
 """The code of mlx-lm's `GenerationBatch.next`: the caller of a step whose tokens come back."""
 
 
-def feedable(batch: Any, index: int, processor: ConstraintProcessor) -> bool:
+class Forcing(Protocol):
+    """What a row's processor tells about feeding it (`masking.ConstraintProcessor`)."""
+
+    forcing: bool
+    started: bool
+    error: str | None
+
+    def upcoming(self) -> list[int]: ...
+
+
+def feedable(batch: Any, index: int, processor: Forcing) -> bool:
     """Whether row `index` of `batch` (a `GenerationBatch`) may be fed forced tokens."""
     return (
         processor.forcing
@@ -70,7 +78,7 @@ def feedable(batch: Any, index: int, processor: ConstraintProcessor) -> bool:
     )
 
 
-def plan(batch: Any, rows: list[tuple[int, ConstraintProcessor]]) -> dict[int, list[int]]:
+def plan(batch: Any, rows: Sequence[tuple[int, Forcing]]) -> dict[int, list[int]]:
     """The tokens to feed each row (by batch index; none where absent) after its token of
     this step: the rest of its forced run, at most `MAX_FED` and two fewer than its
     `max_tokens` leave (this step's token and the sampled one after), cut to a width worth

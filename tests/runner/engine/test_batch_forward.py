@@ -29,41 +29,13 @@ from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import batch_forward
 from runner.engine.batched import batched_engine
 from runner.engine.mlx_model import MlxModel
-from runner.engine.sampling import make_logits_processors
 from tests.runner.collect import engine_starter, final, hold, text_of
-from tests.runner.engine.constraint_cases import compile_for, schema_format
-from tests.runner.engine.test_families import WEATHER
-from tests.runner.engine.test_families import ask as family_ask
-from tests.runner.engine.test_fast_forward import CRATES
-from tests.runner.engines import GREEDY, Reference, ask, greedy_tokens
+from tests.runner.engine.constraint_cases import CRATES, crates, schema_format, stepwise
+from tests.runner.engine.family_cases import WEATHER
+from tests.runner.engine.family_cases import ask as family_ask
+from tests.runner.engines import GREEDY, Reference, ask
 
 PENALTIES = SamplingParams(temperature=0, frequency_penalty=1.5)
-
-
-def crates(request_id: str, prompt: str = "Crates?", **fields: Any) -> Generate:
-    return ask(
-        request_id,
-        prompt,
-        max_tokens=fields.pop("max_tokens", 300),
-        sampling=fields.pop("sampling", GREEDY),
-        response_format=schema_format(CRATES),
-        **fields,
-    )
-
-
-def stepwise(reference: Reference, request: Generate) -> list[int]:
-    """The request decoded a token at a time (mlx-lm's stream_generate, greedy), every
-    token's mask computed (its processor forces nothing); free text without one."""
-    assert request.max_tokens is not None
-    prompt = reference.prompt(request)
-    guard = None
-    if request.response_format is not None:
-        constraint = compile_for(reference.tokenizer, response_format=request.response_format)
-        guard = constraint.processor(forcing=False)
-    processors = make_logits_processors(request.sampling, len(prompt), guard)
-    return greedy_tokens(
-        reference.model, reference.tokenizer, prompt, request.max_tokens, processors
-    )
 
 
 @pytest.fixture
@@ -243,12 +215,12 @@ def test_the_plan_feeds_runs_worth_their_padding(monkeypatch: pytest.MonkeyPatch
 
 def test_only_forcing_rows_without_processors_on_plain_caches_are_fed() -> None:
     batch = _batch(2)
-    assert batch_forward.feedable(batch, 0, _Row([1]))  # type: ignore[arg-type]
-    assert not batch_forward.feedable(batch, 0, _Row([1], forcing=False))  # type: ignore[arg-type]
-    assert not batch_forward.feedable(batch, 0, _Row([1], started=False))  # type: ignore[arg-type]
-    assert not batch_forward.feedable(batch, 0, _Row([1], error="no"))  # type: ignore[arg-type]
+    assert batch_forward.feedable(batch, 0, _Row([1]))
+    assert not batch_forward.feedable(batch, 0, _Row([1], forcing=False))
+    assert not batch_forward.feedable(batch, 0, _Row([1], started=False))
+    assert not batch_forward.feedable(batch, 0, _Row([1], error="no"))
     batch.logits_processors[1] = [object()]
-    assert not batch_forward.feedable(batch, 1, _Row([1]))  # type: ignore[arg-type]
+    assert not batch_forward.feedable(batch, 1, _Row([1]))
     assert batch_forward.plain([BatchKVCache([0, 0])])
     assert not batch_forward.plain([])
     assert not batch_forward.plain([BatchKVCache([0]), BatchRotatingKVCache(8, [0])])

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from protocol.frames import Generate, Message, ResponseFormat, SamplingParams, Tool
+from protocol.frames import Generate, ResponseFormat, SamplingParams, Tool
 from runner.demo_families import FAMILIES
 from runner.engine.base import Output
 from runner.engine.batched import batched_engine
@@ -21,18 +21,8 @@ from runner.engine.mlx_engine import MlxEngine
 from runner.engine.mlx_model import MlxModel
 from runner.harmony import MARKERS
 from tests.runner.collect import Collector, outputs
+from tests.runner.engine.family_cases import SCHEMA, WEATHER, ask
 
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "London", "Köln"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-        "metric": {"type": "boolean"},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-WEATHER = Tool("get_weather", "The weather in a city.", json.dumps(SCHEMA))
 ANSWER: dict[str, Any] = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -42,20 +32,6 @@ ANSWER: dict[str, Any] = {
 SAMPLES = 50
 
 MARKUP = (*MARKERS, "<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]", "[ARGS]")
-
-
-def ask(
-    family: str,
-    request_id: str,
-    content: str = "What is the weather like in Paris?",
-    **fields: Any,
-) -> Generate:
-    """A request to the family's model; think spans closed (the random models never close
-    one), Harmony at low effort."""
-    effort = "low" if family == "harmony" else ("none" if FAMILIES[family].think else None)
-    fields.setdefault("reasoning_effort", effort)
-    fields.setdefault("max_tokens", 200)
-    return Generate(request_id, FAMILIES[family].model_id, (Message("user", content),), **fields)
 
 
 class Fleet:

@@ -16,43 +16,22 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from protocol.frames import Generate, LogitBias, SamplingParams
+from protocol.frames import LogitBias, SamplingParams
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import fast_forward, solo
 from runner.engine.batched import batched_engine
 from runner.engine.masking import BatchConstraints, ConstraintProcessor
 from runner.engine.mlx_engine import MlxEngine
-from runner.engine.sampling import make_logits_processors
 from tests.runner.collect import engine_starter, final, hold, outputs, run, text_of
-from tests.runner.engine.constraint_cases import SMALL, compile_for, schema_format
-from tests.runner.engines import GREEDY, Reference, ask, greedy_tokens
-
-CRATES: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "crates": {
-            "type": "array",
-            "items": SMALL,
-            "minItems": 4,
-            "maxItems": 4,
-        },
-        "done": {"const": True},
-    },
-    "required": ["crates", "done"],
-    "additionalProperties": False,
-}
-"""Four bounded objects: mostly forced text (keys, quotes, commas), a few chosen values."""
-
-
-def crates(request_id: str, **fields: Any) -> Generate:
-    return ask(
-        request_id,
-        "Crates?",
-        max_tokens=fields.pop("max_tokens", 300),
-        sampling=fields.pop("sampling", GREEDY),
-        response_format=schema_format(CRATES),
-        **fields,
-    )
+from tests.runner.engine.constraint_cases import (
+    CRATES,
+    SMALL,
+    compile_for,
+    crates,
+    schema_format,
+    stepwise,
+)
+from tests.runner.engines import GREEDY, Reference, ask
 
 
 @pytest.fixture
@@ -76,20 +55,6 @@ def forward_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(solo, "forced_steps", counting)
     return fed
-
-
-def stepwise(reference: Reference, request: Generate) -> list[int]:
-    """The request decoded a token at a time: mlx-lm's stream_generate, greedy, with the
-    constraint's processor computing every token's mask (it forces nothing)."""
-    assert request.max_tokens is not None
-    constraint = compile_for(reference.tokenizer, response_format=request.response_format)
-    prompt = reference.prompt(request)
-    processors = make_logits_processors(
-        request.sampling, len(prompt), constraint.processor(forcing=False)
-    )
-    return greedy_tokens(
-        reference.model, reference.tokenizer, prompt, request.max_tokens, processors
-    )
 
 
 def generated(engine: Any) -> list[int]:
