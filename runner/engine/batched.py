@@ -12,7 +12,9 @@ step alongside the batch:
 Everything else (greedy, sampled without a seed, logit_bias, penalties) is batched. A request
 that arrives with nothing else running or waiting starts alone on a plain KV cache
 (`solo.SoloDecoder`: `stream_generate`'s speed, no batch mask) and joins the batch as a row,
-its cache and state carried over, when a second request is placed.
+its cache and state carried over, when a second request is placed (a request whose sliding
+window cache has passed its size cannot go back a token: it goes on alone, beside the
+batch).
 
 KV memory: `EngineStats.kv_bytes` is the bytes held by KV caches now (batch, lone and interleaved
 requests and the prefix cache); with `max_kv_bytes` set, a request only starts when the worst
@@ -156,7 +158,9 @@ class BatchedStepping:
     def place(self, request: Request) -> Decoder | None:
         """Its own stream (a seeded sampled request), the plain-cache decoder (a request
         alone: nothing else running or waiting) or the batch; None while the KV budget
-        cannot take it. A lone request joins the batch when a second one is placed."""
+        cannot take it. A lone request joins the batch when a second one is placed, unless
+        its cache cannot go back a token (a sliding window past its size): then it goes on
+        alone beside the batch."""
         own_stream = needs_own_stream(request.generate.sampling)
         if not self._fits(request, own_stream=own_stream):
             return None
@@ -167,9 +171,10 @@ class BatchedStepping:
         stats.batched_requests += 1
         solo, batch = self._solo, self._batch
         if len(solo):
-            handover = solo.hand_over()
-            assert handover is not None
-            batch.join(handover)
+            if solo.can_hand_over():
+                handover = solo.hand_over()
+                assert handover is not None
+                batch.join(handover)
         elif solo.usable and not len(batch) and len(self._generation.waiting) == 1:
             # `request` is still the head of the queue: nothing waits behind it.
             stats.solo_requests += 1

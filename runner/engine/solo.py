@@ -107,10 +107,11 @@ class SoloDecoder:
         self._generation = generation
         self._eos = generation.model.eos_token_ids
         self._lone: _Lone | None = None
-        # A model whose cache cannot drop its last token (a rotating cache past its window,
-        # a layer that neither trims nor keeps a replaceable state) cannot hand its lone
-        # request over: it never runs one here. Recurrent layers (LFM2's convolutions) go
-        # back by snapshots (runner.engine.rewind).
+        # A model with a layer that neither trims nor keeps a replaceable state cannot hand
+        # its lone request over: it never runs one here. Recurrent layers (LFM2's
+        # convolutions) go back by snapshots (runner.engine.rewind). A rotating cache trims
+        # until it passes its window; a lone request past it is not handed over
+        # (`can_hand_over`).
         cache = make_prompt_cache(generation.model.model)
         self.usable = rewindable(cache)
         self._trims = can_trim_prompt_cache(cache)
@@ -278,6 +279,21 @@ class SoloDecoder:
         except Exception as exc:  # this request ends, alone
             if generation.is_running(request):
                 generation.fail(request, exc)
+
+    def can_hand_over(self) -> bool:
+        """Whether the lone request's cache can go back to before its last token, as a
+        batch row needs (`hand_over`). A rotating cache past its window cannot (a sliding
+        window: gpt-oss, Gemma): that request goes on alone beside the batch."""
+        lone = self._lone
+        if lone is None:
+            return False
+        request = lone.request
+        cache = request.cache
+        return (
+            not request.tokens
+            or lone.rewinder is not None
+            or (cache is not None and can_trim_prompt_cache(cache))
+        )
 
     def hand_over(self) -> HandOver | None:
         """Stop the lone request between two tokens and give back what a batch row needs

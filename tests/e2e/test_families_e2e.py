@@ -78,13 +78,18 @@ def clean(text: str | None) -> None:
 
 
 async def chat_call(
-    client: openai.AsyncOpenAI, family: str, *, stream: bool, level: str | None = None
+    client: openai.AsyncOpenAI,
+    family: str,
+    *,
+    stream: bool,
+    level: str | None = None,
+    question: str = QUESTION,
 ) -> tuple[dict[str, Any], int, dict[str, Any]]:
     """The forced call's arguments, in how many deltas they came, and the usage; at the
     family's `effort`, or `level`."""
     fields: dict[str, Any] = {
         "model": FAMILIES[family].model_id,
-        "messages": [{"role": "user", "content": QUESTION}],
+        "messages": [{"role": "user", "content": question}],
         "tools": [{"type": "function", "function": FUNCTION}],
         "tool_choice": "required",
         "parallel_tool_calls": False,
@@ -149,6 +154,27 @@ async def test_a_forced_call_in_chat_streamed_and_not(
     assert streamed_usage == usage
     if family != "harmony":
         assert usage["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+async def test_forced_calls_side_by_side_are_the_calls_made_alone(
+    client: openai.AsyncOpenAI, family: str
+) -> None:
+    # Four at once are rows of one batch, where a row may be fed the rest of a forced run
+    # with its first token (runner/engine/batch_forward.py): the same calls, the same usage.
+    questions = [QUESTION, "Will it rain in London this week?"]
+    alone = [await chat_call(client, family, stream=False, question=q) for q in questions]
+    together = await asyncio.gather(
+        *(
+            chat_call(client, family, stream=stream, question=q)
+            for q in questions
+            for stream in (False, True)
+        )
+    )
+    for i, (arguments, _, usage) in enumerate(together):
+        expected, _, expected_usage = alone[i // 2]
+        assert arguments == expected, i
+        assert usage["completion_tokens"] == expected_usage["completion_tokens"], i
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -298,3 +298,44 @@ def test_a_forced_call_cancelled_mid_way_then_the_same_prompt_again(
     usage = events[-1].usage
     if family in REUSES_PROMPTS:
         assert usage.cached_tokens == usage.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_lone_forced_call_handed_to_the_batch_writes_what_it_writes_alone(
+    fleet: Fleet, family: str
+) -> None:
+    # A second request arrives after `at` tokens of the first, which ran alone: it joins the
+    # batch with its cache, or, where its sliding window has passed its size (Harmony's and
+    # Gemma 4's caches cannot go back a token there), goes on alone beside it.
+    def forced(request_id: str) -> Generate:
+        return ask(
+            family,
+            request_id,
+            tools=(WEATHER,),
+            tool_choice="required",
+            parallel_tool_calls=False,
+            sampling=SamplingParams(temperature=0),
+        )
+
+    engine, collector = fleet(family)
+    (alone,) = fleet.run(family, forced(f"{family}-alone"))
+    made = dict(engine.stats.recent_tokens)
+    expected = list(made[f"{family}-alone"])
+    for at in (1, 2, 3, 5, 8, 13):
+        name = f"{family}-at{at}"
+        joined: list[str] = []
+
+        def join(event: Any, at: int = at, name: str = name, joined: list[str] = joined) -> None:
+            if event.request_id == name and not joined and event.usage.completion_tokens >= at:
+                joined.append(f"{name}-other")
+                engine.submit(ask(family, joined[0], "Will it rain in London this week?"))
+
+        collector.on_event = join
+        try:
+            (events,) = fleet.run(family, forced(name))
+            if joined:
+                collector.wait(joined[0])
+        finally:
+            collector.on_event = None
+        assert list(dict(engine.stats.recent_tokens)[name]) == expected, at
+        assert calls_of(events) == calls_of(alone), at
