@@ -25,8 +25,8 @@ A row is fed only where the result is the token-at-a-time decode's:
   token a step);
 - the step is the batch's own (`GenerationBatch.next`), not a joining row's first step,
   whose tokens the batch does not hand back;
-- every layer's cache is a plain `BatchKVCache` (a rotating window or a recurrent state
-  does not take a padded multi-token step as it is).
+- every layer's cache is one mlx-lm's prompt processing pads (`FEEDABLE_CACHES`): plain
+  attention, a sliding window, a recurrent state.
 
 Feeding costs padding: a row fed fewer tokens than the widest (a free row: none) computes
 padding positions, and the step's caches are rolled. The width is cut until at least
@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
 
 MAX_FED = 16
 """The most forced tokens a row is fed in one step."""
@@ -107,9 +107,14 @@ def plan(batch: Any, rows: Sequence[tuple[int, Forcing]]) -> dict[int, list[int]
     return fed
 
 
-def plain(cache: list[Any]) -> bool:
-    """Every layer's cache takes a padded multi-token step (see the module docstring)."""
-    return bool(cache) and all(type(layer) is BatchKVCache for layer in cache)
+FEEDABLE_CACHES = (BatchKVCache, BatchRotatingKVCache, ArraysCache)
+"""The batch caches a padded multi-token step is checked on: plain attention, a sliding
+window (gpt-oss, Gemma), recurrent states (LFM2), as mlx-lm's prompt processing pads them."""
+
+
+def padded_steps(cache: list[Any]) -> bool:
+    """Every layer's cache takes a padded multi-token step (`FEEDABLE_CACHES`)."""
+    return bool(cache) and all(type(layer) in FEEDABLE_CACHES for layer in cache)
 
 
 def forward(model: Any, inputs: Any, extras: list[list[int]], cache: list[Any]) -> Any:
@@ -121,8 +126,9 @@ def forward(model: Any, inputs: Any, extras: list[list[int]], cache: list[Any]) 
     rest = mx.array([extra + [0] * pad for extra, pad in zip(extras, padding, strict=True)])
     tokens = mx.concatenate([inputs, rest.astype(inputs.dtype)], axis=1)
     if any(padding):
+        lengths = [1 + len(extra) for extra in extras]
         for layer in cache:
-            layer.prepare(right_padding=padding)
+            layer.prepare(right_padding=padding, lengths=lengths)
     logits = model(tokens, cache=cache)
     if any(padding):
         for layer in cache:
@@ -132,4 +138,10 @@ def forward(model: Any, inputs: Any, extras: list[list[int]], cache: list[Any]) 
 
 
 def _kv_bytes(cache: list[Any]) -> int:
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache if layer.keys is not None)
+    """Bytes of the keys and values a padded step rolls."""
+    total = 0
+    for layer in cache:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is not None and values is not None:
+            total += keys.nbytes + values.nbytes
+    return total

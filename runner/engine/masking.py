@@ -236,7 +236,7 @@ class BatchConstraints:
         runs: dict[int, list[int]] = {}
         if not isinstance(cache, list):
             cache = []  # not the batch's own call (its caches are a list): nothing is fed
-        if found and own and batch_forward.plain(cache):
+        if found and own and batch_forward.padded_steps(cache):
             feedable = [(i, p) for i, p in found if batch_forward.feedable(batch, i, p)]
             runs = batch_forward.plan(batch, feedable) if feedable else {}
         if not runs:

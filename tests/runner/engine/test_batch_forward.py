@@ -20,7 +20,6 @@ from mlx_lm.models.cache import (
     BatchKVCache,
     BatchRotatingKVCache,
     KVCache,
-    make_prompt_cache,
 )
 
 from protocol.frames import Generate, SamplingParams
@@ -28,8 +27,7 @@ from runner.demo_families import FAMILIES
 from runner.demo_model import DEMO_MODEL_ID
 from runner.engine import batch_forward
 from runner.engine.batched import batched_engine
-from runner.engine.mlx_model import MlxModel
-from tests.runner.collect import engine_starter, final, hold, text_of
+from tests.runner.collect import engine_starter, final, hold, run, text_of
 from tests.runner.engine.constraint_cases import CRATES, crates, schema_format, stepwise
 from tests.runner.engine.family_cases import WEATHER
 from tests.runner.engine.family_cases import ask as family_ask
@@ -213,7 +211,7 @@ def test_the_plan_feeds_runs_worth_their_padding(monkeypatch: pytest.MonkeyPatch
     assert batch_forward.plan(_batch(2, nbytes=big + 2), _rows(3, 3)) == {0: [1] * 3, 1: [2] * 3}
 
 
-def test_only_forcing_rows_without_processors_on_plain_caches_are_fed() -> None:
+def test_only_forcing_rows_without_processors_on_caches_that_take_padded_steps_are_fed() -> None:
     batch = _batch(2)
     assert batch_forward.feedable(batch, 0, _Row([1]))
     assert not batch_forward.feedable(batch, 0, _Row([1], forcing=False))
@@ -221,10 +219,11 @@ def test_only_forcing_rows_without_processors_on_plain_caches_are_fed() -> None:
     assert not batch_forward.feedable(batch, 0, _Row([1], error="no"))
     batch.logits_processors[1] = [object()]
     assert not batch_forward.feedable(batch, 1, _Row([1]))
-    assert batch_forward.plain([BatchKVCache([0, 0])])
-    assert not batch_forward.plain([])
-    assert not batch_forward.plain([BatchKVCache([0]), BatchRotatingKVCache(8, [0])])
-    assert not batch_forward.plain([ArraysCache(2, left_padding=[0])])
+    assert batch_forward.padded_steps([BatchKVCache([0, 0])])
+    assert batch_forward.padded_steps([BatchKVCache([0]), BatchRotatingKVCache(8, [0])])
+    assert batch_forward.padded_steps([ArraysCache(2, left_padding=[0]), BatchKVCache([0])])
+    assert not batch_forward.padded_steps([])
+    assert not batch_forward.padded_steps([BatchKVCache([0]), KVCache()])  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -232,9 +231,8 @@ def test_each_familys_rows_write_the_same_tokens_fed_or_not(
     family: str, widths: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two JSON answers and two forced calls, in one batch: fed (half a step's inputs real
-    # tokens, as the `widths` fixture sets) and not (all of them, never). A family on
-    # sliding-window or recurrent layers is never fed (tried on Gemma 4: a forced call fed
-    # past its 128-token window differed from the unfed one).
+    # tokens, as the `widths` fixture sets) and not (all of them, never). Plain attention,
+    # sliding windows (Harmony, Gemma 4) and recurrent layers (LFM2) alike.
     model_id = FAMILIES[family].model_id
 
     def requests(tag: str) -> list[Generate]:
@@ -248,18 +246,54 @@ def test_each_familys_rows_write_the_same_tokens_fed_or_not(
             one("call2", "Weather in Paris?", tools=(WEATHER,), tool_choice="required"),
         ]
 
-    made = {}
     with engine_starter(lambda **options: batched_engine(model_id, **options)) as start:
         engine, collector = start(max_concurrent=4)
         fed = together(engine, collector, requests("fed"))
+        assert widths
         monkeypatch.setattr(batch_forward, "MIN_REAL", 2.0)
         steps = len(widths)
         plain = together(engine, collector, requests("plain"))
         assert len(widths) == steps
-        made = {name.split("-", 1)[1]: tokens for name, tokens in fed.items()}
-        for name, tokens in plain.items():
-            assert made[name.split("-", 1)[1]] == tokens, name
-    on_plain_caches = all(
-        type(layer) is KVCache for layer in make_prompt_cache(MlxModel.load(model_id).model)
-    )
-    assert bool(widths) == on_plain_caches
+    made = {name.split("-", 1)[1]: tokens for name, tokens in fed.items()}
+    for name, tokens in plain.items():
+        assert made[name.split("-", 1)[1]] == tokens, name
+
+
+@pytest.mark.parametrize("family", ["gemma4", "lfm2"])
+def test_a_row_joining_a_batch_past_its_window_is_fed_and_writes_what_it_writes_alone(
+    family: str, widths: list[list[int]]
+) -> None:
+    # A long free answer takes the batch's sliding window (128 tokens) past its size, or
+    # LFM2's states far along; a short JSON request joins it with much left padding, then
+    # takes padded multi-token steps.
+    model_id = FAMILIES[family].model_id
+
+    def answer(request_id: str) -> Generate:
+        return family_ask(
+            family,
+            request_id,
+            "Crates?",
+            response_format=schema_format(CRATES),
+            max_tokens=150,
+            sampling=GREEDY,
+        )
+
+    with engine_starter(lambda **options: batched_engine(model_id, **options)) as start:
+        engine, collector = start(max_concurrent=4)
+        run(engine, collector, answer("alone"))
+        expected = list(dict(engine.stats.recent_tokens)["alone"])
+        joined: list[str] = []
+
+        def join(event: Any) -> None:
+            if event.request_id == "long" and not joined and event.usage.completion_tokens >= 200:
+                joined.append("joined")
+                engine.submit(answer("joined"))
+
+        collector.on_event = join
+        widths.clear()
+        story = "Tell me a long story about " + "apples " * 30
+        run(engine, collector, family_ask(family, "long", story, max_tokens=420, sampling=GREEDY))
+        collector.wait("joined")
+        collector.on_event = None
+    assert widths
+    assert list(dict(engine.stats.recent_tokens)["joined"]) == expected
