@@ -8,12 +8,13 @@ step's mask allows f1 alone (`ConstraintProcessor.forced_next`). So at the next 
 token is known to be f1 without reading it, and f2…fn go into the same forward pass, after
 it; the next token is sampled from the logits at the row's last real position. A run costs
 two steps instead of n, and the step ahead is kept (reading the sampled token first would
-stall every step: 0.77 of free text's rate on glm47 at 8 streams, against 0.89 masking a
+stall every step: 0.76 of free text's rate on glm47 at 8 streams, against 0.89 masking a
 token at a time).
 
 Rows fed runs of different lengths go in one call as mlx-lm's prompt processing feeds prompts
 of different lengths: right-padded, then each layer's cache rolls the padding to its left
-(`prepare(right_padding=…)`, `finalize()`), where the attention mask hides it. Every token
+(`prepare(right_padding=…)`, `finalize()`), where the attention mask hides it; a recurrent
+layer is told each row's length. Every token
 still comes out on its own (`BatchDecoder.step` emits a row's fed tokens after its token of
 the step), counted, cut by stop strings; `max_tokens` leaves room for the sampled token after
 them.
@@ -47,8 +48,8 @@ MAX_FED = 16
 """The most forced tokens a row is fed in one step."""
 MIN_REAL = 0.9 if mx.default_device() == mx.cpu else 0.5
 """The least share of a step's inputs (rows times width) that are real tokens, not padding.
-On a CPU a forward pass costs about its tokens, padding included: fed at 0.6 real, glm47's
-json_schema rows at 8 streams ran at 0.81 of free text, at 0.95 real 1.13
+On a CPU a forward pass costs about its tokens, padding included: fed at 0.6 real,
+qwen3-coder's json_schema rows at 8 streams ran at 0.81 of free text, at 0.95 real 1.13
 (docs/benchmarks.md §6). On a GPU a decode step reads the weights once for all its tokens,
 so padding costs little there (not measured yet: no GPU lent to this project so far)."""
 ROLL_BYTES = 256 * 2**20
