@@ -34,7 +34,7 @@ from runner.engine.kv_quant import dequantized, quantized
 from runner.engine.masking import BatchConstraints, ConstraintProcessor
 from runner.engine.request import Request
 from runner.engine.sampling import Sampler, make_logits_processors, make_sampler_for
-from runner.engine.solo import HandOver
+from runner.engine.solo import HandOver, cut_to_made
 
 log = logging.getLogger("runner.engine.batched")
 
@@ -339,12 +339,8 @@ class BatchDecoder:
             self._batch.remove([row.uid])
             caches = {}
         cache, _ = caches.get(row.uid, (None, None))
-        if cache is not None and can_trim_prompt_cache(cache):
-            # Fed forced tokens past a stop string: cut back to what the request made.
-            made = len(request.prompt) + len(request.tokens)
-            extra = (getattr(cache[0], "offset", 0) if cache else 0) - made
-            if extra > 0:
-                trim_prompt_cache(cache, extra)
+        if cache:
+            cut_to_made(request, cache)  # forced tokens fed past a stop string
         request.cache = self._kept(cache)
 
     def drop_all(self) -> None:

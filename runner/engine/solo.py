@@ -351,10 +351,8 @@ class SoloDecoder:
         # not yet fed), or more (a forced group cut by a stop string): cut back to them.
         if lone.steps is not None:
             _close(request, lone.steps)
-        cache = request.cache
-        if cache is not None and self._trims:
-            made = len(request.prompt) + len(request.tokens)
-            trim_prompt_cache(cache, max(cache_offset(cache) - made, 0))
+        if request.cache is not None:
+            cut_to_made(request, request.cache)
         self._keep_draft_cache(lone)
         draft = self._generation.model.draft
         started = request.first_token_at
@@ -372,6 +370,15 @@ class SoloDecoder:
         lone, self._lone = self._lone, None
         if lone is not None and lone.steps is not None:
             _close(lone.request, lone.steps)
+
+
+def cut_to_made(request: Request, cache: list[Any]) -> None:
+    """Cut `cache` back to the request's prompt and the tokens it gave, where it holds more
+    (a forced run fed past a stop string) and can be cut (a sliding window past its size
+    cannot; the prefix cache then keeps nothing of it)."""
+    if can_trim_prompt_cache(cache):
+        made = len(request.prompt) + len(request.tokens)
+        trim_prompt_cache(cache, max(cache_offset(cache) - made, 0))
 
 
 def _hold_all_but_last(request: Request, cache: list[Any]) -> int:
