@@ -77,6 +77,25 @@ def clean(text: str | None) -> None:
         assert marker not in (text or ""), f"{marker} in {text!r}"
 
 
+def forced_chat(
+    family: str, *, question: str = QUESTION, level: str | None = None
+) -> dict[str, Any]:
+    """A chat body forcing one get_weather call, greedy, up to 200 tokens; at the family's
+    `effort`, or `level`."""
+    body: dict[str, Any] = {
+        "model": FAMILIES[family].model_id,
+        "messages": [{"role": "user", "content": question}],
+        "tools": [{"type": "function", "function": FUNCTION}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 200,
+    }
+    if level or effort(family):
+        body["reasoning_effort"] = level or effort(family)
+    return body
+
+
 async def chat_call(
     client: openai.AsyncOpenAI,
     family: str,
@@ -87,17 +106,7 @@ async def chat_call(
 ) -> tuple[dict[str, Any], int, dict[str, Any]]:
     """The forced call's arguments, in how many deltas they came, and the usage; at the
     family's `effort`, or `level`."""
-    fields: dict[str, Any] = {
-        "model": FAMILIES[family].model_id,
-        "messages": [{"role": "user", "content": question}],
-        "tools": [{"type": "function", "function": FUNCTION}],
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "temperature": 0,
-        "max_tokens": 200,
-    }
-    if level or effort(family):
-        fields["reasoning_effort"] = level or effort(family)
+    fields = forced_chat(family, question=question, level=level)
     if not stream:
         answer = await client.chat.completions.create(**fields)
         (choice,) = answer.choices
@@ -240,16 +249,7 @@ async def test_the_same_call_streamed_and_not_in_responses_messages_and_the_brow
         (b.type, getattr(b, "input", None)) for b in message.content
     ]
 
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": QUESTION}],
-        "tools": [{"type": "function", "function": FUNCTION}],
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "temperature": 0,
-        "max_tokens": 200,
-        **({"reasoning_effort": level or effort(family)} if level or effort(family) else {}),
-    }
+    body = forced_chat(family, level=level)
     async with connect(f"ws://127.0.0.1:{gateway.port}/v1/ws") as ws:
         create = {"type": "chat.completions.create", "request_id": "r", "body": body}
         await ws.send(orjson.dumps(create), text=True)
@@ -354,9 +354,9 @@ async def test_gemma4s_nested_arguments_are_forced_in_its_own_syntax(
     client: openai.AsyncOpenAI,
 ) -> None:
     function: Any = {**FUNCTION, "parameters": NESTED}
-    model = FAMILIES["gemma4"].model_id
+    # Gemma 4 as it comes: no reasoning effort, no token limit.
     request: Any = {
-        "model": model,
+        "model": FAMILIES["gemma4"].model_id,
         "messages": [{"role": "user", "content": QUESTION}],
         "tools": [{"type": "function", "function": function}],
         "tool_choice": "required",
